@@ -1,0 +1,32 @@
+# Thin front for CMake: `make` builds, `make test` runs every test, `make demo` runs the
+# main job. Each first installs the Debian packages it needs (scripts/install-deps).
+BUILD ?= build
+CMAKE_FLAGS ?=
+
+.PHONY: all build test demo bench clean deps format
+
+all: build
+
+deps:
+	@scripts/install-deps --check >/dev/null 2>&1 || scripts/install-deps
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j$$(nproc)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j$$(nproc)
+
+demo: build
+	$(BUILD)/kvx demo
+
+bench: build
+	$(BUILD)/bench/bench_register
+
+format:
+	clang-format -i include/*.h src/*.[ch] tools/*.[ch] tests/*.[ch] tests/support/*.[ch] bench/*.c fuzz/*.c
+
+clean:
+	rm -rf $(BUILD)

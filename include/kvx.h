@@ -1,0 +1,266 @@
+/* kvx.h: the whole public API of kvx, a library that moves KV-cache blocks between the
+ * prefill and decode workers of a disaggregated LLM server. Anything not here may change.
+ *
+ * Conventions, for every function unless its comment says otherwise:
+ * - Fallible calls return kvx_status_t; on failure kvx_errmsg() gives this thread's message
+ *   and nothing the call could change has changed (outputs are written only on success).
+ * - The caller owns what it passes in (strings, params); kvx copies what it keeps.
+ *   `const` pointers kvx returns live as long as the handle they came from.
+ * - Thread safety: one thread uses a handle at a time. A region table is immutable once
+ *   registered, so any number of threads may read it at once.
+ * - Integers that describe sizes, offsets and counts are 64-bit and must fit in 63 bits. */
+#ifndef KVX_H
+#define KVX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVX_API __attribute__((visibility("default")))
+#else
+#define KVX_API
+#endif
+
+/* ---------------------------------------------------------------------------------------
+ * Status
+ * ------------------------------------------------------------------------------------- */
+
+/* Errors are grouped by what the caller must discard: -1..-99 the call or request only,
+ * -100..-199 the peer, -200.. the agent or process. */
+typedef enum kvx_status {
+    KVX_OK              = 0,
+    KVX_INPROGRESS      = 1,    /* a posted transfer has not completed yet */
+    KVX_ERR_INVALID     = -1,   /* bad argument or input (layout, request); nothing changed */
+    KVX_ERR_OUT_OF_RANGE = -2,  /* a block or descriptor id beyond its region's capacity */
+    KVX_ERR_IO          = -3,   /* a file could not be read */
+    KVX_ERR_NO_MEMORY   = -200, /* an allocation failed */
+    KVX_ERR_INTERNAL    = -201, /* a broken invariant inside kvx: a bug, please report */
+} kvx_status_t;
+
+/* Fixed text naming a status ("invalid input"); never NULL. Any thread. */
+KVX_API const char *kvx_status_str(kvx_status_t status);
+
+/* This thread's message for its last failed call; "" if none failed yet. The string is
+ * owned by kvx and valid until this thread's next failing call. */
+KVX_API const char *kvx_errmsg(void);
+
+/* Frees memory that a kvx call returned through a `char **..._p` out-parameter. NULL-safe. */
+KVX_API void kvx_free(void *ptr);
+
+/* Limits on what a layout may describe; input beyond them is rejected with a message. */
+#define KVX_MAX_STORAGES 4096       /* a large model registers ~1,300 tensors */
+#define KVX_MAX_VIEWS 65536         /* keeps every table index in 32 bits with room */
+#define KVX_MAX_NAME_LEN 255        /* bytes, without the terminator */
+#define KVX_MAX_LAYOUT_FILE (64u << 20) /* bytes: a 65,536-view layout is under 16 MiB */
+#define KVX_MAX_JSON_INTEGER ((int64_t)1 << 53) /* largest integer a JSON double keeps exact */
+
+/* ---------------------------------------------------------------------------------------
+ * Layout: storages (allocations) and views (per-layer strided pages), spec/regions.md
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct kvx_layout kvx_layout_t;
+
+typedef enum kvx_view_kind {
+    KVX_VIEW_KIND_ATTN,    /* full attention, K and V packed; head-split under TP */
+    KVX_VIEW_KIND_SWA,     /* sliding-window attention; head-split */
+    KVX_VIEW_KIND_MLA,     /* MLA latent; identical on every TP rank */
+    KVX_VIEW_KIND_SWA_MLA, /* sliding-window MLA; counts as MLA */
+    KVX_VIEW_KIND_SCRATCH, /* compressor ring / circular-buffer state; not MLA */
+    KVX_VIEW_KIND_MAMBA,   /* SSM state */
+    KVX_VIEW_KIND_PLE,     /* TP-replicated state */
+} kvx_view_kind_t;
+
+typedef enum kvx_mem_type {
+    KVX_MEM_DRAM,
+    KVX_MEM_VRAM,
+} kvx_mem_type_t;
+
+enum {
+    KVX_LAYOUT_PARAM_FIELD_BLOCK_SIZE        = 1u << 0,
+    KVX_LAYOUT_PARAM_FIELD_CSA_LINEAR        = 1u << 1,
+    KVX_LAYOUT_PARAM_FIELD_WHOLE_ROW_REGIONS = 1u << 2,
+};
+
+typedef struct kvx_layout_params {
+    uint64_t field_mask;    /* KVX_LAYOUT_PARAM_FIELD_* bits of the fields set below */
+    uint64_t block_size;    /* _BLOCK_SIZE: tokens per block, >= 1; default 16 */
+    bool csa_linear;        /* _CSA_LINEAR: model has compressor-ring groups; default false */
+    bool whole_row_regions; /* _WHOLE_ROW_REGIONS: whole rows for MLA views; default false */
+} kvx_layout_params_t;
+
+enum {
+    KVX_STORAGE_PARAM_FIELD_MEM    = 1u << 0,
+    KVX_STORAGE_PARAM_FIELD_DEVICE = 1u << 1,
+};
+
+typedef struct kvx_storage_params {
+    uint64_t field_mask; /* KVX_STORAGE_PARAM_FIELD_* bits of the optional fields set */
+    const char *name;    /* required, unique, 1..KVX_MAX_NAME_LEN bytes */
+    uint64_t size;       /* required: bytes, >= 1 */
+    kvx_mem_type_t mem;  /* _MEM: default KVX_MEM_DRAM */
+    int64_t device;      /* _DEVICE: device id, >= 0; default 0 */
+} kvx_storage_params_t;
+
+enum {
+    KVX_VIEW_PARAM_FIELD_GROUP  = 1u << 0,
+    KVX_VIEW_PARAM_FIELD_OFFSET = 1u << 1,
+    KVX_VIEW_PARAM_FIELD_DENSE  = 1u << 2,
+    KVX_VIEW_PARAM_FIELD_HEADS  = 1u << 3,
+};
+
+typedef struct kvx_view_params {
+    uint64_t field_mask;  /* KVX_VIEW_PARAM_FIELD_* bits of the optional fields set */
+    const char *name;     /* required: layer name, 1..KVX_MAX_NAME_LEN bytes */
+    kvx_view_kind_t kind; /* required */
+    const char *storage;  /* required: name of a storage added before this view */
+    uint64_t page;        /* required: bytes per block of this view, padding included, >= 1 */
+    uint64_t stride;      /* required: bytes from block b to block b+1, >= page */
+    uint64_t num_blocks;  /* required: >= 1 */
+    int64_t group;        /* _GROUP: KV-cache group, >= 0; default 0 */
+    uint64_t offset;      /* _OFFSET: bytes from the storage start to block 0; default 0 */
+    bool dense;           /* _DENSE: a block is one contiguous run of page bytes; default true */
+    uint64_t heads;       /* _HEADS: KV heads of this view on this rank, >= 1; default 1 */
+} kvx_view_params_t;
+
+/* Creates an empty layout. params may be NULL for every default. Errors: KVX_ERR_INVALID
+ * for an unknown field bit or a zero block size. */
+KVX_API kvx_status_t kvx_layout_create(const kvx_layout_params_t *params,
+                                       kvx_layout_t **layout_p);
+
+/* Destroys a layout; NULL-safe. Region tables registered from it stay valid. */
+KVX_API void kvx_layout_destroy(kvx_layout_t *layout);
+
+/* Adds a storage. The message of an invalid field names it as storages[i].field, i being the
+ * index this storage would have had. On error the layout is unchanged. */
+KVX_API kvx_status_t kvx_layout_add_storage(kvx_layout_t *layout,
+                                            const kvx_storage_params_t *params);
+
+/* Adds a view after checking every rule of regions.md "View fields" against the storages
+ * added so far; messages name views[i].field with the value and the rule, i being the index
+ * the view would have had. On error the layout is unchanged. */
+KVX_API kvx_status_t kvx_layout_add_view(kvx_layout_t *layout, const kvx_view_params_t *params);
+
+/* Checks the layout as a whole (at least one storage and one view). Views and storages were
+ * checked as they were added, so this is the last step before registration. */
+KVX_API kvx_status_t kvx_layout_validate(const kvx_layout_t *layout);
+
+/* Reads a layout file (spec formats.md, "kvx_layout": 1) from a buffer of `size` bytes (no
+ * terminator needed) or from a path. Strict: unknown keys, wrong types, negative or
+ * fractional counts and missing required keys fail with the key's path. Integers above
+ * KVX_MAX_JSON_INTEGER are rejected because JSON numbers are doubles. The result has passed
+ * kvx_layout_validate(). */
+KVX_API kvx_status_t kvx_layout_load_buffer(const char *json, size_t size,
+                                            kvx_layout_t **layout_p);
+KVX_API kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p);
+
+/* Read access. Indices follow the order of addition (file order). */
+KVX_API uint64_t kvx_layout_block_size(const kvx_layout_t *layout);
+KVX_API size_t kvx_layout_num_storages(const kvx_layout_t *layout);
+KVX_API size_t kvx_layout_num_views(const kvx_layout_t *layout);
+
+/* Fixed names for enums, as spelled in layout files ("swa_mla", "vram"); NULL if unknown. */
+KVX_API const char *kvx_view_kind_str(kvx_view_kind_t kind);
+KVX_API const char *kvx_mem_type_str(kvx_mem_type_t mem);
+
+/* ---------------------------------------------------------------------------------------
+ * Regions: what is transferred, one descriptor per region per block, spec/regions.md
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct kvx_regions kvx_regions_t;
+
+/* One region, as spec formats.md prints it. */
+typedef struct kvx_region_info {
+    const char *name;           /* the name of its first member in step-1 order */
+    size_t storage;             /* storage index in the layout */
+    const char *storage_name;
+    uint64_t offset;            /* bytes: region base inside its storage */
+    uint64_t block_len;         /* bytes per descriptor */
+    uint64_t stride;            /* bytes from block b to block b+1 */
+    uint64_t num_blocks;        /* descriptors of this region */
+    uint64_t first_descriptor;  /* id of block 0: the sum of num_blocks of earlier regions */
+    int64_t group;              /* KV-cache group; -1 when shared by several groups */
+    uint64_t heads;
+    bool mla;
+    bool packed_row;
+    bool scratch;
+    bool ssm;
+    bool ple;
+    size_t num_members;
+    const uint32_t *members;    /* view indices (layout order), in step-1 order */
+} kvx_region_info_t;
+
+/* A descriptor: `len` bytes at `offset` inside storage `storage`. The address is the
+ * storage's base address plus offset. */
+typedef struct kvx_descriptor {
+    size_t storage;
+    uint64_t offset;
+    uint64_t len;
+} kvx_descriptor_t;
+
+/* Block ids of one KV-cache group in a request; groups are passed as an array indexed by
+ * group id. */
+typedef struct kvx_group_ids {
+    const uint64_t *ids;
+    size_t count;
+} kvx_group_ids_t;
+
+/* Registers a validated layout into a region table: natural order, whole-row specs, alias
+ * folding in two passes, region order, and the coverage proof (regions.md steps 1-4). The
+ * table is returned only once every byte of every view is proven covered; a failure names
+ * the view and region. The table copies what it needs: the layout may be destroyed. */
+KVX_API kvx_status_t kvx_regions_register(const kvx_layout_t *layout,
+                                          kvx_regions_t **regions_p);
+
+/* Destroys a table; NULL-safe. */
+KVX_API void kvx_regions_destroy(kvx_regions_t *regions);
+
+KVX_API size_t kvx_regions_count(const kvx_regions_t *regions);
+KVX_API uint64_t kvx_regions_num_descriptors(const kvx_regions_t *regions);
+KVX_API size_t kvx_regions_num_storages(const kvx_regions_t *regions);
+
+/* Fills *info_p for region `index`. Errors: KVX_ERR_OUT_OF_RANGE. */
+KVX_API kvx_status_t kvx_regions_get(const kvx_regions_t *regions, size_t index,
+                                     kvx_region_info_t *info_p);
+
+/* The name of view `view` (a layout index, as in kvx_region_info_t.members); NULL if out of
+ * range. */
+KVX_API const char *kvx_regions_view_name(const kvx_regions_t *regions, size_t view);
+
+/* Id of block b of region r (regions.md "Descriptors"). Errors: KVX_ERR_OUT_OF_RANGE. */
+KVX_API kvx_status_t kvx_regions_descriptor_id(const kvx_regions_t *regions, size_t region,
+                                               uint64_t block, uint64_t *id_p);
+
+/* The descriptor with id `id`. O(log regions). Errors: KVX_ERR_OUT_OF_RANGE. */
+KVX_API kvx_status_t kvx_regions_descriptor(const kvx_regions_t *regions, uint64_t id,
+                                            kvx_descriptor_t *descriptor_p);
+
+/* Address of descriptor `id` given the base address of every storage (indexed as in the
+ * layout, kvx_regions_num_storages() entries). Errors: KVX_ERR_OUT_OF_RANGE. */
+KVX_API kvx_status_t kvx_regions_descriptor_addr(const kvx_regions_t *regions,
+                                                 const uint64_t *storage_bases, uint64_t id,
+                                                 uint64_t *addr_p, uint64_t *len_p);
+
+/* The request rule of regions.md "Descriptors": block ids per group (groups[g] holds group
+ * g's ids) become descriptor ids, emitted group, then region, then block. Sets
+ * *num_ids_p to the number of ids the request yields; when `ids` is not NULL also writes
+ * them (max_ids must be at least that number). Checks the whole request before writing:
+ * an id beyond a region's capacity fails with KVX_ERR_OUT_OF_RANGE naming the group, id and
+ * region; when the table uses several groups, num_groups must cover the highest one.
+ * Allocates nothing. */
+KVX_API kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
+                                             const kvx_group_ids_t *groups, size_t num_groups,
+                                             uint64_t *ids, size_t max_ids, size_t *num_ids_p);
+
+/* The table as JSON (spec formats.md "kvx_plan": 1), NUL-terminated, freed by kvx_free(). */
+KVX_API kvx_status_t kvx_regions_to_json(const kvx_regions_t *regions, char **json_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVX_H */

@@ -1,0 +1,173 @@
+/* descriptors.c: descriptor ids and addresses of a region table, and the request rule of
+ * regions.md "Descriptors" (block ids per group -> descriptor ids). Allocates nothing. */
+#include "regions.h"
+
+#include "error.h"
+
+#include <inttypes.h>
+
+kvx_status_t kvx_regions_descriptor_id(const kvx_regions_t *regions, size_t region,
+                                       uint64_t block, uint64_t *id_p)
+{
+    const struct region *r;
+
+    if (region >= regions->num_regions)
+        return error_set(KVX_ERR_OUT_OF_RANGE, "region %zu: the table has %zu regions", region,
+                         regions->num_regions);
+    r = &regions->regions[region];
+    if (block >= r->num_blocks)
+        return error_set(KVX_ERR_OUT_OF_RANGE, "block %" PRIu64 " of region %zu (%s): the"
+                         " region has %" PRIu64 " blocks", block, region,
+                         regions->view_names[regions->members[r->first_member]],
+                         r->num_blocks);
+    *id_p = r->first_descriptor + block;
+    return KVX_OK;
+}
+
+kvx_status_t kvx_regions_descriptor(const kvx_regions_t *regions, uint64_t id,
+                                    kvx_descriptor_t *descriptor_p)
+{
+    size_t lo = 0;
+    size_t hi = regions->num_regions;
+    const struct region *r;
+
+    if (id >= regions->num_descriptors)
+        return error_set(KVX_ERR_OUT_OF_RANGE, "descriptor %" PRIu64 ": the table has %" PRIu64
+                         " descriptors", id, regions->num_descriptors);
+    /* The last region whose first descriptor is <= id; regions are never empty. */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (regions->regions[mid].first_descriptor <= id)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    r             = &regions->regions[lo];
+    *descriptor_p = (kvx_descriptor_t){
+        .storage = r->storage,
+        .offset  = r->offset + (id - r->first_descriptor) * r->stride,
+        .len     = r->block_len,
+    };
+    return KVX_OK;
+}
+
+kvx_status_t kvx_regions_descriptor_addr(const kvx_regions_t *regions,
+                                         const uint64_t *storage_bases, uint64_t id,
+                                         uint64_t *addr_p, uint64_t *len_p)
+{
+    kvx_descriptor_t d;
+    kvx_status_t status = kvx_regions_descriptor(regions, id, &d);
+
+    if (status != KVX_OK)
+        return status;
+    *addr_p = storage_bases[d.storage] + d.offset;
+    *len_p  = d.len;
+    return KVX_OK;
+}
+
+/* True when region r takes the ids of group g (regions.md "Descriptors"). */
+static bool region_takes_group(const kvx_regions_t *t, const struct region *r, size_t g)
+{
+    return t->single_group || r->group == -1 || (uint64_t)r->group == g;
+}
+
+/* Checks every id of group g against every region that takes it, and adds to *count_p the
+ * ids the group yields. The first offending id is reported with the first region it
+ * overflows, so the message is the same whatever order a caller checks in. */
+static kvx_status_t group_check(const kvx_regions_t *t, const kvx_group_ids_t *group, size_t g,
+                                size_t *count_p)
+{
+    uint64_t min_blocks = UINT64_MAX;
+    size_t takers       = 0;
+    size_t yield;
+
+    if (group->count > 0 && group->ids == NULL)
+        return error_set(KVX_ERR_INVALID, "request: group %zu has %zu ids but no array", g,
+                         group->count);
+    for (size_t r = 0; r < t->num_regions; r++) {
+        if (region_takes_group(t, &t->regions[r], g)) {
+            takers++;
+            if (t->regions[r].num_blocks < min_blocks)
+                min_blocks = t->regions[r].num_blocks;
+        }
+    }
+    for (size_t i = 0; i < group->count && takers > 0; i++) {
+        uint64_t id = group->ids[i];
+
+        if (id < min_blocks)
+            continue;
+        for (size_t r = 0;; r++) {
+            const struct region *region = &t->regions[r];
+
+            if (region_takes_group(t, region, g) && id >= region->num_blocks)
+                return error_set(KVX_ERR_OUT_OF_RANGE, "request: block id %" PRIu64
+                                 " of group %zu is out of range for region %zu (%s) of %"
+                                 PRIu64 " blocks; nothing is transferred", id, g, r,
+                                 t->view_names[t->members[region->first_member]],
+                                 region->num_blocks);
+        }
+    }
+    if (__builtin_mul_overflow(takers, group->count, &yield) ||
+        __builtin_add_overflow(*count_p, yield, count_p))
+        return error_set(KVX_ERR_INVALID, "request: the descriptor count overflows");
+    return KVX_OK;
+}
+
+/* Writes the ids of group g for every region that takes it: region, then block. */
+static size_t group_emit(const kvx_regions_t *t, const kvx_group_ids_t *group, size_t g,
+                         uint64_t *ids)
+{
+    size_t n = 0;
+
+    for (size_t r = 0; r < t->num_regions; r++) {
+        const struct region *region = &t->regions[r];
+
+        if (!region_takes_group(t, region, g))
+            continue;
+        for (size_t i = 0; i < group->count; i++)
+            ids[n++] = region->first_descriptor + group->ids[i];
+    }
+    return n;
+}
+
+kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
+                                     const kvx_group_ids_t *groups, size_t num_groups,
+                                     uint64_t *ids, size_t max_ids, size_t *num_ids_p)
+{
+    size_t count = 0;
+    kvx_status_t status;
+
+    if (regions == NULL || num_ids_p == NULL || (groups == NULL && num_groups > 0))
+        return error_set(KVX_ERR_INVALID, "request: table, groups and result are required");
+    if (!regions->single_group && (int64_t)num_groups <= regions->max_group)
+        return error_set(KVX_ERR_INVALID, "request: names %zu groups but the table has regions"
+                         " in group %" PRId64, num_groups, regions->max_group);
+    for (size_t g = 0; g < num_groups; g++) {
+        status = group_check(regions, &groups[g], g, &count);
+        if (status != KVX_OK)
+            return status;
+    }
+    if (ids != NULL) {
+        size_t n = 0;
+
+        if (max_ids < count)
+            return error_set(KVX_ERR_INVALID, "request: room for %zu ids, the request yields"
+                             " %zu", max_ids, count);
+        /* With one group in the table every region takes the concatenation of all groups:
+         * region, then the blocks of group 0, 1, ... With several: group, region, block. */
+        if (regions->single_group) {
+            for (size_t r = 0; r < regions->num_regions; r++) {
+                for (size_t g = 0; g < num_groups; g++) {
+                    for (size_t i = 0; i < groups[g].count; i++)
+                        ids[n++] = regions->regions[r].first_descriptor + groups[g].ids[i];
+                }
+            }
+        } else {
+            for (size_t g = 0; g < num_groups; g++)
+                n += group_emit(regions, &groups[g], g, ids + n);
+        }
+    }
+    *num_ids_p = count;
+    return KVX_OK;
+}

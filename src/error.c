@@ -1,0 +1,58 @@
+/* error.c: status names and the per-thread error message of kvx_errmsg(). Holds no other
+ * state; a message lives until the same thread's next failure. */
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Long enough for a path, two names of KVX_MAX_NAME_LEN and a few numbers. */
+#define ERROR_MSG_MAX 1024
+
+static _Thread_local char error_msg[ERROR_MSG_MAX];
+
+kvx_status_t error_set(kvx_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(error_msg, sizeof(error_msg), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+kvx_status_t error_no_memory(const char *what)
+{
+    return error_set(KVX_ERR_NO_MEMORY, "out of memory allocating %s", what);
+}
+
+const char *kvx_errmsg(void)
+{
+    return error_msg;
+}
+
+const char *kvx_status_str(kvx_status_t status)
+{
+    switch (status) {
+    case KVX_OK:
+        return "success";
+    case KVX_INPROGRESS:
+        return "in progress";
+    case KVX_ERR_INVALID:
+        return "invalid input";
+    case KVX_ERR_OUT_OF_RANGE:
+        return "out of range";
+    case KVX_ERR_IO:
+        return "input/output error";
+    case KVX_ERR_NO_MEMORY:
+        return "out of memory";
+    case KVX_ERR_INTERNAL:
+        return "internal error";
+    }
+    return "unknown status";
+}
+
+void kvx_free(void *ptr)
+{
+    free(ptr);
+}

@@ -1,0 +1,346 @@
+/* layout_file.c: the strict reader of layout files (spec formats.md, "kvx_layout": 1). It
+ * turns JSON into kvx_layout_add_* calls, so a file and the API share every rule. */
+#include "layout.h"
+
+#include "error.h"
+
+#include <cjson/cJSON.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A JSON path such as views[12].stride: an array name, an index and one of our keys. */
+#define PATH_MAX_LEN 64
+
+/* Fails unless every member of `object` is one of `keys` and none repeats. cJSON keeps
+ * duplicate keys and finds the first, so a repeat would silently hide a value. */
+static kvx_status_t check_keys(const cJSON *object, const char *path, const char *const *keys,
+                               size_t num_keys)
+{
+    for (const cJSON *item = object->child; item != NULL; item = item->next) {
+        bool known = false;
+
+        for (size_t k = 0; k < num_keys && !known; k++)
+            known = strcmp(item->string, keys[k]) == 0;
+        if (!known)
+            return error_set(KVX_ERR_INVALID, "%s: unknown key \"%.*s\"", path,
+                             KVX_MAX_NAME_LEN, item->string);
+        for (const cJSON *prev = object->child; prev != item; prev = prev->next) {
+            if (strcmp(prev->string, item->string) == 0)
+                return error_set(KVX_ERR_INVALID, "%s: key \"%s\" appears twice", path,
+                                 item->string);
+        }
+    }
+    return KVX_OK;
+}
+
+/* Reads a non-negative integer no larger than KVX_MAX_JSON_INTEGER: a count, size or id. */
+static kvx_status_t read_uint(const cJSON *item, const char *path, uint64_t *value_p)
+{
+    double d;
+
+    if (!cJSON_IsNumber(item))
+        return error_set(KVX_ERR_INVALID, "%s: expected an integer", path);
+    d = item->valuedouble;
+    if (d < 0)
+        return error_set(KVX_ERR_INVALID, "%s: %g is negative", path, d);
+    if (d > (double)KVX_MAX_JSON_INTEGER)
+        return error_set(KVX_ERR_INVALID, "%s: %g is larger than 2^53, the largest integer"
+                         " JSON keeps exact", path, d);
+    if (d != floor(d))
+        return error_set(KVX_ERR_INVALID, "%s: %g is not an integer", path, d);
+    *value_p = (uint64_t)d;
+    return KVX_OK;
+}
+
+static kvx_status_t read_bool(const cJSON *item, const char *path, bool *value_p)
+{
+    if (!cJSON_IsBool(item))
+        return error_set(KVX_ERR_INVALID, "%s: expected true or false", path);
+    *value_p = cJSON_IsTrue(item);
+    return KVX_OK;
+}
+
+static kvx_status_t read_string(const cJSON *item, const char *path, const char **value_p)
+{
+    if (!cJSON_IsString(item))
+        return error_set(KVX_ERR_INVALID, "%s: expected a string", path);
+    *value_p = item->valuestring;
+    return KVX_OK;
+}
+
+/* The member `key` of `object`, with its path written to `path`; NULL if absent. */
+static const cJSON *field(const cJSON *object, const char *parent, const char *key,
+                          char path[PATH_MAX_LEN])
+{
+    snprintf(path, PATH_MAX_LEN, "%.40s.%.20s", parent, key);
+    return cJSON_GetObjectItemCaseSensitive(object, key);
+}
+
+static kvx_status_t missing(const char *path)
+{
+    return error_set(KVX_ERR_INVALID, "%s: missing (required)", path);
+}
+
+static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size_t i)
+{
+    static const char *const keys[] = {"name", "size", "mem", "device"};
+    kvx_storage_params_t p          = {0};
+    char parent[PATH_MAX_LEN];
+    char path[PATH_MAX_LEN];
+    const cJSON *item;
+    kvx_status_t status;
+    uint64_t device;
+    const char *mem = NULL;
+
+    snprintf(parent, sizeof(parent), "storages[%zu]", i);
+    if (!cJSON_IsObject(object))
+        return error_set(KVX_ERR_INVALID, "%s: expected an object", parent);
+    status = check_keys(object, parent, keys, sizeof(keys) / sizeof(keys[0]));
+    if (status != KVX_OK)
+        return status;
+
+    if ((item = field(object, parent, "name", path)) == NULL)
+        return missing(path);
+    if ((status = read_string(item, path, &p.name)) != KVX_OK)
+        return status;
+    if ((item = field(object, parent, "size", path)) == NULL)
+        return missing(path);
+    if ((status = read_uint(item, path, &p.size)) != KVX_OK)
+        return status;
+    if ((item = field(object, parent, "mem", path)) != NULL) {
+        if ((status = read_string(item, path, &mem)) != KVX_OK)
+            return status;
+        if (!layout_mem_type_parse(mem, &p.mem))
+            return error_set(KVX_ERR_INVALID, "%s: \"%.*s\" is not dram or vram", path,
+                             KVX_MAX_NAME_LEN, mem);
+        p.field_mask |= KVX_STORAGE_PARAM_FIELD_MEM;
+    }
+    if ((item = field(object, parent, "device", path)) != NULL) {
+        if ((status = read_uint(item, path, &device)) != KVX_OK)
+            return status;
+        p.device = (int64_t)device;
+        p.field_mask |= KVX_STORAGE_PARAM_FIELD_DEVICE;
+    }
+    return kvx_layout_add_storage(layout, &p);
+}
+
+/* Reads the required integer `key` of a view into *value_p. */
+static kvx_status_t read_view_uint(const cJSON *object, const char *parent, const char *key,
+                                   uint64_t *value_p)
+{
+    char path[PATH_MAX_LEN];
+    const cJSON *item = field(object, parent, key, path);
+
+    return item == NULL ? missing(path) : read_uint(item, path, value_p);
+}
+
+static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t i)
+{
+    static const char *const keys[] = {"name",   "group", "kind",       "storage", "offset",
+                                       "page",   "stride", "num_blocks", "dense",   "heads"};
+    kvx_view_params_t p             = {0};
+    char parent[PATH_MAX_LEN];
+    char path[PATH_MAX_LEN];
+    const cJSON *item;
+    const char *kind = NULL;
+    uint64_t group;
+    kvx_status_t status;
+
+    snprintf(parent, sizeof(parent), "views[%zu]", i);
+    if (!cJSON_IsObject(object))
+        return error_set(KVX_ERR_INVALID, "%s: expected an object", parent);
+    status = check_keys(object, parent, keys, sizeof(keys) / sizeof(keys[0]));
+    if (status != KVX_OK)
+        return status;
+
+    if ((item = field(object, parent, "name", path)) == NULL)
+        return missing(path);
+    if ((status = read_string(item, path, &p.name)) != KVX_OK)
+        return status;
+    if ((item = field(object, parent, "kind", path)) == NULL)
+        return missing(path);
+    if ((status = read_string(item, path, &kind)) != KVX_OK)
+        return status;
+    if (!layout_view_kind_parse(kind, &p.kind))
+        return error_set(KVX_ERR_INVALID, "%s: \"%.*s\" is not one of attn, swa, mla, swa_mla,"
+                         " scratch, mamba, ple", path, KVX_MAX_NAME_LEN, kind);
+    if ((item = field(object, parent, "storage", path)) == NULL)
+        return missing(path);
+    if ((status = read_string(item, path, &p.storage)) != KVX_OK)
+        return status;
+    if ((status = read_view_uint(object, parent, "page", &p.page)) != KVX_OK ||
+        (status = read_view_uint(object, parent, "stride", &p.stride)) != KVX_OK ||
+        (status = read_view_uint(object, parent, "num_blocks", &p.num_blocks)) != KVX_OK)
+        return status;
+
+    if ((item = field(object, parent, "group", path)) != NULL) {
+        if ((status = read_uint(item, path, &group)) != KVX_OK)
+            return status;
+        p.group = (int64_t)group;
+        p.field_mask |= KVX_VIEW_PARAM_FIELD_GROUP;
+    }
+    if ((item = field(object, parent, "offset", path)) != NULL) {
+        if ((status = read_uint(item, path, &p.offset)) != KVX_OK)
+            return status;
+        p.field_mask |= KVX_VIEW_PARAM_FIELD_OFFSET;
+    }
+    if ((item = field(object, parent, "dense", path)) != NULL) {
+        if ((status = read_bool(item, path, &p.dense)) != KVX_OK)
+            return status;
+        p.field_mask |= KVX_VIEW_PARAM_FIELD_DENSE;
+    }
+    if ((item = field(object, parent, "heads", path)) != NULL) {
+        if ((status = read_uint(item, path, &p.heads)) != KVX_OK)
+            return status;
+        p.field_mask |= KVX_VIEW_PARAM_FIELD_HEADS;
+    }
+    return kvx_layout_add_view(layout, &p);
+}
+
+/* Reads the array `key` of the top-level object, calling read_one on each element. */
+static kvx_status_t read_array(kvx_layout_t *layout, const cJSON *root, const char *key,
+                               kvx_status_t (*read_one)(kvx_layout_t *, const cJSON *, size_t))
+{
+    const cJSON *array = cJSON_GetObjectItemCaseSensitive(root, key);
+    const cJSON *item;
+    size_t i = 0;
+    kvx_status_t status;
+
+    if (array == NULL)
+        return error_set(KVX_ERR_INVALID, "%s: missing (required)", key);
+    if (!cJSON_IsArray(array))
+        return error_set(KVX_ERR_INVALID, "%s: expected an array", key);
+    if (array->child == NULL)
+        return error_set(KVX_ERR_INVALID, "%s: is empty", key);
+    cJSON_ArrayForEach(item, array) {
+        status = read_one(layout, item, i++);
+        if (status != KVX_OK)
+            return status;
+    }
+    return KVX_OK;
+}
+
+/* Reads the layout-wide keys into params. */
+static kvx_status_t read_layout_params(const cJSON *root, kvx_layout_params_t *p)
+{
+    static const char *const keys[] = {"kvx_layout", "block_size", "csa_linear",
+                                       "whole_row_regions", "storages", "views"};
+    const cJSON *item;
+    uint64_t version;
+    kvx_status_t status;
+
+    if (!cJSON_IsObject(root))
+        return error_set(KVX_ERR_INVALID, "layout: expected a JSON object");
+    status = check_keys(root, "layout", keys, sizeof(keys) / sizeof(keys[0]));
+    if (status != KVX_OK)
+        return status;
+    item = cJSON_GetObjectItemCaseSensitive(root, "kvx_layout");
+    if (item == NULL)
+        return missing("kvx_layout");
+    if ((status = read_uint(item, "kvx_layout", &version)) != KVX_OK)
+        return status;
+    if (version != 1)
+        return error_set(KVX_ERR_INVALID, "kvx_layout: version %" PRIu64
+                         " is not supported (this reader knows 1)", version);
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "block_size")) != NULL) {
+        if ((status = read_uint(item, "block_size", &p->block_size)) != KVX_OK)
+            return status;
+        p->field_mask |= KVX_LAYOUT_PARAM_FIELD_BLOCK_SIZE;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "csa_linear")) != NULL) {
+        if ((status = read_bool(item, "csa_linear", &p->csa_linear)) != KVX_OK)
+            return status;
+        p->field_mask |= KVX_LAYOUT_PARAM_FIELD_CSA_LINEAR;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "whole_row_regions")) != NULL) {
+        if ((status = read_bool(item, "whole_row_regions", &p->whole_row_regions)) != KVX_OK)
+            return status;
+        p->field_mask |= KVX_LAYOUT_PARAM_FIELD_WHOLE_ROW_REGIONS;
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t **layout_p)
+{
+    kvx_layout_params_t params = {0};
+    kvx_layout_t *layout       = NULL;
+    const char *end            = NULL;
+    cJSON *root;
+    kvx_status_t status;
+
+    if (json == NULL || layout_p == NULL)
+        return error_set(KVX_ERR_INVALID, "layout: no buffer or no place for the result");
+    if (size > KVX_MAX_LAYOUT_FILE)
+        return error_set(KVX_ERR_INVALID, "layout: %zu bytes is more than the %u allowed", size,
+                         KVX_MAX_LAYOUT_FILE);
+    root = cJSON_ParseWithLengthOpts(json, size, &end, false);
+    if (root == NULL)
+        return error_set(KVX_ERR_INVALID, "layout: not valid JSON near byte %td",
+                         end != NULL ? end - json : (ptrdiff_t)0);
+    while (end < json + size && (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t'))
+        end++;
+    if (end < json + size && *end != '\0') {
+        status = error_set(KVX_ERR_INVALID, "layout: unexpected data after the JSON object at"
+                           " byte %td", end - json);
+        goto out;
+    }
+
+    status = read_layout_params(root, &params);
+    if (status != KVX_OK)
+        goto out;
+    status = kvx_layout_create(&params, &layout);
+    if (status != KVX_OK)
+        goto out;
+    status = read_array(layout, root, "storages", read_storage);
+    if (status != KVX_OK)
+        goto out;
+    status = read_array(layout, root, "views", read_view);
+    if (status != KVX_OK)
+        goto out;
+    status = kvx_layout_validate(layout);
+    if (status != KVX_OK)
+        goto out;
+    *layout_p = layout;
+    layout    = NULL;
+
+out:
+    kvx_layout_destroy(layout);
+    cJSON_Delete(root);
+    return status;
+}
+
+kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p)
+{
+    FILE *file;
+    char *buffer;
+    size_t size;
+    kvx_status_t status;
+
+    if (path == NULL || layout_p == NULL)
+        return error_set(KVX_ERR_INVALID, "layout: no path or no place for the result");
+    file = fopen(path, "rb");
+    if (file == NULL)
+        return error_set(KVX_ERR_IO, "%s: %s", path, strerror(errno));
+    buffer = malloc(KVX_MAX_LAYOUT_FILE + 1);
+    if (buffer == NULL) {
+        fclose(file);
+        return error_no_memory("a layout file buffer");
+    }
+    /* One byte past the limit tells an oversized file from one exactly at it. */
+    size = fread(buffer, 1, KVX_MAX_LAYOUT_FILE + 1, file);
+    if (ferror(file))
+        status = error_set(KVX_ERR_IO, "%s: read failed", path);
+    else if (size > KVX_MAX_LAYOUT_FILE)
+        status = error_set(KVX_ERR_INVALID, "%s: larger than the %u bytes allowed", path,
+                           KVX_MAX_LAYOUT_FILE);
+    else
+        status = kvx_layout_load_buffer(buffer, size, layout_p);
+    free(buffer);
+    fclose(file);
+    return status;
+}
