@@ -1,0 +1,257 @@
+/* test_layout.c: every validation rule of regions.md "View fields" and formats.md, through
+ * layout files and through the API: each failure names the path, field and value, and
+ * nothing is registered or changed. */
+#include "layouts.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+/* A layout with one storage of 1024 B and one view; %s is replaced by the view's fields. */
+#define ONE_VIEW(view_fields)                                                                 \
+    "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1024}], 'views': [{" view_fields  \
+    "}]}"
+#define VIEW_OK "'name': 'l.0', 'kind': 'attn', 'storage': 'kv', 'page': 64, 'stride': 128"
+
+static const struct bad_layout_case {
+    const char *rule;     /* shown in the report */
+    const char *json;     /* single-quoted layout carrying the fault */
+    const char *msg_part; /* must appear in kvx_errmsg() */
+} bad_layout_cases[] = {
+    {"duplicate_view_key", ONE_VIEW(VIEW_OK ", 'num_blocks': 2, 'page': 0"), "key \"page\" appears twice"},
+    {"page_below_one",
+     ONE_VIEW("'name': 'l', 'kind': 'attn', 'storage': 'kv', 'page': 0, 'stride': 8,"
+              " 'num_blocks': 1"),
+     "views[0].page: 0 is less than 1"},
+    {"stride_below_page",
+     ONE_VIEW("'name': 'l', 'kind': 'attn', 'storage': 'kv', 'page': 2048, 'stride': 1024,"
+              " 'num_blocks': 1"),
+     "views[0].stride: 1024 is smaller than page 2048"},
+    {"zero_blocks", ONE_VIEW(VIEW_OK ", 'num_blocks': 0"), "views[0].num_blocks: 0 is less than 1"},
+    {"view_past_storage_end", ONE_VIEW(VIEW_OK ", 'num_blocks': 9"),
+     "views[0] (l.0): ends at byte 1088, beyond storage kv of 1024 bytes"},
+    {"offset_pushes_view_out", ONE_VIEW(VIEW_OK ", 'num_blocks': 8, 'offset': 65"),
+     "views[0] (l.0): ends at byte 1025"},
+    {"storage_missing",
+     ONE_VIEW("'name': 'l', 'kind': 'attn', 'storage': 'nope', 'page': 8, 'stride': 8,"
+              " 'num_blocks': 1"),
+     "views[0].storage: no storage named \"nope\""},
+    {"empty_view_name",
+     ONE_VIEW("'name': '', 'kind': 'attn', 'storage': 'kv', 'page': 8, 'stride': 8,"
+              " 'num_blocks': 1"),
+     "views[0].name: is empty"},
+    {"negative_group", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'group': -1"),
+     "views[0].group: -1 is negative"},
+    {"fractional_count", ONE_VIEW(VIEW_OK ", 'num_blocks': 1.5"),
+     "views[0].num_blocks: 1.5 is not an integer"},
+    {"negative_offset", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'offset': -8"),
+     "views[0].offset: -8 is negative"},
+    {"integer_beyond_json_exact", ONE_VIEW(VIEW_OK ", 'num_blocks': 1e300"),
+     "views[0].num_blocks: 1e+300 is larger than 2^53"},
+    {"zero_heads", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'heads': 0"),
+     "views[0].heads: 0 is less than 1"},
+    {"unknown_view_key", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'strid': 4"),
+     "views[0]: unknown key \"strid\""},
+    {"missing_view_stride",
+     ONE_VIEW("'name': 'l', 'kind': 'attn', 'storage': 'kv', 'page': 8, 'num_blocks': 1"),
+     "views[0].stride: missing (required)"},
+    {"missing_view_kind",
+     ONE_VIEW("'name': 'l', 'storage': 'kv', 'page': 8, 'stride': 8, 'num_blocks': 1"),
+     "views[0].kind: missing (required)"},
+    {"duplicate_kind_key", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'kind': 'gqa'"),
+     "key \"kind\" appears twice"},
+    {"kind_not_in_list",
+     ONE_VIEW("'name': 'l', 'kind': 'gqa', 'storage': 'kv', 'page': 8, 'stride': 8,"
+              " 'num_blocks': 1"),
+     "views[0].kind: \"gqa\" is not one of attn, swa, mla, swa_mla, scratch, mamba, ple"},
+    {"string_for_integer", ONE_VIEW(VIEW_OK ", 'num_blocks': '4'"),
+     "views[0].num_blocks: expected an integer"},
+    {"integer_for_bool", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'dense': 1"),
+     "views[0].dense: expected true or false"},
+    {"view_not_object", "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}],"
+                        " 'views': [3]}",
+     "views[0]: expected an object"},
+    {"later_view_index_named",
+     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 64}], 'views': ["
+     "{'name': 'a', 'kind': 'mla', 'storage': 'kv', 'page': 8, 'stride': 8, 'num_blocks': 1},"
+     "{'name': 'b', 'kind': 'mla', 'storage': 'kv', 'page': 16, 'stride': 8, 'num_blocks': 1}]}",
+     "views[1].stride: 8 is smaller than page 16"},
+    {"storage_size_zero",
+     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 0}], 'views': []}",
+     "storages[0].size: 0 is not in 1..2^63-1"},
+    {"storage_name_repeated",
+     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}, {'name': 'kv', 'size': 8}],"
+     " 'views': []}",
+     "storages[1].name: \"kv\" is already a storage"},
+    {"storage_missing_size", "{'kvx_layout': 1, 'storages': [{'name': 'kv'}], 'views': []}",
+     "storages[0].size: missing (required)"},
+    {"bad_mem", "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8, 'mem': 'hbm'}],"
+                " 'views': []}",
+     "storages[0].mem: \"hbm\" is not dram or vram"},
+    {"negative_device",
+     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8, 'device': -1}], 'views': []}",
+     "storages[0].device: -1 is negative"},
+    {"unknown_storage_key",
+     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8, 'base': 0}], 'views': []}",
+     "storages[0]: unknown key \"base\""},
+    {"no_storages", "{'kvx_layout': 1, 'storages': [], 'views': []}", "storages: is empty"},
+    {"no_views", "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}], 'views': []}",
+     "views: is empty"},
+    {"missing_views", "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}]}",
+     "views: missing (required)"},
+    {"views_not_array",
+     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}], 'views': {}}",
+     "views: expected an array"},
+    {"missing_version", "{'storages': [], 'views': []}", "kvx_layout: missing (required)"},
+    {"future_version", "{'kvx_layout': 2, 'storages': [], 'views': []}",
+     "kvx_layout: version 2 is not supported"},
+    {"unknown_top_key", "{'kvx_layout': 1, 'tp': 2, 'storages': [], 'views': []}",
+     "layout: unknown key \"tp\""},
+    {"duplicate_top_key", "{'kvx_layout': 1, 'kvx_layout': 1, 'storages': [], 'views': []}",
+     "layout: key \"kvx_layout\" appears twice"},
+    {"block_size_zero", "{'kvx_layout': 1, 'block_size': 0, 'storages': [], 'views': []}",
+     "block_size: 0 is not in 1..2^63-1"},
+    {"csa_linear_not_bool", "{'kvx_layout': 1, 'csa_linear': 'yes', 'storages': [],"
+                            " 'views': []}",
+     "csa_linear: expected true or false"},
+    {"not_an_object", "[1, 2]", "layout: expected a JSON object"},
+    {"not_json", "{'kvx_layout': 1,", "layout: not valid JSON near byte"},
+    {"trailing_data", "{'kvx_layout': 1, 'storages': [], 'views': []} x",
+     "unexpected data after the JSON object"},
+};
+
+static void bad_layouts_fail_with_their_path(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad_layout_cases) / sizeof(bad_layout_cases[0]); i++) {
+        const struct bad_layout_case *c = &bad_layout_cases[i];
+        kvx_layout_t *layout            = (kvx_layout_t *)&layout; /* must stay untouched */
+        kvx_status_t status             = layout_from_quoted(c->json, &layout);
+
+        if (status != KVX_ERR_INVALID)
+            fail_msg("%s: status %d, expected KVX_ERR_INVALID", c->rule, status);
+        if (strstr(kvx_errmsg(), c->msg_part) == NULL)
+            fail_msg("%s: message \"%s\" lacks \"%s\"", c->rule, kvx_errmsg(), c->msg_part);
+        if (layout != (kvx_layout_t *)&layout)
+            fail_msg("%s: the output was written on failure", c->rule);
+    }
+}
+
+static void good_layout_takes_defaults(void **state)
+{
+    kvx_layout_t *layout;
+
+    (void)state;
+    assert_int_equal(layout_from_quoted(ONE_VIEW(VIEW_OK ", 'num_blocks': 8"), &layout), KVX_OK);
+    assert_int_equal(kvx_layout_block_size(layout), 16);
+    assert_int_equal(kvx_layout_num_storages(layout), 1);
+    assert_int_equal(kvx_layout_num_views(layout), 1);
+    kvx_layout_destroy(layout);
+}
+
+/* The API checks what JSON cannot express (values above 2^63, sums that overflow) and leaves
+ * the layout as it was on every failure. */
+static void api_failures_change_nothing(void **state)
+{
+    kvx_storage_params_t storage = {.name = "kv", .size = 4096};
+    kvx_view_params_t view       = {.name = "l", .kind = KVX_VIEW_KIND_ATTN, .storage = "kv",
+                                    .page = 64, .stride = 64, .num_blocks = 64};
+    kvx_layout_t *layout;
+
+    (void)state;
+    assert_int_equal(kvx_layout_create(NULL, &layout), KVX_OK);
+    assert_int_equal(kvx_layout_validate(layout), KVX_ERR_INVALID);
+    assert_int_equal(kvx_layout_add_storage(layout, &storage), KVX_OK);
+    assert_int_equal(kvx_layout_add_view(layout, &view), KVX_OK);
+
+    view.page = view.stride = (uint64_t)1 << 63;
+    assert_int_equal(kvx_layout_add_view(layout, &view), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "views[1].page: 9223372036854775808 does not fit in 63"
+                                         " bits"));
+    view.page       = 64;
+    view.stride     = (uint64_t)1 << 62;
+    view.num_blocks = 4;
+    assert_int_equal(kvx_layout_add_view(layout, &view), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "overflows 63 bits"));
+    view.stride     = 64;
+    view.num_blocks = 64;
+    view.field_mask = 1u << 30;
+    assert_int_equal(kvx_layout_add_view(layout, &view), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "views[1]: unknown field bits 0x40000000"));
+    view.field_mask = KVX_VIEW_PARAM_FIELD_GROUP;
+    view.group      = -3;
+    assert_int_equal(kvx_layout_add_view(layout, &view), KVX_ERR_INVALID);
+    view.field_mask = 0;
+    view.kind       = (kvx_view_kind_t)99;
+    assert_int_equal(kvx_layout_add_view(layout, &view), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "views[1].kind: 99 is not a view kind"));
+    assert_int_equal(kvx_layout_add_storage(layout, &storage), KVX_ERR_INVALID);
+    assert_int_equal(kvx_layout_num_views(layout), 1);
+    assert_int_equal(kvx_layout_num_storages(layout), 1);
+    assert_int_equal(kvx_layout_validate(layout), KVX_OK);
+    kvx_layout_destroy(layout);
+}
+
+static void unknown_param_bits_are_rejected(void **state)
+{
+    kvx_layout_params_t params = {.field_mask = 1u << 7};
+    kvx_layout_t *layout       = NULL;
+
+    (void)state;
+    assert_int_equal(kvx_layout_create(&params, &layout), KVX_ERR_INVALID);
+    assert_null(layout);
+    assert_non_null(strstr(kvx_errmsg(), "unknown field bits 0x80"));
+}
+
+static void missing_file_is_an_io_error(void **state)
+{
+    kvx_layout_t *layout = NULL;
+
+    (void)state;
+    assert_int_equal(kvx_layout_load_file("/nonexistent/kvx.json", &layout), KVX_ERR_IO);
+    assert_non_null(strstr(kvx_errmsg(), "/nonexistent/kvx.json: No such file"));
+    assert_null(layout);
+}
+
+/* Many storages and views exercise the name index's growth. */
+static void many_storages_are_found_by_name(void **state)
+{
+    kvx_layout_t *layout;
+    char name[32];
+
+    (void)state;
+    assert_int_equal(kvx_layout_create(NULL, &layout), KVX_OK);
+    for (int i = 0; i < 1000; i++) {
+        kvx_storage_params_t s = {.name = name, .size = 64};
+
+        snprintf(name, sizeof(name), "layers.%d", i);
+        assert_int_equal(kvx_layout_add_storage(layout, &s), KVX_OK);
+    }
+    for (int i = 999; i >= 0; i--) {
+        kvx_view_params_t v = {.name = name, .kind = KVX_VIEW_KIND_MLA, .storage = name,
+                               .page = 32, .stride = 32, .num_blocks = 2};
+
+        snprintf(name, sizeof(name), "layers.%d", i);
+        assert_int_equal(kvx_layout_add_view(layout, &v), KVX_OK);
+    }
+    assert_int_equal(kvx_layout_num_views(layout), 1000);
+    kvx_layout_destroy(layout);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bad_layouts_fail_with_their_path),
+        cmocka_unit_test(good_layout_takes_defaults),
+        cmocka_unit_test(api_failures_change_nothing),
+        cmocka_unit_test(unknown_param_bits_are_rejected),
+        cmocka_unit_test(missing_file_is_an_io_error),
+        cmocka_unit_test(many_storages_are_found_by_name),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
