@@ -1,112 +1,152 @@
-/* regions_json.c: a region table as spec formats.md's "kvx_plan": 1 document. Integers are
- * written as raw text so values above 2^53 stay exact; cJSON escapes the names. */
+/* regions_json.c: a region table as spec formats.md's "kvx_plan": 1 document, laid out as
+ * formats.md shows it: one region per line. Writes exact 64-bit integers and escapes names;
+ * reads nothing. */
 #include "regions.h"
 
 #include "error.h"
 
-#include <cjson/cJSON.h>
-
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-static bool add_int(cJSON *object, const char *key, int64_t value)
+/* A growing output buffer; `failed` sticks after the first allocation failure so callers
+ * check once at the end. */
+struct json_out {
+    char *text;
+    size_t len;
+    size_t max;
+    bool failed;
+};
+
+static void out_reserve(struct json_out *out, size_t extra)
 {
-    char text[24];
+    size_t max = out->max == 0 ? 4096 : out->max;
+    char *text;
 
-    snprintf(text, sizeof(text), "%" PRId64, value);
-    return cJSON_AddRawToObject(object, key, text) != NULL;
+    if (out->failed || out->len + extra < out->max)
+        return;
+    while (max <= out->len + extra)
+        max *= 2;
+    text = realloc(out->text, max);
+    if (text == NULL) {
+        out->failed = true;
+        return;
+    }
+    out->text = text;
+    out->max  = max;
 }
 
-static bool add_uint(cJSON *object, const char *key, uint64_t value)
-{
-    char text[24];
+static void out_printf(struct json_out *out, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
-    snprintf(text, sizeof(text), "%" PRIu64, value);
-    return cJSON_AddRawToObject(object, key, text) != NULL;
+static void out_printf(struct json_out *out, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    out_reserve(out, (size_t)n + 1);
+    if (out->failed)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(out->text + out->len, out->max - out->len, fmt, ap);
+    va_end(ap);
+    out->len += (size_t)n;
 }
 
-static cJSON *region_to_json(const kvx_regions_t *t, size_t index)
+/* A JSON string: quotes, backslashes and control bytes escaped; other bytes as they are
+ * (names are bytes; formats.md files are UTF-8). */
+static void out_string(struct json_out *out, const char *s)
+{
+    out_printf(out, "\"");
+    for (; *s != '\0'; s++) {
+        unsigned char c = (unsigned char)*s;
+
+        if (c == '"' || c == '\\')
+            out_printf(out, "\\%c", c);
+        else if (c < 0x20)
+            out_printf(out, "\\u%04x", c);
+        else
+            out_printf(out, "%c", c);
+    }
+    out_printf(out, "\"");
+}
+
+static const char *bool_text(bool value)
+{
+    return value ? "true" : "false";
+}
+
+static void out_region(struct json_out *out, const kvx_regions_t *t, size_t index)
 {
     const struct region *r = &t->regions[index];
-    cJSON *object          = cJSON_CreateObject();
-    cJSON *members;
-    bool ok;
 
-    if (object == NULL)
-        return NULL;
-    ok = add_uint(object, "index", index) &&
-         cJSON_AddStringToObject(object, "name", t->view_names[t->members[r->first_member]]) &&
-         cJSON_AddStringToObject(object, "storage", t->storage_names[r->storage]) &&
-         add_uint(object, "offset", r->offset) && add_uint(object, "block_len", r->block_len) &&
-         add_uint(object, "stride", r->stride) && add_uint(object, "num_blocks", r->num_blocks) &&
-         add_int(object, "group", r->group) && cJSON_AddBoolToObject(object, "mla", r->mla) &&
-         cJSON_AddBoolToObject(object, "packed_row", r->packed_row) &&
-         cJSON_AddBoolToObject(object, "scratch", r->scratch) &&
-         cJSON_AddBoolToObject(object, "ssm", r->ssm) &&
-         cJSON_AddBoolToObject(object, "ple", r->ple) && add_uint(object, "heads", r->heads) &&
-         (members = cJSON_AddArrayToObject(object, "members")) != NULL;
-    for (uint32_t m = 0; ok && m < r->num_members; m++) {
-        cJSON *name = cJSON_CreateString(t->view_names[t->members[r->first_member + m]]);
-
-        ok = name != NULL && cJSON_AddItemToArray(members, name);
+    out_printf(out, "    {\"index\": %zu, \"name\": ", index);
+    out_string(out, t->view_names[t->members[r->first_member]]);
+    out_printf(out, ", \"storage\": ");
+    out_string(out, t->storage_names[r->storage]);
+    out_printf(out,
+               ", \"offset\": %" PRIu64 ", \"block_len\": %" PRIu64 ", \"stride\": %" PRIu64
+               ", \"num_blocks\": %" PRIu64 ", \"group\": %" PRId64 ", \"mla\": %s"
+               ", \"packed_row\": %s, \"scratch\": %s, \"ssm\": %s, \"ple\": %s"
+               ", \"heads\": %" PRIu64 ", \"members\": [",
+               r->offset, r->block_len, r->stride, r->num_blocks, r->group, bool_text(r->mla),
+               bool_text(r->packed_row), bool_text(r->scratch), bool_text(r->ssm),
+               bool_text(r->ple), r->heads);
+    for (uint32_t m = 0; m < r->num_members; m++) {
+        if (m > 0)
+            out_printf(out, ", ");
+        out_string(out, t->view_names[t->members[r->first_member + m]]);
     }
-    if (!ok) {
-        cJSON_Delete(object);
-        return NULL;
-    }
-    return object;
+    out_printf(out, "]}");
 }
 
 /* One registration per storage that a region uses, in layout storage order (formats.md):
  * memory is registered whole, once, whatever the regions inside it. */
-static bool add_registrations(const kvx_regions_t *t, cJSON *root)
+static void out_registrations(struct json_out *out, const kvx_regions_t *t)
 {
-    cJSON *array = cJSON_AddArrayToObject(root, "registrations");
-    bool *used   = calloc(t->num_storages, sizeof(*used));
-    bool ok      = array != NULL && used != NULL;
+    bool *used  = calloc(t->num_storages, sizeof(*used));
+    bool first = true;
 
-    for (size_t r = 0; ok && r < t->num_regions; r++)
+    if (used == NULL) {
+        out->failed = true;
+        return;
+    }
+    for (size_t r = 0; r < t->num_regions; r++)
         used[t->regions[r].storage] = true;
-    for (size_t s = 0; ok && s < t->num_storages; s++) {
-        cJSON *object;
-
+    out_printf(out, "  \"registrations\": [");
+    for (size_t s = 0; s < t->num_storages; s++) {
         if (!used[s])
             continue;
-        object = cJSON_CreateObject();
-        ok     = object != NULL && cJSON_AddItemToArray(array, object);
-        if (!ok) {
-            cJSON_Delete(object);
-            break;
-        }
-        ok = cJSON_AddStringToObject(object, "storage", t->storage_names[s]) != NULL &&
-             add_uint(object, "offset", 0) && add_uint(object, "size", t->storage_sizes[s]);
+        out_printf(out, "%s\n    {\"storage\": ", first ? "" : ",");
+        out_string(out, t->storage_names[s]);
+        out_printf(out, ", \"offset\": 0, \"size\": %" PRIu64 "}", t->storage_sizes[s]);
+        first = false;
     }
+    out_printf(out, "\n  ]\n");
     free(used);
-    return ok;
 }
 
 kvx_status_t kvx_regions_to_json(const kvx_regions_t *regions, char **json_p)
 {
-    cJSON *root = cJSON_CreateObject();
-    cJSON *array;
-    char *text = NULL;
-    bool ok;
+    struct json_out out = {0};
 
-    ok = root != NULL && add_uint(root, "kvx_plan", 1) &&
-         (array = cJSON_AddArrayToObject(root, "regions")) != NULL;
-    for (size_t r = 0; ok && r < regions->num_regions; r++) {
-        cJSON *object = region_to_json(regions, r);
-
-        ok = object != NULL && cJSON_AddItemToArray(array, object);
-        if (!ok)
-            cJSON_Delete(object);
+    out_printf(&out, "{\n  \"kvx_plan\": 1,\n  \"regions\": [");
+    for (size_t r = 0; r < regions->num_regions; r++) {
+        out_printf(&out, "%s\n", r > 0 ? "," : "");
+        out_region(&out, regions, r);
     }
-    ok = ok && add_uint(root, "num_descriptors", regions->num_descriptors) &&
-         add_registrations(regions, root) && (text = cJSON_Print(root)) != NULL;
-    cJSON_Delete(root);
-    if (!ok)
+    out_printf(&out, "\n  ],\n  \"num_descriptors\": %" PRIu64 ",\n", regions->num_descriptors);
+    out_registrations(&out, regions);
+    out_printf(&out, "}");
+    if (out.failed) {
+        free(out.text);
         return error_no_memory("the region table's JSON");
-    *json_p = text;
+    }
+    *json_p = out.text;
     return KVX_OK;
 }

@@ -493,24 +493,47 @@ static void members_follow_step_one_order(void **state)
 /* The JSON of formats.md: keys in order, exact values, registrations per used storage. */
 static void json_output_has_the_formats_keys(void **state)
 {
+    const char *expected =
+        "{\n"
+        "  \"kvx_plan\": 1,\n"
+        "  \"regions\": [\n"
+        "    {\"index\": 0, \"name\": \"layers.0\", \"storage\": \"kv\", \"offset\": 0,"
+        " \"block_len\": 149760, \"stride\": 149760, \"num_blocks\": 100, \"group\": 0,"
+        " \"mla\": true, \"packed_row\": true, \"scratch\": false, \"ssm\": false,"
+        " \"ple\": false, \"heads\": 1, \"members\": [\"layers.0\", \"layers.1\","
+        " \"layers.2\", \"layers.3\"]}\n"
+        "  ],\n"
+        "  \"num_descriptors\": 100,\n"
+        "  \"registrations\": [\n"
+        "    {\"storage\": \"kv\", \"offset\": 0, \"size\": 14976000}\n"
+        "  ]\n"
+        "}";
     kvx_regions_t *regions;
     char *json;
 
     (void)state;
     assert_int_equal(regions_from_quoted(table_cases[0].json, &regions), KVX_OK);
     assert_int_equal(kvx_regions_to_json(regions, &json), KVX_OK);
-    assert_non_null(strstr(json, "\"kvx_plan\":\t1"));
-    assert_non_null(strstr(json, "\"index\":\t0,\n\t\t\t\"name\":\t\"layers.0\",\n\t\t\t"
-                                 "\"storage\":\t\"kv\",\n\t\t\t\"offset\":\t0,\n\t\t\t"
-                                 "\"block_len\":\t149760,\n\t\t\t\"stride\":\t149760,\n\t\t\t"
-                                 "\"num_blocks\":\t100,\n\t\t\t\"group\":\t0,\n\t\t\t"
-                                 "\"mla\":\ttrue,\n\t\t\t\"packed_row\":\ttrue,\n\t\t\t"
-                                 "\"scratch\":\tfalse,\n\t\t\t\"ssm\":\tfalse,\n\t\t\t"
-                                 "\"ple\":\tfalse,\n\t\t\t\"heads\":\t1,\n\t\t\t\"members\":"
-                                 "\t[\"layers.0\", \"layers.1\", \"layers.2\", \"layers.3\"]"));
-    assert_non_null(strstr(json, "\"num_descriptors\":\t100"));
-    assert_non_null(strstr(json, "\"registrations\":\t[{\n\t\t\t\"storage\":\t\"kv\",\n\t\t\t"
-                                 "\"offset\":\t0,\n\t\t\t\"size\":\t14976000\n\t\t}]"));
+    assert_string_equal(json, expected);
+    kvx_free(json);
+    kvx_regions_destroy(regions);
+}
+
+/* Names are escaped; only storages that regions use are registered. */
+static void json_output_escapes_names_and_skips_unused_storages(void **state)
+{
+    const char *layout =
+        "{'kvx_layout': 1, 'storages': [{'name': 'unused', 'size': 64},"
+        " {'name': 'kv\\\\1', 'size': 64}], 'views': [{'name': 'a\\'b\\u0001',"
+        " 'kind': 'attn', 'storage': 'kv\\\\1', 'page': 64, 'stride': 64, 'num_blocks': 1}]}";
+    kvx_regions_t *regions;
+    char *json;
+
+    (void)state;
+    assert_int_equal(regions_from_quoted(layout, &regions), KVX_OK);
+    assert_int_equal(kvx_regions_to_json(regions, &json), KVX_OK);
+    assert_non_null(strstr(json, "\"name\": \"a\\\"b\\u0001\", \"storage\": \"kv\\\\1\""));
+    assert_null(strstr(json, "unused"));
     kvx_free(json);
     kvx_regions_destroy(regions);
 }
@@ -543,6 +566,7 @@ int main(void)
         cmocka_unit_test(coverage_proof_checks_every_branch),
         cmocka_unit_test(members_follow_step_one_order),
         cmocka_unit_test(json_output_has_the_formats_keys),
+        cmocka_unit_test(json_output_escapes_names_and_skips_unused_storages),
         cmocka_unit_test(table_outlives_its_layout),
     };
 

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# test_cli.sh: the kvx command line end to end: every worked example's --json output against
+# its reviewed copy in tests/expected/, exit statuses, the one-line error, help and demo.
+# usage: test_cli.sh KVX SOURCE_DIR
+set -u
+kvx=$1
+src=$2
+passed=0
+failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+check() { # check RULE COMMAND...: passes when the command succeeds
+  local rule=$1
+  shift
+  if "$@"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAILED: $rule"
+  fi
+}
+
+plan_matches_expected() {
+  "$kvx" plan --json "$src/layouts/examples/$1" >"$tmp/out.json" &&
+    diff -u "$src/tests/expected/$1" "$tmp/out.json"
+}
+
+# status_and_one_error_line EXPECTED_STATUS MESSAGE_PART ARGS...
+status_and_one_error_line() {
+  local want=$1 part=$2
+  shift 2
+  "$kvx" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
+  local got=$?
+  [[ $got -eq $want ]] || { echo "status $got, expected $want"; return 1; }
+  [[ $(head -n 1 "$tmp/stderr") == "kvx: error: "*"$part"* ]] ||
+    { echo "stderr: $(cat "$tmp/stderr")"; return 1; }
+  [[ ! -s "$tmp/stdout" ]] || { echo "stdout not empty"; return 1; }
+}
+
+for f in "$src"/tests/expected/*.json; do
+  name=$(basename "$f")
+  check "worked example $name reproduced by kvx plan --json" plan_matches_expected "$name"
+done
+
+printf '{"kvx_layout": 1, "storages": [{"name": "kv", "size": 4096}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv", "page": 2048, "stride": 1024, "num_blocks": 1}]}' \
+  >"$tmp/bad.json"
+check "bad layout exits 2 with one error line" \
+  status_and_one_error_line 2 "views[0].stride: 1024 is smaller than page 2048" plan "$tmp/bad.json"
+check "bad layout: exactly one stderr line" test "$(wc -l <"$tmp/stderr")" -eq 1
+printf '{"kvx_layout": 1, "storages": [{"name": "kv", "size": 1024}], "views": [
+  {"name": "a", "kind": "mla", "storage": "kv", "page": 32, "stride": 64, "num_blocks": 4},
+  {"name": "b", "kind": "mla", "storage": "kv", "page": 32, "stride": 128, "num_blocks": 4}]}' \
+  >"$tmp/uncovered.json"
+check "failed coverage proof exits 2" \
+  status_and_one_error_line 2 "views[0] (a) is not covered by region 0 (a)" plan "$tmp/uncovered.json"
+check "missing file exits 2" \
+  status_and_one_error_line 2 "/nonexistent.json: No such file" plan /nonexistent.json
+check "missing LAYOUT exits 2" status_and_one_error_line 2 "LAYOUT is required" plan
+check "unknown option exits 2" status_and_one_error_line 2 "unknown option --jsn" plan --jsn x
+check "unknown command exits 2" status_and_one_error_line 2 "unknown command fetchh" fetchh
+
+check "kvx --help explains the commands" bash -c "'$kvx' --help | grep -q 'plan LAYOUT'"
+check "kvx plan --help explains plan" bash -c "'$kvx' plan --help | grep -q -- '--json'"
+check "kvx plan prints a table with totals" \
+  bash -c "'$kvx' plan '$src/layouts/examples/example7-capacities.json' | grep -q '^total: 2 regions, 5 descriptors'"
+check "kvx demo registers every built-in model" \
+  bash -c "'$kvx' demo >'$tmp/demo' && [[ \$(grep -c '^== ' '$tmp/demo') -eq 4 ]] && [[ \$(grep -c '^total: ' '$tmp/demo') -eq 4 ]]"
+for f in "$src"/layouts/models/*.json; do
+  check "model layout $(basename "$f") registers" bash -c "'$kvx' plan --json '$f' >/dev/null"
+done
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
