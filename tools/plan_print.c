@@ -31,6 +31,7 @@ void plan_print_table(FILE *out, const kvx_regions_t *regions)
     uint64_t bytes  = 0;
     int name_width  = 4;
     int where_width = 14;
+    int flags_width = 5;
     kvx_region_info_t info;
     char where[320];
     char flags[64];
@@ -42,18 +43,21 @@ void plan_print_table(FILE *out, const kvx_regions_t *regions)
         snprintf(where, sizeof(where), "%s+%" PRIu64, info.storage_name, info.offset);
         if ((int)strlen(where) > where_width)
             where_width = (int)strlen(where);
+        region_flags(&info, flags, sizeof(flags));
+        if ((int)strlen(flags) > flags_width)
+            flags_width = (int)strlen(flags);
     }
-    fprintf(out, "%5s  %-*s  %-*s  %10s  %10s  %8s  %5s  %-26s  %7s\n", "index", name_width,
+    fprintf(out, "%5s  %-*s  %-*s  %10s  %10s  %8s  %5s  %-*s  %7s\n", "index", name_width,
             "name", where_width, "storage+offset", "block_len", "stride", "blocks", "group",
-            "flags", "members");
+            flags_width, "flags", "members");
     for (size_t r = 0; r < count; r++) {
         kvx_regions_get(regions, r, &info);
         snprintf(where, sizeof(where), "%s+%" PRIu64, info.storage_name, info.offset);
         fprintf(out,
                 "%5zu  %-*s  %-*s  %10" PRIu64 "  %10" PRIu64 "  %8" PRIu64 "  %5" PRId64
-                "  %-26s  %7zu\n",
+                "  %-*s  %7zu\n",
                 r, name_width, info.name, where_width, where, info.block_len, info.stride,
-                info.num_blocks, info.group, region_flags(&info, flags, sizeof(flags)),
+                info.num_blocks, info.group, flags_width, region_flags(&info, flags, sizeof(flags)),
                 info.num_members);
         bytes += info.block_len * info.num_blocks;
     }
