@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* A JSON path such as views[12].stride: an array name, an index and one of our keys. */
 #define PATH_MAX_LEN 64
@@ -317,8 +318,9 @@ out:
 kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p)
 {
     FILE *file;
-    char *buffer;
-    size_t size;
+    char *buffer = NULL;
+    struct stat st;
+    off_t size;
     kvx_status_t status;
 
     if (path == NULL || layout_p == NULL)
@@ -326,20 +328,28 @@ kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p)
     file = fopen(path, "rb");
     if (file == NULL)
         return error_set(KVX_ERR_IO, "%s: %s", path, strerror(errno));
-    buffer = malloc(KVX_MAX_LAYOUT_FILE + 1);
-    if (buffer == NULL) {
-        fclose(file);
-        return error_no_memory("a layout file buffer");
+    if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
+        status = error_set(KVX_ERR_IO, "%s: not a regular file", path);
+        goto out;
     }
-    /* One byte past the limit tells an oversized file from one exactly at it. */
-    size = fread(buffer, 1, KVX_MAX_LAYOUT_FILE + 1, file);
-    if (ferror(file))
+    size = st.st_size;
+    if (size > (off_t)KVX_MAX_LAYOUT_FILE) {
+        status = error_set(KVX_ERR_INVALID, "%s: %lld bytes is more than the %u allowed", path,
+                           (long long)size, KVX_MAX_LAYOUT_FILE);
+        goto out;
+    }
+    buffer = malloc((size_t)size + 1); /* + 1: a zero-byte file is still a buffer */
+    if (buffer == NULL) {
+        status = error_no_memory("a layout file buffer");
+        goto out;
+    }
+    if (fread(buffer, 1, (size_t)size, file) != (size_t)size) {
         status = error_set(KVX_ERR_IO, "%s: read failed", path);
-    else if (size > KVX_MAX_LAYOUT_FILE)
-        status = error_set(KVX_ERR_INVALID, "%s: larger than the %u bytes allowed", path,
-                           KVX_MAX_LAYOUT_FILE);
-    else
-        status = kvx_layout_load_buffer(buffer, size, layout_p);
+        goto out;
+    }
+    status = kvx_layout_load_buffer(buffer, (size_t)size, layout_p);
+
+out:
     free(buffer);
     fclose(file);
     return status;
