@@ -33,13 +33,13 @@ extern "C" {
 /* Errors are grouped by what the caller must discard: -1..-99 the call or request only,
  * -100..-199 the peer, -200.. the agent or process. */
 typedef enum kvx_status {
-    KVX_OK              = 0,
-    KVX_INPROGRESS      = 1,    /* a posted transfer has not completed yet */
-    KVX_ERR_INVALID     = -1,   /* bad argument or input (layout, request); nothing changed */
-    KVX_ERR_OUT_OF_RANGE = -2,  /* a block or descriptor id beyond its region's capacity */
-    KVX_ERR_IO          = -3,   /* a file could not be read */
-    KVX_ERR_NO_MEMORY   = -200, /* an allocation failed */
-    KVX_ERR_INTERNAL    = -201, /* a broken invariant inside kvx: a bug, please report */
+    KVX_OK               = 0,
+    KVX_INPROGRESS       = 1,    /* a posted transfer has not completed yet */
+    KVX_ERR_INVALID      = -1,   /* bad argument or input (layout, request); nothing changed */
+    KVX_ERR_OUT_OF_RANGE = -2,   /* a block or descriptor id beyond its region's capacity */
+    KVX_ERR_IO           = -3,   /* a file could not be read */
+    KVX_ERR_NO_MEMORY    = -200, /* an allocation failed */
+    KVX_ERR_INTERNAL     = -201, /* a broken invariant inside kvx: a bug, please report */
 } kvx_status_t;
 
 /* Fixed text naming a status ("invalid input"); never NULL. Any thread. */
@@ -53,10 +53,10 @@ KVX_API const char *kvx_errmsg(void);
 KVX_API void kvx_free(void *ptr);
 
 /* Limits on what a layout may describe; input beyond them is rejected with a message. */
-#define KVX_MAX_STORAGES 4096       /* a large model registers ~1,300 tensors */
-#define KVX_MAX_VIEWS 65536         /* keeps every table index in 32 bits with room */
-#define KVX_MAX_NAME_LEN 255        /* bytes, without the terminator */
-#define KVX_MAX_LAYOUT_FILE (64u << 20) /* bytes: a 65,536-view layout is under 16 MiB */
+#define KVX_MAX_STORAGES     4096               /* a large model registers ~1,300 tensors */
+#define KVX_MAX_VIEWS        65536              /* keeps every table index in 32 bits with room */
+#define KVX_MAX_NAME_LEN     255                /* bytes, without the terminator */
+#define KVX_MAX_LAYOUT_FILE  (64u << 20)        /* bytes: a 65,536-view layout is under 16 MiB */
 #define KVX_MAX_JSON_INTEGER ((int64_t)1 << 53) /* largest integer a JSON double keeps exact */
 
 /* ---------------------------------------------------------------------------------------
@@ -129,8 +129,7 @@ typedef struct kvx_view_params {
 
 /* Creates an empty layout. params may be NULL for every default. Errors: KVX_ERR_INVALID
  * for an unknown field bit or a zero block size. */
-KVX_API kvx_status_t kvx_layout_create(const kvx_layout_params_t *params,
-                                       kvx_layout_t **layout_p);
+KVX_API kvx_status_t kvx_layout_create(const kvx_layout_params_t *params, kvx_layout_t **layout_p);
 
 /* Destroys a layout; NULL-safe. Region tables registered from it stay valid. */
 KVX_API void kvx_layout_destroy(kvx_layout_t *layout);
@@ -154,8 +153,7 @@ KVX_API kvx_status_t kvx_layout_validate(const kvx_layout_t *layout);
  * fractional counts and missing required keys fail with the key's path. Integers above
  * KVX_MAX_JSON_INTEGER are rejected because JSON numbers are doubles. The result has passed
  * kvx_layout_validate(). */
-KVX_API kvx_status_t kvx_layout_load_buffer(const char *json, size_t size,
-                                            kvx_layout_t **layout_p);
+KVX_API kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t **layout_p);
 KVX_API kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p);
 
 /* Read access. Indices follow the order of addition (file order). */
@@ -175,15 +173,15 @@ typedef struct kvx_regions kvx_regions_t;
 
 /* One region, as spec formats.md prints it. */
 typedef struct kvx_region_info {
-    const char *name;           /* the name of its first member in step-1 order */
-    size_t storage;             /* storage index in the layout */
+    const char *name; /* the name of its first member in step-1 order */
+    size_t storage;   /* storage index in the layout */
     const char *storage_name;
-    uint64_t offset;            /* bytes: region base inside its storage */
-    uint64_t block_len;         /* bytes per descriptor */
-    uint64_t stride;            /* bytes from block b to block b+1 */
-    uint64_t num_blocks;        /* descriptors of this region */
-    uint64_t first_descriptor;  /* id of block 0: the sum of num_blocks of earlier regions */
-    int64_t group;              /* KV-cache group; -1 when shared by several groups */
+    uint64_t offset;           /* bytes: region base inside its storage */
+    uint64_t block_len;        /* bytes per descriptor */
+    uint64_t stride;           /* bytes from block b to block b+1 */
+    uint64_t num_blocks;       /* descriptors of this region */
+    uint64_t first_descriptor; /* id of block 0: the sum of num_blocks of earlier regions */
+    int64_t group;             /* KV-cache group; -1 when shared by several groups */
     uint64_t heads;
     bool mla;
     bool packed_row;
@@ -191,7 +189,7 @@ typedef struct kvx_region_info {
     bool ssm;
     bool ple;
     size_t num_members;
-    const uint32_t *members;    /* view indices (layout order), in step-1 order */
+    const uint32_t *members; /* view indices (layout order), in step-1 order */
 } kvx_region_info_t;
 
 /* A descriptor: `len` bytes at `offset` inside storage `storage`. The address is the
@@ -213,8 +211,7 @@ typedef struct kvx_group_ids {
  * folding in two passes, region order, and the coverage proof (regions.md steps 1-4). The
  * table is returned only once every byte of every view is proven covered; a failure names
  * the view and region. The table copies what it needs: the layout may be destroyed. */
-KVX_API kvx_status_t kvx_regions_register(const kvx_layout_t *layout,
-                                          kvx_regions_t **regions_p);
+KVX_API kvx_status_t kvx_regions_register(const kvx_layout_t *layout, kvx_regions_t **regions_p);
 
 /* Destroys a table; NULL-safe. */
 KVX_API void kvx_regions_destroy(kvx_regions_t *regions);

@@ -6,8 +6,8 @@
 
 #include <inttypes.h>
 
-kvx_status_t kvx_regions_descriptor_id(const kvx_regions_t *regions, size_t region,
-                                       uint64_t block, uint64_t *id_p)
+kvx_status_t kvx_regions_descriptor_id(const kvx_regions_t *regions, size_t region, uint64_t block,
+                                       uint64_t *id_p)
 {
     const struct region *r;
 
@@ -16,9 +16,10 @@ kvx_status_t kvx_regions_descriptor_id(const kvx_regions_t *regions, size_t regi
                          regions->num_regions);
     r = &regions->regions[region];
     if (block >= r->num_blocks)
-        return error_set(KVX_ERR_OUT_OF_RANGE, "block %" PRIu64 " of region %zu (%s): the"
-                         " region has %" PRIu64 " blocks", block, region,
-                         regions->view_names[regions->members[r->first_member]],
+        return error_set(KVX_ERR_OUT_OF_RANGE,
+                         "block %" PRIu64 " of region %zu (%s): the"
+                         " region has %" PRIu64 " blocks",
+                         block, region, regions->view_names[regions->members[r->first_member]],
                          r->num_blocks);
     *id_p = r->first_descriptor + block;
     return KVX_OK;
@@ -32,8 +33,9 @@ kvx_status_t kvx_regions_descriptor(const kvx_regions_t *regions, uint64_t id,
     const struct region *r;
 
     if (id >= regions->num_descriptors)
-        return error_set(KVX_ERR_OUT_OF_RANGE, "descriptor %" PRIu64 ": the table has %" PRIu64
-                         " descriptors", id, regions->num_descriptors);
+        return error_set(KVX_ERR_OUT_OF_RANGE,
+                         "descriptor %" PRIu64 ": the table has %" PRIu64 " descriptors", id,
+                         regions->num_descriptors);
     /* The last region whose first descriptor is <= id; regions are never empty. */
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
@@ -101,10 +103,11 @@ static kvx_status_t group_check(const kvx_regions_t *t, const kvx_group_ids_t *g
             const struct region *region = &t->regions[r];
 
             if (region_takes_group(t, region, g) && id >= region->num_blocks)
-                return error_set(KVX_ERR_OUT_OF_RANGE, "request: block id %" PRIu64
-                                 " of group %zu is out of range for region %zu (%s) of %"
-                                 PRIu64 " blocks; nothing is transferred", id, g, r,
-                                 t->view_names[t->members[region->first_member]],
+                return error_set(KVX_ERR_OUT_OF_RANGE,
+                                 "request: block id %" PRIu64
+                                 " of group %zu is out of range for region %zu (%s) of %" PRIu64
+                                 " blocks; nothing is transferred",
+                                 id, g, r, t->view_names[t->members[region->first_member]],
                                  region->num_blocks);
         }
     }
@@ -131,9 +134,9 @@ static size_t group_emit(const kvx_regions_t *t, const kvx_group_ids_t *group, s
     return n;
 }
 
-kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
-                                     const kvx_group_ids_t *groups, size_t num_groups,
-                                     uint64_t *ids, size_t max_ids, size_t *num_ids_p)
+kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions, const kvx_group_ids_t *groups,
+                                     size_t num_groups, uint64_t *ids, size_t max_ids,
+                                     size_t *num_ids_p)
 {
     size_t count = 0;
     kvx_status_t status;
@@ -141,8 +144,10 @@ kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
     if (regions == NULL || num_ids_p == NULL || (groups == NULL && num_groups > 0))
         return error_set(KVX_ERR_INVALID, "request: table, groups and result are required");
     if (!regions->single_group && (int64_t)num_groups <= regions->max_group)
-        return error_set(KVX_ERR_INVALID, "request: names %zu groups but the table has regions"
-                         " in group %" PRId64, num_groups, regions->max_group);
+        return error_set(KVX_ERR_INVALID,
+                         "request: names %zu groups but the table has regions"
+                         " in group %" PRId64,
+                         num_groups, regions->max_group);
     for (size_t g = 0; g < num_groups; g++) {
         status = group_check(regions, &groups[g], g, &count);
         if (status != KVX_OK)
@@ -152,8 +157,10 @@ kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
         size_t n = 0;
 
         if (max_ids < count)
-            return error_set(KVX_ERR_INVALID, "request: room for %zu ids, the request yields"
-                             " %zu", max_ids, count);
+            return error_set(KVX_ERR_INVALID,
+                             "request: room for %zu ids, the request yields"
+                             " %zu",
+                             max_ids, count);
         /* With one group in the table every region takes the concatenation of all groups:
          * region, then the blocks of group 0, 1, ... With several: group, region, block. */
         if (regions->single_group) {

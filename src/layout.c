@@ -58,10 +58,9 @@ bool layout_mem_type_parse(const char *text, kvx_mem_type_t *mem_p)
 
 kvx_status_t kvx_layout_create(const kvx_layout_params_t *params, kvx_layout_t **layout_p)
 {
-    const uint64_t known = KVX_LAYOUT_PARAM_FIELD_BLOCK_SIZE |
-                           KVX_LAYOUT_PARAM_FIELD_CSA_LINEAR |
+    const uint64_t known = KVX_LAYOUT_PARAM_FIELD_BLOCK_SIZE | KVX_LAYOUT_PARAM_FIELD_CSA_LINEAR |
                            KVX_LAYOUT_PARAM_FIELD_WHOLE_ROW_REGIONS;
-    uint64_t mask        = params != NULL ? params->field_mask : 0;
+    uint64_t mask = params != NULL ? params->field_mask : 0;
     kvx_layout_t *layout;
 
     if (layout_p == NULL)
@@ -170,8 +169,8 @@ static kvx_status_t check_name(const char *what, size_t index, const char *name)
     if (len == 0)
         return error_set(KVX_ERR_INVALID, "%s[%zu].name: is empty", what, index);
     if (len > KVX_MAX_NAME_LEN)
-        return error_set(KVX_ERR_INVALID, "%s[%zu].name: %zu bytes is longer than %d", what,
-                         index, len, KVX_MAX_NAME_LEN);
+        return error_set(KVX_ERR_INVALID, "%s[%zu].name: %zu bytes is longer than %d", what, index,
+                         len, KVX_MAX_NAME_LEN);
     return KVX_OK;
 }
 
@@ -198,8 +197,8 @@ kvx_status_t kvx_layout_add_storage(kvx_layout_t *layout, const kvx_storage_para
         return error_set(KVX_ERR_INVALID, "storages[%zu].name: \"%s\" is already a storage", i,
                          params->name);
     if (params->size < 1 || params->size > INT63_MAX)
-        return error_set(KVX_ERR_INVALID, "storages[%zu].size: %" PRIu64
-                         " is not in 1..2^63-1", i, params->size);
+        return error_set(KVX_ERR_INVALID, "storages[%zu].size: %" PRIu64 " is not in 1..2^63-1", i,
+                         params->size);
 
     s.size   = params->size;
     s.mem    = KVX_MEM_DRAM;
@@ -212,8 +211,8 @@ kvx_status_t kvx_layout_add_storage(kvx_layout_t *layout, const kvx_storage_para
     }
     if (params->field_mask & KVX_STORAGE_PARAM_FIELD_DEVICE) {
         if (params->device < 0)
-            return error_set(KVX_ERR_INVALID, "storages[%zu].device: %" PRId64
-                             " is negative", i, params->device);
+            return error_set(KVX_ERR_INVALID, "storages[%zu].device: %" PRId64 " is negative", i,
+                             params->device);
         s.device = params->device;
     }
     status = layout_reserve_storage(layout);
@@ -223,8 +222,7 @@ kvx_status_t kvx_layout_add_storage(kvx_layout_t *layout, const kvx_storage_para
     if (s.name == NULL)
         return error_no_memory("a storage name");
     layout->storages[i] = s;
-    storage_hash_insert(layout->storage_by_name, layout->storage_hash_size, s.name,
-                        (uint32_t)i);
+    storage_hash_insert(layout->storage_by_name, layout->storage_hash_size, s.name, (uint32_t)i);
     layout->num_storages++;
     return KVX_OK;
 }
@@ -233,11 +231,11 @@ kvx_status_t kvx_layout_add_storage(kvx_layout_t *layout, const kvx_storage_para
 static kvx_status_t check_view_u63(size_t i, const char *field, uint64_t value, uint64_t min)
 {
     if (value > INT63_MAX)
-        return error_set(KVX_ERR_INVALID, "views[%zu].%s: %" PRIu64 " does not fit in 63 bits",
-                         i, field, value);
+        return error_set(KVX_ERR_INVALID, "views[%zu].%s: %" PRIu64 " does not fit in 63 bits", i,
+                         field, value);
     if (value < min)
-        return error_set(KVX_ERR_INVALID, "views[%zu].%s: %" PRIu64 " is less than %" PRIu64,
-                         i, field, value, min);
+        return error_set(KVX_ERR_INVALID, "views[%zu].%s: %" PRIu64 " is less than %" PRIu64, i,
+                         field, value, min);
     return KVX_OK;
 }
 
@@ -280,8 +278,7 @@ static kvx_status_t view_check(const kvx_layout_t *layout, size_t i, const kvx_v
     v->heads      = (p->field_mask & KVX_VIEW_PARAM_FIELD_HEADS) ? p->heads : 1;
 
     if (v->group < 0)
-        return error_set(KVX_ERR_INVALID, "views[%zu].group: %" PRId64 " is negative", i,
-                         v->group);
+        return error_set(KVX_ERR_INVALID, "views[%zu].group: %" PRId64 " is negative", i, v->group);
     if ((status = check_view_u63(i, "offset", v->offset, 0)) != KVX_OK ||
         (status = check_view_u63(i, "page", v->page, 1)) != KVX_OK ||
         (status = check_view_u63(i, "stride", v->stride, 1)) != KVX_OK ||
@@ -289,19 +286,23 @@ static kvx_status_t view_check(const kvx_layout_t *layout, size_t i, const kvx_v
         (status = check_view_u63(i, "heads", v->heads, 1)) != KVX_OK)
         return status;
     if (v->stride < v->page)
-        return error_set(KVX_ERR_INVALID, "views[%zu].stride: %" PRIu64
-                         " is smaller than page %" PRIu64, i, v->stride, v->page);
+        return error_set(KVX_ERR_INVALID,
+                         "views[%zu].stride: %" PRIu64 " is smaller than page %" PRIu64, i,
+                         v->stride, v->page);
 
     s = &layout->storages[storage];
     if (__builtin_mul_overflow(v->num_blocks - 1, v->stride, &end) ||
         __builtin_add_overflow(end, v->offset, &end) ||
         __builtin_add_overflow(end, v->page, &end) || end > INT63_MAX)
-        return error_set(KVX_ERR_INVALID, "views[%zu] (%s): offset + (num_blocks - 1) * stride"
-                         " + page overflows 63 bits", i, p->name);
+        return error_set(KVX_ERR_INVALID,
+                         "views[%zu] (%s): offset + (num_blocks - 1) * stride"
+                         " + page overflows 63 bits",
+                         i, p->name);
     if (end > s->size)
-        return error_set(KVX_ERR_INVALID, "views[%zu] (%s): ends at byte %" PRIu64
-                         ", beyond storage %s of %" PRIu64 " bytes", i, p->name, end, s->name,
-                         s->size);
+        return error_set(KVX_ERR_INVALID,
+                         "views[%zu] (%s): ends at byte %" PRIu64 ", beyond storage %s of %" PRIu64
+                         " bytes",
+                         i, p->name, end, s->name, s->size);
     return KVX_OK;
 }
 
@@ -320,8 +321,8 @@ kvx_status_t kvx_layout_add_view(kvx_layout_t *layout, const kvx_view_params_t *
     if (status != KVX_OK)
         return status;
     if (i == layout->max_views) {
-        size_t max          = i == 0 ? 16 : i * 2;
-        struct view *views  = realloc(layout->views, max * sizeof(*views));
+        size_t max         = i == 0 ? 16 : i * 2;
+        struct view *views = realloc(layout->views, max * sizeof(*views));
         if (views == NULL)
             return error_no_memory("views");
         layout->views     = views;

@@ -15,11 +15,11 @@ struct storage {
 struct view {
     char *name;
     kvx_view_kind_t kind;
-    uint32_t storage;    /* index into kvx_layout.storages */
-    int64_t group;       /* >= 0 */
-    uint64_t offset;     /* bytes from the storage start to block 0 */
-    uint64_t page;       /* bytes of one block, padding included */
-    uint64_t stride;     /* bytes from block b to block b+1 */
+    uint32_t storage; /* index into kvx_layout.storages */
+    int64_t group;    /* >= 0 */
+    uint64_t offset;  /* bytes from the storage start to block 0 */
+    uint64_t page;    /* bytes of one block, padding included */
+    uint64_t stride;  /* bytes from block b to block b+1 */
     uint64_t num_blocks;
     uint64_t heads;
     bool dense;
@@ -31,12 +31,12 @@ struct kvx_layout {
     bool whole_row_regions;
     struct storage *storages;
     size_t num_storages;
-    size_t max_storages;  /* allocated entries of storages */
+    size_t max_storages;       /* allocated entries of storages */
     uint32_t *storage_by_name; /* open-addressing hash of storage indices + 1; 0 is empty */
     size_t storage_hash_size;  /* a power of two, at least twice max_storages */
     struct view *views;
     size_t num_views;
-    size_t max_views;     /* allocated entries of views */
+    size_t max_views; /* allocated entries of views */
 };
 
 /* True for the MLA family (regions.md "View fields"). */

@@ -28,8 +28,8 @@ static kvx_status_t check_keys(const cJSON *object, const char *path, const char
         for (size_t k = 0; k < num_keys && !known; k++)
             known = strcmp(item->string, keys[k]) == 0;
         if (!known)
-            return error_set(KVX_ERR_INVALID, "%s: unknown key \"%.*s\"", path,
-                             KVX_MAX_NAME_LEN, item->string);
+            return error_set(KVX_ERR_INVALID, "%s: unknown key \"%.*s\"", path, KVX_MAX_NAME_LEN,
+                             item->string);
         for (const cJSON *prev = object->child; prev != item; prev = prev->next) {
             if (strcmp(prev->string, item->string) == 0)
                 return error_set(KVX_ERR_INVALID, "%s: key \"%s\" appears twice", path,
@@ -50,8 +50,10 @@ static kvx_status_t read_uint(const cJSON *item, const char *path, uint64_t *val
     if (d < 0)
         return error_set(KVX_ERR_INVALID, "%s: %g is negative", path, d);
     if (d > (double)KVX_MAX_JSON_INTEGER)
-        return error_set(KVX_ERR_INVALID, "%s: %g is larger than 2^53, the largest integer"
-                         " JSON keeps exact", path, d);
+        return error_set(KVX_ERR_INVALID,
+                         "%s: %g is larger than 2^53, the largest integer"
+                         " JSON keeps exact",
+                         path, d);
     if (d != floor(d))
         return error_set(KVX_ERR_INVALID, "%s: %g is not an integer", path, d);
     *value_p = (uint64_t)d;
@@ -142,8 +144,8 @@ static kvx_status_t read_view_uint(const cJSON *object, const char *parent, cons
 
 static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t i)
 {
-    static const char *const keys[] = {"name",   "group", "kind",       "storage", "offset",
-                                       "page",   "stride", "num_blocks", "dense",   "heads"};
+    static const char *const keys[] = {"name", "group",  "kind",       "storage", "offset",
+                                       "page", "stride", "num_blocks", "dense",   "heads"};
     kvx_view_params_t p             = {0};
     char parent[PATH_MAX_LEN];
     char path[PATH_MAX_LEN];
@@ -168,8 +170,10 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
     if ((status = read_string(item, path, &kind)) != KVX_OK)
         return status;
     if (!layout_view_kind_parse(kind, &p.kind))
-        return error_set(KVX_ERR_INVALID, "%s: \"%.*s\" is not one of attn, swa, mla, swa_mla,"
-                         " scratch, mamba, ple", path, KVX_MAX_NAME_LEN, kind);
+        return error_set(KVX_ERR_INVALID,
+                         "%s: \"%.*s\" is not one of attn, swa, mla, swa_mla,"
+                         " scratch, mamba, ple",
+                         path, KVX_MAX_NAME_LEN, kind);
     if ((item = field(object, parent, "storage", path)) == NULL)
         return missing(path);
     if ((status = read_string(item, path, &p.storage)) != KVX_OK)
@@ -218,7 +222,8 @@ static kvx_status_t read_array(kvx_layout_t *layout, const cJSON *root, const ch
         return error_set(KVX_ERR_INVALID, "%s: expected an array", key);
     if (array->child == NULL)
         return error_set(KVX_ERR_INVALID, "%s: is empty", key);
-    cJSON_ArrayForEach(item, array) {
+    cJSON_ArrayForEach(item, array)
+    {
         status = read_one(layout, item, i++);
         if (status != KVX_OK)
             return status;
@@ -229,8 +234,8 @@ static kvx_status_t read_array(kvx_layout_t *layout, const cJSON *root, const ch
 /* Reads the layout-wide keys into params. */
 static kvx_status_t read_layout_params(const cJSON *root, kvx_layout_params_t *p)
 {
-    static const char *const keys[] = {"kvx_layout", "block_size", "csa_linear",
-                                       "whole_row_regions", "storages", "views"};
+    static const char *const keys[] = {"kvx_layout",        "block_size", "csa_linear",
+                                       "whole_row_regions", "storages",   "views"};
     const cJSON *item;
     uint64_t version;
     kvx_status_t status;
@@ -246,8 +251,9 @@ static kvx_status_t read_layout_params(const cJSON *root, kvx_layout_params_t *p
     if ((status = read_uint(item, "kvx_layout", &version)) != KVX_OK)
         return status;
     if (version != 1)
-        return error_set(KVX_ERR_INVALID, "kvx_layout: version %" PRIu64
-                         " is not supported (this reader knows 1)", version);
+        return error_set(KVX_ERR_INVALID,
+                         "kvx_layout: version %" PRIu64 " is not supported (this reader knows 1)",
+                         version);
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "block_size")) != NULL) {
         if ((status = read_uint(item, "block_size", &p->block_size)) != KVX_OK)
             return status;
@@ -286,8 +292,10 @@ kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t 
     while (end < json + size && (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t'))
         end++;
     if (end < json + size && *end != '\0') {
-        status = error_set(KVX_ERR_INVALID, "layout: unexpected data after the JSON object at"
-                           " byte %td", end - json);
+        status = error_set(KVX_ERR_INVALID,
+                           "layout: unexpected data after the JSON object at"
+                           " byte %td",
+                           end - json);
         goto out;
     }
 

@@ -75,5 +75,5 @@ int natural_order_compare(const char *a, const char *b)
     }
     if (*pa != *pb)
         return *pa == '\0' ? -1 : 1; /* a name that is a prefix, run by run, sorts first */
-    return strcmp(a, b); /* equal keys (a01, a1) fall back to bytewise order */
+    return strcmp(a, b);             /* equal keys (a01, a1) fall back to bytewise order */
 }

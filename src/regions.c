@@ -33,10 +33,10 @@ struct base_slot {
 /* Scratch state of one registration; allocated once, sized by the number of views. */
 struct fold_state {
     const kvx_layout_t *layout;
-    bool packed_storage;     /* regions.md step 2 */
-    uint32_t *order;         /* view indices in step-1 order */
-    uint32_t *region_of;     /* creation index of each view's region, by view index */
-    struct region *created;  /* regions in creation order */
+    bool packed_storage;      /* regions.md step 2 */
+    uint32_t *order;          /* view indices in step-1 order */
+    uint32_t *region_of;      /* creation index of each view's region, by view index */
+    struct region *created;   /* regions in creation order */
     uint32_t *next_same_base; /* by creation index */
     uint32_t *table_index;    /* table position of each created region */
     uint32_t *next_member;    /* per table region: the next free slot of its members */
@@ -111,8 +111,8 @@ static struct spec view_spec(const struct fold_state *fs, const struct view *v)
 {
     const kvx_layout_t *layout = fs->layout;
     bool mla                   = layout_kind_is_mla(v->kind);
-    bool row_kind              = v->kind != KVX_VIEW_KIND_SCRATCH &&
-                    v->kind != KVX_VIEW_KIND_MAMBA && v->kind != KVX_VIEW_KIND_PLE;
+    bool row_kind = v->kind != KVX_VIEW_KIND_SCRATCH && v->kind != KVX_VIEW_KIND_MAMBA &&
+                    v->kind != KVX_VIEW_KIND_PLE;
     bool whole_row = row_kind && view_is_block_major(v, &layout->storages[v->storage]) &&
                      ((!v->dense && ((fs->packed_storage && mla) || !layout->csa_linear)) ||
                       (layout->whole_row_regions && mla));
@@ -130,15 +130,13 @@ static size_t base_hash(uint32_t storage, uint64_t offset)
 }
 
 /* The slot of base (storage, offset): the one holding it, or the empty one to fill. */
-static struct base_slot *base_slot_find(struct fold_state *fs, uint32_t storage,
-                                        uint64_t offset)
+static struct base_slot *base_slot_find(struct fold_state *fs, uint32_t storage, uint64_t offset)
 {
     size_t mask = fs->bases_size - 1;
 
     for (size_t i = base_hash(storage, offset) & mask;; i = (i + 1) & mask) {
         struct base_slot *slot = &fs->bases[i];
-        if (slot->first == NO_REGION ||
-            (slot->storage == storage && slot->offset == offset))
+        if (slot->first == NO_REGION || (slot->storage == storage && slot->offset == offset))
             return slot;
     }
 }
@@ -293,9 +291,9 @@ static kvx_status_t regions_prove_coverage(const kvx_layout_t *layout, const kvx
                                  " its block %" PRIu64 " at storage offset %" PRIu64
                                  " lies outside the region's %" PRIu64 " blocks of %" PRIu64
                                  " bytes every %" PRIu64 " bytes from offset %" PRIu64,
-                                 vi, v->name, ri, t->view_names[t->members[r->first_member]],
-                                 b, v->offset + b * v->stride, r->num_blocks, r->block_len,
-                                 r->stride, r->offset);
+                                 vi, v->name, ri, t->view_names[t->members[r->first_member]], b,
+                                 v->offset + b * v->stride, r->num_blocks, r->block_len, r->stride,
+                                 r->offset);
         }
     }
     return KVX_OK;
@@ -338,8 +336,10 @@ static kvx_status_t regions_order(struct fold_state *fs, kvx_regions_t *t)
         region->first_descriptor = next_id;
         if (__builtin_add_overflow(next_id, region->num_blocks, &next_id) ||
             next_id > (uint64_t)INT64_MAX)
-            return error_set(KVX_ERR_INVALID, "the table's descriptor count overflows 63 bits"
-                             " at region %zu", r);
+            return error_set(KVX_ERR_INVALID,
+                             "the table's descriptor count overflows 63 bits"
+                             " at region %zu",
+                             r);
         if (region->group != t->regions[0].group)
             t->single_group = false;
         if (region->group > t->max_group)
@@ -394,8 +394,8 @@ void kvx_regions_destroy(kvx_regions_t *regions)
  * outlives the layout. */
 static kvx_status_t regions_table_alloc(const kvx_layout_t *layout, kvx_regions_t **table_p)
 {
-    size_t nv          = layout->num_views;
-    size_t ns          = layout->num_storages;
+    size_t nv        = layout->num_views;
+    size_t ns        = layout->num_storages;
     kvx_regions_t *t = calloc(1, sizeof(*t));
 
     if (t == NULL)
@@ -405,10 +405,9 @@ static kvx_status_t regions_table_alloc(const kvx_layout_t *layout, kvx_regions_
     t->regions       = calloc(nv, sizeof(*t->regions));
     t->members       = calloc(nv, sizeof(*t->members));
     t->storage_sizes = calloc(ns, sizeof(*t->storage_sizes));
-    t->view_names    = names_copy(layout->views, nv, sizeof(struct view),
-                                  offsetof(struct view, name));
-    t->storage_names = names_copy(layout->storages, ns, sizeof(struct storage),
-                                  offsetof(struct storage, name));
+    t->view_names = names_copy(layout->views, nv, sizeof(struct view), offsetof(struct view, name));
+    t->storage_names =
+        names_copy(layout->storages, ns, sizeof(struct storage), offsetof(struct storage, name));
     if (t->regions == NULL || t->members == NULL || t->storage_sizes == NULL ||
         t->view_names == NULL || t->storage_names == NULL) {
         kvx_regions_destroy(t);
@@ -515,8 +514,7 @@ const char *kvx_regions_view_name(const kvx_regions_t *regions, size_t view)
     return view < regions->num_views ? regions->view_names[view] : NULL;
 }
 
-kvx_status_t kvx_regions_get(const kvx_regions_t *regions, size_t index,
-                             kvx_region_info_t *info_p)
+kvx_status_t kvx_regions_get(const kvx_regions_t *regions, size_t index, kvx_region_info_t *info_p)
 {
     const struct region *r;
 

@@ -6,16 +6,16 @@
 #include "kvx.h"
 
 struct region {
-    uint32_t storage;          /* index into kvx_regions.storage_names */
-    uint32_t first_member;     /* index into kvx_regions.members */
+    uint32_t storage;      /* index into kvx_regions.storage_names */
+    uint32_t first_member; /* index into kvx_regions.members */
     uint32_t num_members;
-    uint64_t offset;           /* bytes: region base inside its storage */
-    uint64_t block_len;        /* bytes per descriptor */
-    uint64_t stride;           /* bytes from block b to block b+1 */
+    uint64_t offset;    /* bytes: region base inside its storage */
+    uint64_t block_len; /* bytes per descriptor */
+    uint64_t stride;    /* bytes from block b to block b+1 */
     uint64_t num_blocks;
     uint64_t first_descriptor; /* region-major id of block 0 */
     uint64_t heads;
-    int64_t group;             /* -1: shared by several groups */
+    int64_t group; /* -1: shared by several groups */
     bool mla;
     bool packed_row;
     bool scratch;
@@ -24,16 +24,16 @@ struct region {
 };
 
 struct kvx_regions {
-    struct region *regions;    /* in table order (regions.md step 4) */
+    struct region *regions; /* in table order (regions.md step 4) */
     size_t num_regions;
-    uint32_t *members;         /* view indices, grouped by region, step-1 order inside */
+    uint32_t *members; /* view indices, grouped by region, step-1 order inside */
     uint64_t num_descriptors;
-    bool single_group;         /* at most one distinct group id in the table */
-    int64_t max_group;         /* highest group id of any region, -1 if all shared */
-    char **view_names;         /* by layout view index */
+    bool single_group; /* at most one distinct group id in the table */
+    int64_t max_group; /* highest group id of any region, -1 if all shared */
+    char **view_names; /* by layout view index */
     size_t num_views;
-    char **storage_names;      /* by layout storage index */
-    uint64_t *storage_sizes;   /* bytes, by layout storage index */
+    char **storage_names;    /* by layout storage index */
+    uint64_t *storage_sizes; /* bytes, by layout storage index */
     size_t num_storages;
 };
 

@@ -109,7 +109,7 @@ static void out_region(struct json_out *out, const kvx_regions_t *t, size_t inde
  * memory is registered whole, once, whatever the regions inside it. */
 static void out_registrations(struct json_out *out, const kvx_regions_t *t)
 {
-    bool *used  = calloc(t->num_storages, sizeof(*used));
+    bool *used = calloc(t->num_storages, sizeof(*used));
     bool first = true;
 
     if (used == NULL) {

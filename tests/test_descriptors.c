@@ -39,19 +39,17 @@ static const char one_group_layout[] =
     "{'name': 'b', 'kind': 'attn', 'storage': 'kv', 'offset': 256, 'page': 64, 'stride': 64,"
     " 'num_blocks': 8}]}";
 
-static void request_expect(const char *layout, const kvx_group_ids_t *groups,
-                           size_t num_groups, const uint64_t *expected, size_t num_expected)
+static void request_expect(const char *layout, const kvx_group_ids_t *groups, size_t num_groups,
+                           const uint64_t *expected, size_t num_expected)
 {
     kvx_regions_t *regions;
     uint64_t ids[64];
     size_t count = 0;
 
     assert_int_equal(regions_from_quoted(layout, &regions), KVX_OK);
-    assert_int_equal(kvx_regions_request_ids(regions, groups, num_groups, NULL, 0, &count),
-                     KVX_OK);
+    assert_int_equal(kvx_regions_request_ids(regions, groups, num_groups, NULL, 0, &count), KVX_OK);
     assert_int_equal(count, num_expected);
-    assert_int_equal(kvx_regions_request_ids(regions, groups, num_groups, ids, 64, &count),
-                     KVX_OK);
+    assert_int_equal(kvx_regions_request_ids(regions, groups, num_groups, ids, 64, &count), KVX_OK);
     assert_int_equal(count, num_expected);
     assert_memory_equal(ids, expected, num_expected * sizeof(ids[0]));
     kvx_regions_destroy(regions);
@@ -138,8 +136,7 @@ static void request_must_cover_the_table_groups(void **state)
 
     (void)state;
     assert_int_equal(regions_from_quoted(two_group_layout, &regions), KVX_OK);
-    assert_int_equal(kvx_regions_request_ids(regions, &group, 1, NULL, 0, &count),
-                     KVX_ERR_INVALID);
+    assert_int_equal(kvx_regions_request_ids(regions, &group, 1, NULL, 0, &count), KVX_ERR_INVALID);
     assert_string_equal(kvx_errmsg(),
                         "request: names 1 groups but the table has regions in group 1");
     kvx_regions_destroy(regions);
@@ -155,8 +152,7 @@ static void small_output_buffer_is_rejected_before_writing(void **state)
 
     (void)state;
     assert_int_equal(regions_from_quoted(one_group_layout, &regions), KVX_OK);
-    assert_int_equal(kvx_regions_request_ids(regions, &group, 1, ids, 3, &count),
-                     KVX_ERR_INVALID);
+    assert_int_equal(kvx_regions_request_ids(regions, &group, 1, ids, 3, &count), KVX_ERR_INVALID);
     assert_string_equal(kvx_errmsg(), "request: room for 3 ids, the request yields 4");
     assert_int_equal(ids[0], 7);
     kvx_regions_destroy(regions);
@@ -175,8 +171,7 @@ static void empty_request_yields_no_ids(void **state)
     assert_int_equal(kvx_regions_request_ids(regions, NULL, 0, NULL, 0, &count), KVX_OK);
     assert_int_equal(count, 0);
     group.count = 2; /* ids promised but no array */
-    assert_int_equal(kvx_regions_request_ids(regions, &group, 1, NULL, 0, &count),
-                     KVX_ERR_INVALID);
+    assert_int_equal(kvx_regions_request_ids(regions, &group, 1, NULL, 0, &count), KVX_ERR_INVALID);
     kvx_regions_destroy(regions);
 }
 

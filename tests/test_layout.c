@@ -12,9 +12,8 @@
 #include <cmocka.h>
 
 /* A layout with one storage of 1024 B and one view; %s is replaced by the view's fields. */
-#define ONE_VIEW(view_fields)                                                                 \
-    "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1024}], 'views': [{" view_fields  \
-    "}]}"
+#define ONE_VIEW(view_fields)                                                                      \
+    "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1024}], 'views': [{" view_fields "}]}"
 #define VIEW_OK "'name': 'l.0', 'kind': 'attn', 'storage': 'kv', 'page': 64, 'stride': 128"
 
 static const struct bad_layout_case {
@@ -22,7 +21,8 @@ static const struct bad_layout_case {
     const char *json;     /* single-quoted layout carrying the fault */
     const char *msg_part; /* must appear in kvx_errmsg() */
 } bad_layout_cases[] = {
-    {"duplicate_view_key", ONE_VIEW(VIEW_OK ", 'num_blocks': 2, 'page': 0"), "key \"page\" appears twice"},
+    {"duplicate_view_key", ONE_VIEW(VIEW_OK ", 'num_blocks': 2, 'page': 0"),
+     "key \"page\" appears twice"},
     {"page_below_one",
      ONE_VIEW("'name': 'l', 'kind': 'attn', 'storage': 'kv', 'page': 0, 'stride': 8,"
               " 'num_blocks': 1"),
@@ -72,16 +72,16 @@ static const struct bad_layout_case {
      "views[0].num_blocks: expected an integer"},
     {"integer_for_bool", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'dense': 1"),
      "views[0].dense: expected true or false"},
-    {"view_not_object", "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}],"
-                        " 'views': [3]}",
+    {"view_not_object",
+     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}],"
+     " 'views': [3]}",
      "views[0]: expected an object"},
     {"later_view_index_named",
      "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 64}], 'views': ["
      "{'name': 'a', 'kind': 'mla', 'storage': 'kv', 'page': 8, 'stride': 8, 'num_blocks': 1},"
      "{'name': 'b', 'kind': 'mla', 'storage': 'kv', 'page': 16, 'stride': 8, 'num_blocks': 1}]}",
      "views[1].stride: 8 is smaller than page 16"},
-    {"storage_size_zero",
-     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 0}], 'views': []}",
+    {"storage_size_zero", "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 0}], 'views': []}",
      "storages[0].size: 0 is not in 1..2^63-1"},
     {"storage_name_repeated",
      "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}, {'name': 'kv', 'size': 8}],"
@@ -89,8 +89,9 @@ static const struct bad_layout_case {
      "storages[1].name: \"kv\" is already a storage"},
     {"storage_missing_size", "{'kvx_layout': 1, 'storages': [{'name': 'kv'}], 'views': []}",
      "storages[0].size: missing (required)"},
-    {"bad_mem", "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8, 'mem': 'hbm'}],"
-                " 'views': []}",
+    {"bad_mem",
+     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8, 'mem': 'hbm'}],"
+     " 'views': []}",
      "storages[0].mem: \"hbm\" is not dram or vram"},
     {"negative_device",
      "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8, 'device': -1}], 'views': []}",
@@ -103,8 +104,7 @@ static const struct bad_layout_case {
      "views: is empty"},
     {"missing_views", "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}]}",
      "views: missing (required)"},
-    {"views_not_array",
-     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}], 'views': {}}",
+    {"views_not_array", "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8}], 'views': {}}",
      "views: expected an array"},
     {"missing_version", "{'storages': [], 'views': []}", "kvx_layout: missing (required)"},
     {"future_version", "{'kvx_layout': 2, 'storages': [], 'views': []}",
@@ -115,8 +115,9 @@ static const struct bad_layout_case {
      "layout: key \"kvx_layout\" appears twice"},
     {"block_size_zero", "{'kvx_layout': 1, 'block_size': 0, 'storages': [], 'views': []}",
      "block_size: 0 is not in 1..2^63-1"},
-    {"csa_linear_not_bool", "{'kvx_layout': 1, 'csa_linear': 'yes', 'storages': [],"
-                            " 'views': []}",
+    {"csa_linear_not_bool",
+     "{'kvx_layout': 1, 'csa_linear': 'yes', 'storages': [],"
+     " 'views': []}",
      "csa_linear: expected true or false"},
     {"not_an_object", "[1, 2]", "layout: expected a JSON object"},
     {"not_json", "{'kvx_layout': 1,", "layout: not valid JSON near byte"},
@@ -158,8 +159,12 @@ static void good_layout_takes_defaults(void **state)
 static void api_failures_change_nothing(void **state)
 {
     kvx_storage_params_t storage = {.name = "kv", .size = 4096};
-    kvx_view_params_t view       = {.name = "l", .kind = KVX_VIEW_KIND_ATTN, .storage = "kv",
-                                    .page = 64, .stride = 64, .num_blocks = 64};
+    kvx_view_params_t view       = {.name       = "l",
+                                    .kind       = KVX_VIEW_KIND_ATTN,
+                                    .storage    = "kv",
+                                    .page       = 64,
+                                    .stride     = 64,
+                                    .num_blocks = 64};
     kvx_layout_t *layout;
 
     (void)state;
@@ -232,8 +237,12 @@ static void many_storages_are_found_by_name(void **state)
         assert_int_equal(kvx_layout_add_storage(layout, &s), KVX_OK);
     }
     for (int i = 999; i >= 0; i--) {
-        kvx_view_params_t v = {.name = name, .kind = KVX_VIEW_KIND_MLA, .storage = name,
-                               .page = 32, .stride = 32, .num_blocks = 2};
+        kvx_view_params_t v = {.name       = name,
+                               .kind       = KVX_VIEW_KIND_MLA,
+                               .storage    = name,
+                               .page       = 32,
+                               .stride     = 32,
+                               .num_blocks = 2};
 
         snprintf(name, sizeof(name), "layers.%d", i);
         assert_int_equal(kvx_layout_add_view(layout, &v), KVX_OK);

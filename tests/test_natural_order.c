@@ -26,8 +26,10 @@ static const struct order_case {
     {"text_run_prefix_first", "ab1", "abc"},
     {"digit_runs_longer_than_64_bits", "x18446744073709551615", "x18446744073709551616"},
     {"digit_runs_of_100_digits",
-     "n1000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000",
-     "n2000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"},
+     "n10000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+     "00000000",
+     "n20000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+     "00000000"},
     {"empty_sorts_first", "", "a"},
     {"high_bytes_after_ascii", "layer", "layer\xc3\xa9"},
 };
@@ -60,10 +62,9 @@ static int compare_strings(const void *a, const void *b)
 
 static void sort_of_layer_names_is_natural(void **state)
 {
-    const char *names[]    = {"layers.10", "L3", "layers.2", "L2.swa", "a1", "layers.1",
-                              "L2",        "a01"};
-    const char *expected[] = {"L2", "L2.swa", "L3", "a01", "a1", "layers.1", "layers.2",
-                              "layers.10"};
+    const char *names[] = {"layers.10", "L3", "layers.2", "L2.swa", "a1", "layers.1", "L2", "a01"};
+    const char *expected[] = {"L2", "L2.swa",   "L3",       "a01",
+                              "a1", "layers.1", "layers.2", "layers.10"};
 
     (void)state;
     qsort(names, 8, sizeof(names[0]), compare_strings);

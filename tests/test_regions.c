@@ -19,7 +19,7 @@ struct expected_region {
     uint64_t stride;
     uint64_t num_blocks;
     int64_t group;
-    const char *flags;  /* the set flags, e.g. "mla,packed_row" or "" */
+    const char *flags; /* the set flags, e.g. "mla,packed_row" or "" */
     uint64_t heads;
     size_t num_members;
 };
@@ -60,8 +60,8 @@ static const struct table_case {
      "{'name': 'layers.0.attn.compressor.state_cache', 'kind': 'scratch', 'group': 1,"
      " 'storage': 'kv', 'page': 32768, 'stride': 149760, 'num_blocks': 100}]}",
      1,
-     {{"layers.0.attn.compressor.state_cache", 0, 149760, 149760, 100, -1,
-       "mla,packed_row,scratch", 1, 2}}},
+     {{"layers.0.attn.compressor.state_cache", 0, 149760, 149760, 100, -1, "mla,packed_row,scratch",
+       1, 2}}},
     {"example 3 without whole_row_regions: the state is never truncated",
      "{'kvx_layout': 1, 'csa_linear': true,"
      " 'storages': [{'name': 'kv', 'size': 14976000}], 'views': ["
@@ -217,8 +217,7 @@ static const struct table_case {
      "{'name': 'b', 'kind': 'scratch', 'storage': 'kv', 'page': 64, 'stride': 128,"
      " 'num_blocks': 4}]}",
      2,
-     {{"a", 0, 256, 256, 4, 0, "mla,packed_row", 1, 1},
-      {"b", 0, 64, 128, 4, 0, "scratch", 1, 1}}},
+     {{"a", 0, 256, 256, 4, 0, "mla,packed_row", 1, 1}, {"b", 0, 64, 128, 4, 0, "scratch", 1, 1}}},
     {"step 3.2: other block counts: the alias stays apart",
      "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1024}], 'views': ["
      "{'name': 'a', 'kind': 'mla', 'storage': 'kv', 'page': 128, 'stride': 256,"
@@ -226,8 +225,7 @@ static const struct table_case {
      "{'name': 'b', 'kind': 'scratch', 'storage': 'kv', 'page': 64, 'stride': 256,"
      " 'num_blocks': 2}]}",
      2,
-     {{"a", 0, 256, 256, 4, 0, "mla,packed_row", 1, 1},
-      {"b", 0, 64, 256, 2, 0, "scratch", 1, 1}}},
+     {{"a", 0, 256, 256, 4, 0, "mla,packed_row", 1, 1}, {"b", 0, 64, 256, 2, 0, "scratch", 1, 1}}},
     {"step 3.2: a shorter MLA view never joins",
      "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1024}], 'views': ["
      "{'name': 'a', 'kind': 'attn', 'storage': 'kv', 'page': 128, 'stride': 256,"
@@ -289,11 +287,11 @@ static void tables_match_the_rules(void **state)
                 strcmp(flags, e->flags) != 0 || info.heads != e->heads ||
                 info.num_members != e->num_members || info.first_descriptor != descriptors)
                 fail_msg("%s: region %zu is %s +%llu len %llu stride %llu blocks %llu group %lld"
-                         " flags [%s] heads %llu members %zu", c->rule, r, info.name,
-                         (unsigned long long)info.offset, (unsigned long long)info.block_len,
-                         (unsigned long long)info.stride, (unsigned long long)info.num_blocks,
-                         (long long)info.group, flags, (unsigned long long)info.heads,
-                         info.num_members);
+                         " flags [%s] heads %llu members %zu",
+                         c->rule, r, info.name, (unsigned long long)info.offset,
+                         (unsigned long long)info.block_len, (unsigned long long)info.stride,
+                         (unsigned long long)info.num_blocks, (long long)info.group, flags,
+                         (unsigned long long)info.heads, info.num_members);
             descriptors += info.num_blocks;
         }
         assert_int_equal(kvx_regions_num_descriptors(regions), descriptors);
@@ -323,8 +321,7 @@ static void whole_row_descriptors_step_by_stride(void **state)
     for (size_t example = 6; example <= 7; example++) { /* 5 with and without the tail */
         assert_int_equal(regions_from_quoted(table_cases[example - 1].json, &regions), KVX_OK);
         for (uint64_t b = 0; b < 4; b++) {
-            assert_int_equal(kvx_regions_descriptor_addr(regions, &base, b, &addr, &len),
-                             KVX_OK);
+            assert_int_equal(kvx_regions_descriptor_addr(regions, &base, b, &addr, &len), KVX_OK);
             assert_int_equal(addr, base + b * 64);
             assert_int_equal(len, 64);
         }
@@ -391,12 +388,11 @@ static void descriptors_are_numbered_region_major(void **state)
  * naming both. */
 static void coverage_proof_failure_names_view_and_region(void **state)
 {
-    const char *json =
-        "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1024}], 'views': ["
-        "{'name': 'a', 'kind': 'mla', 'storage': 'kv', 'page': 32, 'stride': 64,"
-        " 'num_blocks': 4},"
-        "{'name': 'b', 'kind': 'mla', 'storage': 'kv', 'page': 32, 'stride': 128,"
-        " 'num_blocks': 4}]}";
+    const char *json = "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1024}], 'views': ["
+                       "{'name': 'a', 'kind': 'mla', 'storage': 'kv', 'page': 32, 'stride': 64,"
+                       " 'num_blocks': 4},"
+                       "{'name': 'b', 'kind': 'mla', 'storage': 'kv', 'page': 32, 'stride': 128,"
+                       " 'num_blocks': 4}]}";
     kvx_regions_t *regions = NULL;
 
     (void)state;
@@ -465,14 +461,13 @@ static void coverage_proof_checks_every_branch(void **state)
  * input order. */
 static void members_follow_step_one_order(void **state)
 {
-    const char *json =
-        "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1024}], 'views': ["
-        "{'name': 'x.2', 'kind': 'mla', 'storage': 'kv', 'page': 64, 'stride': 64,"
-        " 'num_blocks': 4, 'group': 2},"
-        "{'name': 'x.10', 'kind': 'mla', 'storage': 'kv', 'page': 64, 'stride': 64,"
-        " 'num_blocks': 4},"
-        "{'name': 'x.2', 'kind': 'mla', 'storage': 'kv', 'page': 64, 'stride': 64,"
-        " 'num_blocks': 4, 'group': 1}]}";
+    const char *json = "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1024}], 'views': ["
+                       "{'name': 'x.2', 'kind': 'mla', 'storage': 'kv', 'page': 64, 'stride': 64,"
+                       " 'num_blocks': 4, 'group': 2},"
+                       "{'name': 'x.10', 'kind': 'mla', 'storage': 'kv', 'page': 64, 'stride': 64,"
+                       " 'num_blocks': 4},"
+                       "{'name': 'x.2', 'kind': 'mla', 'storage': 'kv', 'page': 64, 'stride': 64,"
+                       " 'num_blocks': 4, 'group': 1}]}";
     kvx_regions_t *regions;
     kvx_region_info_t info;
 

@@ -8,7 +8,7 @@
 struct builtin_layout {
     const char *name; /* file name without .json */
     const char *json;
-    size_t size;      /* bytes, without the terminator */
+    size_t size; /* bytes, without the terminator */
 };
 
 extern const struct builtin_layout builtin_layouts[];

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define EXIT_BAD_INPUT 2
-#define EXIT_INTERNAL 1
+#define EXIT_INTERNAL  1
 
 static const char usage_main[] =
     "usage: kvx COMMAND [ARGS]\n"
@@ -42,7 +42,7 @@ static int fail(kvx_status_t status)
 {
     fprintf(stderr, "kvx: error: %s\n", kvx_errmsg());
     return status == KVX_ERR_NO_MEMORY || status == KVX_ERR_INTERNAL ? EXIT_INTERNAL
-                                                                      : EXIT_BAD_INPUT;
+                                                                     : EXIT_BAD_INPUT;
 }
 
 static int usage_error(const char *message, const char *usage)

@@ -11,9 +11,11 @@ static const char *region_flags(const kvx_region_info_t *info, char *buf, size_t
     const struct {
         bool set;
         const char *word;
-    } flags[] = {{info->mla, "mla"},         {info->packed_row, "packed_row"},
-                 {info->scratch, "scratch"}, {info->ssm, "ssm"},
-                 {info->ple, "ple"}};
+    } flags[]   = {{info->mla, "mla"},
+                   {info->packed_row, "packed_row"},
+                   {info->scratch, "scratch"},
+                   {info->ssm, "ssm"},
+                   {info->ple, "ple"}};
     size_t used = 0;
 
     buf[0] = '\0';
@@ -47,9 +49,9 @@ void plan_print_table(FILE *out, const kvx_regions_t *regions)
         if ((int)strlen(flags) > flags_width)
             flags_width = (int)strlen(flags);
     }
-    fprintf(out, "%5s  %-*s  %-*s  %10s  %10s  %8s  %5s  %-*s  %7s\n", "index", name_width,
-            "name", where_width, "storage+offset", "block_len", "stride", "blocks", "group",
-            flags_width, "flags", "members");
+    fprintf(out, "%5s  %-*s  %-*s  %10s  %10s  %8s  %5s  %-*s  %7s\n", "index", name_width, "name",
+            where_width, "storage+offset", "block_len", "stride", "blocks", "group", flags_width,
+            "flags", "members");
     for (size_t r = 0; r < count; r++) {
         kvx_regions_get(regions, r, &info);
         snprintf(where, sizeof(where), "%s+%" PRIu64, info.storage_name, info.offset);
@@ -61,7 +63,8 @@ void plan_print_table(FILE *out, const kvx_regions_t *regions)
                 info.num_members);
         bytes += info.block_len * info.num_blocks;
     }
-    fprintf(out, "total: %zu regions, %" PRIu64 " descriptors, %" PRIu64
+    fprintf(out,
+            "total: %zu regions, %" PRIu64 " descriptors, %" PRIu64
             " bytes when every block moves (%.2f GiB)\n",
             count, kvx_regions_num_descriptors(regions), bytes,
             (double)bytes / (1024.0 * 1024.0 * 1024.0));
