@@ -14,8 +14,19 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* A JSON path such as views[12].stride: an array name, an index and one of our keys. */
-#define PATH_MAX_LEN 64
+/* The JSON path of a value, views[12].stride or block_size, kept as its two parts and
+ * formatted only when an error names it: formatting every path cost a third of a load. */
+struct json_path {
+    const char *parent; /* "views[12]", or "" at the top level */
+    const char *key;
+};
+
+#define PATH_FMT        "%s%s%s"
+#define PATH_ARGS(path) (path).parent, (path).parent[0] != '\0' ? "." : "", (path).key
+#define TOP_LEVEL(key)  ((struct json_path){"", (key)})
+
+/* Room for "storages[<20 digits>]". */
+#define PARENT_MAX_LEN 40
 
 /* Fails unless every member of `object` is one of `keys` and none repeats. cJSON keeps
  * duplicate keys and finds the first, so a repeat would silently hide a value. */
@@ -40,61 +51,61 @@ static kvx_status_t check_keys(const cJSON *object, const char *path, const char
 }
 
 /* Reads a non-negative integer no larger than KVX_MAX_JSON_INTEGER: a count, size or id. */
-static kvx_status_t read_uint(const cJSON *item, const char *path, uint64_t *value_p)
+static kvx_status_t read_uint(const cJSON *item, struct json_path path, uint64_t *value_p)
 {
     double d;
 
     if (!cJSON_IsNumber(item))
-        return error_set(KVX_ERR_INVALID, "%s: expected an integer", path);
+        return error_set(KVX_ERR_INVALID, PATH_FMT ": expected an integer", PATH_ARGS(path));
     d = item->valuedouble;
     if (d < 0)
-        return error_set(KVX_ERR_INVALID, "%s: %g is negative", path, d);
+        return error_set(KVX_ERR_INVALID, PATH_FMT ": %g is negative", PATH_ARGS(path), d);
     if (d > (double)KVX_MAX_JSON_INTEGER)
         return error_set(KVX_ERR_INVALID,
-                         "%s: %g is larger than 2^53, the largest integer"
-                         " JSON keeps exact",
-                         path, d);
+                         PATH_FMT ": %g is larger than 2^53, the largest integer"
+                                  " JSON keeps exact",
+                         PATH_ARGS(path), d);
     if (d != floor(d))
-        return error_set(KVX_ERR_INVALID, "%s: %g is not an integer", path, d);
+        return error_set(KVX_ERR_INVALID, PATH_FMT ": %g is not an integer", PATH_ARGS(path), d);
     *value_p = (uint64_t)d;
     return KVX_OK;
 }
 
-static kvx_status_t read_bool(const cJSON *item, const char *path, bool *value_p)
+static kvx_status_t read_bool(const cJSON *item, struct json_path path, bool *value_p)
 {
     if (!cJSON_IsBool(item))
-        return error_set(KVX_ERR_INVALID, "%s: expected true or false", path);
+        return error_set(KVX_ERR_INVALID, PATH_FMT ": expected true or false", PATH_ARGS(path));
     *value_p = cJSON_IsTrue(item);
     return KVX_OK;
 }
 
-static kvx_status_t read_string(const cJSON *item, const char *path, const char **value_p)
+static kvx_status_t read_string(const cJSON *item, struct json_path path, const char **value_p)
 {
     if (!cJSON_IsString(item))
-        return error_set(KVX_ERR_INVALID, "%s: expected a string", path);
+        return error_set(KVX_ERR_INVALID, PATH_FMT ": expected a string", PATH_ARGS(path));
     *value_p = item->valuestring;
     return KVX_OK;
 }
 
-/* The member `key` of `object`, with its path written to `path`; NULL if absent. */
+/* The member `key` of `object`, NULL if absent; *path_p names it for errors. */
 static const cJSON *field(const cJSON *object, const char *parent, const char *key,
-                          char path[PATH_MAX_LEN])
+                          struct json_path *path_p)
 {
-    snprintf(path, PATH_MAX_LEN, "%.40s.%.20s", parent, key);
+    *path_p = (struct json_path){parent, key};
     return cJSON_GetObjectItemCaseSensitive(object, key);
 }
 
-static kvx_status_t missing(const char *path)
+static kvx_status_t missing(struct json_path path)
 {
-    return error_set(KVX_ERR_INVALID, "%s: missing (required)", path);
+    return error_set(KVX_ERR_INVALID, PATH_FMT ": missing (required)", PATH_ARGS(path));
 }
 
 static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size_t i)
 {
     static const char *const keys[] = {"name", "size", "mem", "device"};
     kvx_storage_params_t p          = {0};
-    char parent[PATH_MAX_LEN];
-    char path[PATH_MAX_LEN];
+    char parent[PARENT_MAX_LEN];
+    struct json_path path;
     const cJSON *item;
     kvx_status_t status;
     uint64_t device;
@@ -107,23 +118,23 @@ static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size
     if (status != KVX_OK)
         return status;
 
-    if ((item = field(object, parent, "name", path)) == NULL)
+    if ((item = field(object, parent, "name", &path)) == NULL)
         return missing(path);
     if ((status = read_string(item, path, &p.name)) != KVX_OK)
         return status;
-    if ((item = field(object, parent, "size", path)) == NULL)
+    if ((item = field(object, parent, "size", &path)) == NULL)
         return missing(path);
     if ((status = read_uint(item, path, &p.size)) != KVX_OK)
         return status;
-    if ((item = field(object, parent, "mem", path)) != NULL) {
+    if ((item = field(object, parent, "mem", &path)) != NULL) {
         if ((status = read_string(item, path, &mem)) != KVX_OK)
             return status;
         if (!layout_mem_type_parse(mem, &p.mem))
-            return error_set(KVX_ERR_INVALID, "%s: \"%.*s\" is not dram or vram", path,
-                             KVX_MAX_NAME_LEN, mem);
+            return error_set(KVX_ERR_INVALID, PATH_FMT ": \"%.*s\" is not dram or vram",
+                             PATH_ARGS(path), KVX_MAX_NAME_LEN, mem);
         p.field_mask |= KVX_STORAGE_PARAM_FIELD_MEM;
     }
-    if ((item = field(object, parent, "device", path)) != NULL) {
+    if ((item = field(object, parent, "device", &path)) != NULL) {
         if ((status = read_uint(item, path, &device)) != KVX_OK)
             return status;
         p.device = (int64_t)device;
@@ -136,8 +147,8 @@ static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size
 static kvx_status_t read_view_uint(const cJSON *object, const char *parent, const char *key,
                                    uint64_t *value_p)
 {
-    char path[PATH_MAX_LEN];
-    const cJSON *item = field(object, parent, key, path);
+    struct json_path path;
+    const cJSON *item = field(object, parent, key, &path);
 
     return item == NULL ? missing(path) : read_uint(item, path, value_p);
 }
@@ -147,8 +158,8 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
     static const char *const keys[] = {"name", "group",  "kind",       "storage", "offset",
                                        "page", "stride", "num_blocks", "dense",   "heads"};
     kvx_view_params_t p             = {0};
-    char parent[PATH_MAX_LEN];
-    char path[PATH_MAX_LEN];
+    char parent[PARENT_MAX_LEN];
+    struct json_path path;
     const cJSON *item;
     const char *kind = NULL;
     uint64_t group;
@@ -161,20 +172,20 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
     if (status != KVX_OK)
         return status;
 
-    if ((item = field(object, parent, "name", path)) == NULL)
+    if ((item = field(object, parent, "name", &path)) == NULL)
         return missing(path);
     if ((status = read_string(item, path, &p.name)) != KVX_OK)
         return status;
-    if ((item = field(object, parent, "kind", path)) == NULL)
+    if ((item = field(object, parent, "kind", &path)) == NULL)
         return missing(path);
     if ((status = read_string(item, path, &kind)) != KVX_OK)
         return status;
     if (!layout_view_kind_parse(kind, &p.kind))
         return error_set(KVX_ERR_INVALID,
-                         "%s: \"%.*s\" is not one of attn, swa, mla, swa_mla,"
-                         " scratch, mamba, ple",
-                         path, KVX_MAX_NAME_LEN, kind);
-    if ((item = field(object, parent, "storage", path)) == NULL)
+                         PATH_FMT ": \"%.*s\" is not one of attn, swa, mla, swa_mla,"
+                                  " scratch, mamba, ple",
+                         PATH_ARGS(path), KVX_MAX_NAME_LEN, kind);
+    if ((item = field(object, parent, "storage", &path)) == NULL)
         return missing(path);
     if ((status = read_string(item, path, &p.storage)) != KVX_OK)
         return status;
@@ -183,23 +194,23 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
         (status = read_view_uint(object, parent, "num_blocks", &p.num_blocks)) != KVX_OK)
         return status;
 
-    if ((item = field(object, parent, "group", path)) != NULL) {
+    if ((item = field(object, parent, "group", &path)) != NULL) {
         if ((status = read_uint(item, path, &group)) != KVX_OK)
             return status;
         p.group = (int64_t)group;
         p.field_mask |= KVX_VIEW_PARAM_FIELD_GROUP;
     }
-    if ((item = field(object, parent, "offset", path)) != NULL) {
+    if ((item = field(object, parent, "offset", &path)) != NULL) {
         if ((status = read_uint(item, path, &p.offset)) != KVX_OK)
             return status;
         p.field_mask |= KVX_VIEW_PARAM_FIELD_OFFSET;
     }
-    if ((item = field(object, parent, "dense", path)) != NULL) {
+    if ((item = field(object, parent, "dense", &path)) != NULL) {
         if ((status = read_bool(item, path, &p.dense)) != KVX_OK)
             return status;
         p.field_mask |= KVX_VIEW_PARAM_FIELD_DENSE;
     }
-    if ((item = field(object, parent, "heads", path)) != NULL) {
+    if ((item = field(object, parent, "heads", &path)) != NULL) {
         if ((status = read_uint(item, path, &p.heads)) != KVX_OK)
             return status;
         p.field_mask |= KVX_VIEW_PARAM_FIELD_HEADS;
@@ -247,25 +258,26 @@ static kvx_status_t read_layout_params(const cJSON *root, kvx_layout_params_t *p
         return status;
     item = cJSON_GetObjectItemCaseSensitive(root, "kvx_layout");
     if (item == NULL)
-        return missing("kvx_layout");
-    if ((status = read_uint(item, "kvx_layout", &version)) != KVX_OK)
+        return missing(TOP_LEVEL("kvx_layout"));
+    if ((status = read_uint(item, TOP_LEVEL("kvx_layout"), &version)) != KVX_OK)
         return status;
     if (version != 1)
         return error_set(KVX_ERR_INVALID,
                          "kvx_layout: version %" PRIu64 " is not supported (this reader knows 1)",
                          version);
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "block_size")) != NULL) {
-        if ((status = read_uint(item, "block_size", &p->block_size)) != KVX_OK)
+        if ((status = read_uint(item, TOP_LEVEL("block_size"), &p->block_size)) != KVX_OK)
             return status;
         p->field_mask |= KVX_LAYOUT_PARAM_FIELD_BLOCK_SIZE;
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "csa_linear")) != NULL) {
-        if ((status = read_bool(item, "csa_linear", &p->csa_linear)) != KVX_OK)
+        if ((status = read_bool(item, TOP_LEVEL("csa_linear"), &p->csa_linear)) != KVX_OK)
             return status;
         p->field_mask |= KVX_LAYOUT_PARAM_FIELD_CSA_LINEAR;
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "whole_row_regions")) != NULL) {
-        if ((status = read_bool(item, "whole_row_regions", &p->whole_row_regions)) != KVX_OK)
+        if ((status = read_bool(item, TOP_LEVEL("whole_row_regions"), &p->whole_row_regions)) !=
+            KVX_OK)
             return status;
         p->field_mask |= KVX_LAYOUT_PARAM_FIELD_WHOLE_ROW_REGIONS;
     }

@@ -77,3 +77,36 @@ int natural_order_compare(const char *a, const char *b)
         return *pa == '\0' ? -1 : 1; /* a name that is a prefix, run by run, sorts first */
     return strcmp(a, b);             /* equal keys (a01, a1) fall back to bytewise order */
 }
+
+/* Key layout, run by run: a digit run is 0x01, its length without leading zeros, then those
+ * digits (value order: length, then digits); a text run is 0x02, its bytes, then 0x00 (so a
+ * shorter run that is a prefix sorts first: names hold no NUL). The name ends with 0x00,
+ * below both run markers, so a name that is a prefix run by run sorts first, and 0x01 < 0x02
+ * puts digits before text at the same position. */
+size_t natural_order_key(const char *name, unsigned char *key)
+{
+    size_t n = 0;
+
+    while (*name != '\0') {
+        size_t len = run_length(name);
+
+        if (is_digit(*name)) {
+            size_t skip = 0;
+
+            while (skip < len && name[skip] == '0')
+                skip++;
+            key[n++] = 0x01;
+            key[n++] = (unsigned char)(len - skip);
+            memcpy(key + n, name + skip, len - skip);
+            n += len - skip;
+        } else {
+            key[n++] = 0x02;
+            memcpy(key + n, name, len);
+            n += len;
+            key[n++] = 0x00;
+        }
+        name += len;
+    }
+    key[n++] = 0x00;
+    return n;
+}

@@ -45,8 +45,11 @@ struct fold_state {
     size_t bases_size;
 };
 
-/* Step 1: natural order of names, input order among equal names. */
+/* Step 1: natural order of names, input order among equal names. Names are turned into
+ * natural-order keys once, so each comparison is a memcmp. */
 struct order_entry {
+    const unsigned char *key;
+    size_t key_len;
     const char *name;
     uint32_t view;
 };
@@ -55,8 +58,13 @@ static int order_entry_compare(const void *a, const void *b)
 {
     const struct order_entry *ea = a;
     const struct order_entry *eb = b;
-    int ret                      = natural_order_compare(ea->name, eb->name);
+    size_t len                   = ea->key_len < eb->key_len ? ea->key_len : eb->key_len;
+    int ret                      = memcmp(ea->key, eb->key, len);
 
+    if (ret == 0 && ea->key_len != eb->key_len)
+        ret = ea->key_len < eb->key_len ? -1 : 1;
+    if (ret == 0)
+        ret = strcmp(ea->name, eb->name); /* equal keys (a01, a1): bytewise */
     if (ret != 0)
         return ret;
     return ea->view < eb->view ? -1 : ea->view > eb->view;
@@ -65,16 +73,31 @@ static int order_entry_compare(const void *a, const void *b)
 /* Fills fs->order with the view indices in step-1 order. */
 static kvx_status_t views_sort(struct fold_state *fs)
 {
-    size_t nv                  = fs->layout->num_views;
+    const kvx_layout_t *layout = fs->layout;
+    size_t nv                  = layout->num_views;
+    size_t keys_size           = 0;
     struct order_entry *sorted = calloc(nv, sizeof(*sorted));
+    unsigned char *keys;
 
-    if (sorted == NULL)
-        return error_no_memory("the view order");
     for (size_t i = 0; i < nv; i++)
-        sorted[i] = (struct order_entry){fs->layout->views[i].name, (uint32_t)i};
+        keys_size += NATURAL_ORDER_KEY_MAX(strlen(layout->views[i].name));
+    keys = malloc(keys_size);
+    if (sorted == NULL || keys == NULL) {
+        free(sorted);
+        free(keys);
+        return error_no_memory("the view order");
+    }
+    for (size_t i = 0, used = 0; i < nv; i++) {
+        const char *name = layout->views[i].name;
+        size_t len       = natural_order_key(name, keys + used);
+
+        sorted[i] = (struct order_entry){keys + used, len, name, (uint32_t)i};
+        used += len;
+    }
     qsort(sorted, nv, sizeof(*sorted), order_entry_compare);
     for (size_t i = 0; i < nv; i++)
         fs->order[i] = sorted[i].view;
+    free(keys);
     free(sorted);
     return KVX_OK;
 }
@@ -122,11 +145,18 @@ static struct spec view_spec(const struct fold_state *fs, const struct view *v)
     return (struct spec){v->offset, v->page, v->stride, v->num_blocks, false};
 }
 
+/* Mixes every input bit into the low bits the table mask keeps (murmur3's finalizer):
+ * whole rows all start at offset 0, so the storage index must spread them too. */
 static size_t base_hash(uint32_t storage, uint64_t offset)
 {
-    uint64_t h = (offset ^ ((uint64_t)storage << 40)) * 0x9e3779b97f4a7c15u;
+    uint64_t h = offset ^ ((uint64_t)storage << 40);
 
-    return (size_t)(h >> 17);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdu;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53u;
+    h ^= h >> 33;
+    return (size_t)h;
 }
 
 /* The slot of base (storage, offset): the one holding it, or the empty one to fill. */
@@ -349,41 +379,37 @@ static kvx_status_t regions_order(struct fold_state *fs, kvx_regions_t *t)
     return KVX_OK;
 }
 
+/* Copies the `name` member of `count` items into one allocation: the pointer array followed
+ * by the strings, so the table owns its names with one free. */
 static char **names_copy(const void *items, size_t count, size_t item_size, size_t name_offset)
 {
-    char **names = calloc(count, sizeof(*names));
+    size_t size = count * sizeof(char *);
+    char **names;
+    char *text;
 
+    for (size_t i = 0; i < count; i++)
+        size += strlen(*(char *const *)((const char *)items + i * item_size + name_offset)) + 1;
+    names = malloc(size > 0 ? size : 1);
     if (names == NULL)
         return NULL;
+    text = (char *)(names + count);
     for (size_t i = 0; i < count; i++) {
         const char *name = *(char *const *)((const char *)items + i * item_size + name_offset);
+        size_t len       = strlen(name) + 1;
 
-        names[i] = strdup(name);
-        if (names[i] == NULL) {
-            while (i-- > 0)
-                free(names[i]);
-            free(names);
-            return NULL;
-        }
+        memcpy(text, name, len);
+        names[i] = text;
+        text += len;
     }
     return names;
-}
-
-static void names_free(char **names, size_t count)
-{
-    if (names == NULL)
-        return;
-    for (size_t i = 0; i < count; i++)
-        free(names[i]);
-    free(names);
 }
 
 void kvx_regions_destroy(kvx_regions_t *regions)
 {
     if (regions == NULL)
         return;
-    names_free(regions->view_names, regions->num_views);
-    names_free(regions->storage_names, regions->num_storages);
+    free(regions->view_names);
+    free(regions->storage_names);
     free(regions->storage_sizes);
     free(regions->members);
     free(regions->regions);

@@ -1,12 +1,15 @@
 /* test_natural_order.c: the name order of regions.md step 1, case by case. */
 #include "natural_order.h"
 
+#include "prng.h"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <cmocka.h>
 
 static const struct order_case {
@@ -72,12 +75,61 @@ static void sort_of_layer_names_is_natural(void **state)
         assert_string_equal(names[i], expected[i]);
 }
 
+/* memcmp order of natural_order_key(), with equal keys falling back to strcmp. */
+static int compare_by_key(const char *a, const char *b)
+{
+    unsigned char ka[NATURAL_ORDER_KEY_MAX(32)];
+    unsigned char kb[NATURAL_ORDER_KEY_MAX(32)];
+    size_t la = natural_order_key(a, ka);
+    size_t lb = natural_order_key(b, kb);
+    int ret   = memcmp(ka, kb, la < lb ? la : lb);
+
+    if (ret == 0 && la != lb)
+        ret = la < lb ? -1 : 1;
+    return ret != 0 ? ret : strcmp(a, b);
+}
+
+static int sign(int x)
+{
+    return (x > 0) - (x < 0);
+}
+
+/* Registration sorts by keys; the keys must agree with the comparison on every pair. Names
+ * are drawn from a small alphabet of digits, zeros, dots and letters so runs collide often. */
+static void keys_order_names_as_the_comparison_does(void **state)
+{
+    static const char alphabet[] = "00123.a.bL";
+    uint64_t seed                = prng_seed_from_env(20261129);
+    struct prng prng;
+    char a[32];
+    char b[32];
+
+    (void)state;
+    prng_init(&prng, seed);
+    for (int i = 0; i < 200000; i++) {
+        size_t la = prng_range(&prng, 0, 12);
+        size_t lb = prng_range(&prng, 0, 12);
+
+        for (size_t k = 0; k < la; k++)
+            a[k] = alphabet[prng_range(&prng, 0, sizeof(alphabet) - 2)];
+        for (size_t k = 0; k < lb; k++)
+            b[k] =
+                prng_range(&prng, 0, 3) == 0 && k < la ? a[k] : alphabet[prng_range(&prng, 0, 9)];
+        a[la] = '\0';
+        b[lb] = '\0';
+        if (sign(compare_by_key(a, b)) != sign(natural_order_compare(a, b)))
+            fail_msg("seed %llu: keys order \"%s\" and \"%s\" differently",
+                     (unsigned long long)seed, a, b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ordered_pairs_compare_both_ways),
         cmocka_unit_test(equal_only_for_identical_names),
         cmocka_unit_test(sort_of_layer_names_is_natural),
+        cmocka_unit_test(keys_order_names_as_the_comparison_does),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
