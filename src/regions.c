@@ -263,14 +263,37 @@ static void regions_fold(struct fold_state *fs)
     }
 }
 
-/* The first block of v that lies outside the union of r's blocks, or v->num_blocks when
- * every block lies inside (regions.md step 4). Constant time when the region's blocks touch
- * (block_len == stride) or the strides are equal, the common cases; linear in v's blocks
- * only when an MLA alias changed the region's stride. */
+/* Most residues the proof steps through for one member before it gives up (bounded work on
+ * hostile input). Real members settle at once: an exact alias has the region's length, so
+ * its second block is already outside unless the strides agree modulo the region's. */
+#define PROOF_WALK_MAX  (1u << 20)
+#define PROOF_UNDECIDED UINT64_MAX
+
+static uint64_t gcd(uint64_t a, uint64_t b)
+{
+    while (b != 0) {
+        uint64_t t = a % b;
+        a          = b;
+        b          = t;
+    }
+    return a;
+}
+
+/* The first block of v that lies outside the union of r's blocks, v->num_blocks when every
+ * block lies inside, or PROOF_UNDECIDED when that takes more than PROOF_WALK_MAX steps
+ * (regions.md step 4). Blocks that touch (block_len == stride) form one interval: one
+ * comparison. Otherwise block b starts in row (rel + b*stride_v) / stride_r at residue
+ * (rel + b*stride_v) mod stride_r, and must start in a row below num_blocks at a residue
+ * of at most block_len - page: the row bound is one division, and the residues are
+ * constant (equal strides, the common case) or step by stride_v mod stride_r. */
 static uint64_t member_first_uncovered(const struct region *r, const struct view *v)
 {
+    uint64_t rows_end = r->num_blocks * r->stride; /* fits: the region lies in its storage */
     uint64_t rel;
-    uint64_t region_end; /* bytes after r's base */
+    uint64_t first_out; /* first block starting at or past rows_end */
+    uint64_t step;
+    uint64_t residue;
+    uint64_t limit;
 
     if (v->offset < r->offset)
         return 0;
@@ -278,30 +301,35 @@ static uint64_t member_first_uncovered(const struct region *r, const struct view
     if (r->block_len == r->stride) {
         uint64_t last_end = rel + (v->num_blocks - 1) * v->stride + v->page;
 
-        if (__builtin_mul_overflow(r->num_blocks, r->stride, &region_end))
-            region_end = UINT64_MAX; /* past every storage: only the bounds below matter */
-        if (last_end <= region_end)
+        if (last_end <= rows_end)
             return v->num_blocks;
-        if (region_end < rel + v->page)
+        if (rows_end < rel + v->page)
             return 0;
-        return (region_end - rel - v->page) / v->stride + 1;
+        return (rows_end - rel - v->page) / v->stride + 1;
     }
-    if (v->stride == r->stride) {
-        uint64_t first_row = rel / r->stride;
 
-        if (rel % r->stride + v->page > r->block_len || first_row >= r->num_blocks)
-            return 0;
-        if (r->num_blocks - first_row < v->num_blocks)
-            return r->num_blocks - first_row;
-        return v->num_blocks;
-    }
-    for (uint64_t b = 0; b < v->num_blocks; b++) {
-        uint64_t start = rel + b * v->stride;
+    first_out = rel >= rows_end ? 0 : (rows_end - rel - 1) / v->stride + 1;
+    limit     = first_out < v->num_blocks ? first_out : v->num_blocks;
+    residue   = rel % r->stride;
+    if (v->page > r->block_len || residue > r->block_len - v->page)
+        return 0;
+    step = v->stride % r->stride;
+    if (step != 0) {
+        uint64_t g      = gcd(step, r->stride);
+        uint64_t period = r->stride / g; /* residues repeat after this many blocks */
 
-        if (start / r->stride >= r->num_blocks || start % r->stride + v->page > r->block_len)
-            return b;
+        /* Every residue of the cycle allowed: no need to visit them. */
+        if (limit >= period && residue % g + r->stride - g <= r->block_len - v->page)
+            return limit;
+        for (uint64_t b = 1; b < limit; b++) {
+            if (b > PROOF_WALK_MAX)
+                return PROOF_UNDECIDED;
+            residue = (residue + step) % r->stride;
+            if (residue > r->block_len - v->page)
+                return b;
+        }
     }
-    return v->num_blocks;
+    return limit;
 }
 
 /* Step 4's proof: every member's bytes lie inside its region's blocks. */
@@ -309,21 +337,28 @@ static kvx_status_t regions_prove_coverage(const kvx_layout_t *layout, const kvx
 {
     for (size_t ri = 0; ri < t->num_regions; ri++) {
         const struct region *r = &t->regions[ri];
+        const char *r_name     = t->view_names[t->members[r->first_member]];
 
         for (uint32_t m = 0; m < r->num_members; m++) {
             uint32_t vi          = t->members[r->first_member + m];
             const struct view *v = &layout->views[vi];
             uint64_t b           = member_first_uncovered(r, v);
 
+            if (b == PROOF_UNDECIDED)
+                return error_set(KVX_ERR_INVALID,
+                                 "views[%" PRIu32 "] (%s): coverage by region %zu (%s) is not"
+                                 " settled within %u steps (stride %" PRIu64
+                                 " against the region's %" PRIu64 "); rejected rather than"
+                                 " risk an uncovered byte",
+                                 vi, v->name, ri, r_name, PROOF_WALK_MAX, v->stride, r->stride);
             if (b < v->num_blocks)
                 return error_set(KVX_ERR_INVALID,
                                  "views[%" PRIu32 "] (%s) is not covered by region %zu (%s):"
                                  " its block %" PRIu64 " at storage offset %" PRIu64
                                  " lies outside the region's %" PRIu64 " blocks of %" PRIu64
                                  " bytes every %" PRIu64 " bytes from offset %" PRIu64,
-                                 vi, v->name, ri, t->view_names[t->members[r->first_member]], b,
-                                 v->offset + b * v->stride, r->num_blocks, r->block_len, r->stride,
-                                 r->offset);
+                                 vi, v->name, ri, r_name, b, v->offset + b * v->stride,
+                                 r->num_blocks, r->block_len, r->stride, r->offset);
         }
     }
     return KVX_OK;

@@ -437,6 +437,12 @@ static void coverage_proof_checks_every_branch(void **state)
          " 'num_blocks': 4}, {'name': 'b', 'kind': 'mla', 'storage': 'kv', 'page': 64,"
          " 'stride': 64, 'num_blocks': 16}]}",
          true},
+        {"a member whose stride is a multiple of the region's, over 2^41 blocks",
+         "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8796093022208}], 'views': ["
+         "{'name': 'a', 'kind': 'attn', 'storage': 'kv', 'page': 1, 'stride': 8,"
+         " 'num_blocks': 1099511627776}, {'name': 'b', 'kind': 'mla', 'storage': 'kv',"
+         " 'page': 1, 'stride': 4, 'num_blocks': 2199023255552}]}",
+         true},
         {"a whole row must hold a view that spills into the padding tail",
          "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 1100}], 'views': ["
          "{'name': 'a', 'kind': 'mla', 'storage': 'kv', 'offset': 200, 'page': 100,"
@@ -455,6 +461,28 @@ static void coverage_proof_checks_every_branch(void **state)
             fail_msg("%s: message \"%s\"", cases[i].rule, kvx_errmsg());
         kvx_regions_destroy(regions);
     }
+}
+
+/* Step 4 does bounded work on any input: a whole-row member whose residues creep down by
+ * one byte a block against an MLA alias one byte wider would take 2^21 steps to settle, so
+ * registration refuses it at once instead of walking (found by fuzzing). */
+static void coverage_proof_work_is_bounded(void **state)
+{
+    const char *json =
+        "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 17592186044416}], 'views': ["
+        "{'name': 'a', 'kind': 'mla', 'storage': 'kv', 'offset': 2097152, 'page': 16,"
+        " 'stride': 4194304, 'num_blocks': 4194304, 'dense': false},"
+        "{'name': 'b', 'kind': 'mla', 'storage': 'kv', 'page': 4194304, 'stride': 4194305,"
+        " 'num_blocks': 4194303}]}";
+    kvx_regions_t *regions = NULL;
+
+    (void)state;
+    assert_int_equal(regions_from_quoted(json, &regions), KVX_ERR_INVALID);
+    assert_null(regions);
+    assert_string_equal(kvx_errmsg(),
+                        "views[0] (a): coverage by region 0 (a) is not settled within 1048576"
+                        " steps (stride 4194304 against the region's 4194305); rejected rather"
+                        " than risk an uncovered byte");
 }
 
 /* Members are listed in step-1 order and name views by layout index; equal names keep
@@ -559,6 +587,7 @@ int main(void)
         cmocka_unit_test(descriptors_are_numbered_region_major),
         cmocka_unit_test(coverage_proof_failure_names_view_and_region),
         cmocka_unit_test(coverage_proof_checks_every_branch),
+        cmocka_unit_test(coverage_proof_work_is_bounded),
         cmocka_unit_test(members_follow_step_one_order),
         cmocka_unit_test(json_output_has_the_formats_keys),
         cmocka_unit_test(json_output_escapes_names_and_skips_unused_storages),
