@@ -218,7 +218,11 @@ KVX_API void kvx_regions_destroy(kvx_regions_t *regions);
 
 KVX_API size_t kvx_regions_count(const kvx_regions_t *regions);
 KVX_API uint64_t kvx_regions_num_descriptors(const kvx_regions_t *regions);
+KVX_API uint64_t kvx_regions_block_size(const kvx_regions_t *regions); /* tokens per block */
 KVX_API size_t kvx_regions_num_storages(const kvx_regions_t *regions);
+
+/* The name of storage `storage` (a layout index); NULL if out of range. */
+KVX_API const char *kvx_regions_storage_name(const kvx_regions_t *regions, size_t storage);
 
 /* Fills *info_p for region `index`. Errors: KVX_ERR_OUT_OF_RANGE. */
 KVX_API kvx_status_t kvx_regions_get(const kvx_regions_t *regions, size_t index,
@@ -255,6 +259,107 @@ KVX_API kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
 
 /* The table as JSON (spec formats.md "kvx_plan": 1), NUL-terminated, freed by kvx_free(). */
 KVX_API kvx_status_t kvx_regions_to_json(const kvx_regions_t *regions, char **json_p);
+
+/* ---------------------------------------------------------------------------------------
+ * Plan: a request's (local, remote) descriptor pairs for one peer, pull direction (the
+ * local side reads). Built once per peer; a request then costs only its own blocks.
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct kvx_peer_plan kvx_peer_plan_t;
+typedef struct kvx_pairs kvx_pairs_t;
+
+enum {
+    KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP          = 1u << 0,
+    KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK        = 1u << 1,
+    KVX_PEER_PLAN_PARAM_FIELD_REMOTE_TP         = 1u << 2,
+    KVX_PEER_PLAN_PARAM_FIELD_LOCAL_BLOCK_SIZE  = 1u << 3,
+    KVX_PEER_PLAN_PARAM_FIELD_REMOTE_BLOCK_SIZE = 1u << 4,
+    KVX_PEER_PLAN_PARAM_FIELD_MAX_PAIR_LEN      = 1u << 5,
+};
+
+#define KVX_MAX_TP 4096 /* ranks on either side; keeps per-rank tables small */
+
+typedef struct kvx_peer_plan_params {
+    uint64_t field_mask;        /* KVX_PEER_PLAN_PARAM_FIELD_* bits of the fields set below */
+    uint32_t local_tp;          /* _LOCAL_TP: local TP size, 1..KVX_MAX_TP; default 1 */
+    uint32_t local_rank;        /* _LOCAL_RANK: < local_tp; default 0 */
+    uint32_t remote_tp;         /* _REMOTE_TP: remote TP size, 1..KVX_MAX_TP; default 1 */
+    uint64_t local_block_size;  /* _LOCAL_BLOCK_SIZE: tokens; default the local table's */
+    uint64_t remote_block_size; /* _REMOTE_BLOCK_SIZE: tokens; default the remote table's */
+    uint64_t max_pair_len;      /* _MAX_PAIR_LEN: bytes a coalesced pair may reach; a single
+                                   descriptor is never split. 0 (default): no limit */
+} kvx_peer_plan_params_t;
+
+/* One transfer: `len` bytes from `remote_offset` in the peer's storage `remote_storage`
+ * into `local_offset` in local storage `local_storage` (indices as in each side's layout). */
+typedef struct kvx_pair {
+    uint32_t local_storage;
+    uint32_t remote_storage;
+    uint64_t local_offset;
+    uint64_t remote_offset;
+    uint64_t len;
+} kvx_pair_t;
+
+/* A request: block ids per group on each side (arrays indexed by group id, as for
+ * kvx_regions_request_ids). remote == NULL means "the same blocks": the local ids, or with a
+ * block-size ratio bsr > 1, each local id b as the remote ids b*bsr .. b*bsr + bsr - 1. */
+typedef struct kvx_request {
+    const kvx_group_ids_t *local;
+    size_t num_local_groups;
+    const kvx_group_ids_t *remote;
+    size_t num_remote_groups;
+} kvx_request_t;
+
+typedef struct kvx_pairs_stats {
+    uint64_t descriptors; /* pairs before coalescing */
+    uint64_t coalesced;   /* pairs after coalescing: what is posted */
+    uint64_t bytes;       /* bytes the pairs move */
+} kvx_pairs_stats_t;
+
+/* Prepares everything a request to one peer needs: region by region, how the local block is
+ * read from which remote rank (replicated MLA: whole block from one rank; head-split attn,
+ * swa and mamba regions: a slice by the TP ratio; ple and scratch-only: whole block), and
+ * per group the regions that take it. The tables must name the same regions in the same
+ * order with the same groups; every length must agree with the TP and block-size rules.
+ * Errors name the region, field, both values and the rule. The plan keeps pointers to both
+ * tables, which must outlive it. */
+KVX_API kvx_status_t kvx_peer_plan_create(const kvx_regions_t *local, const kvx_regions_t *remote,
+                                          const kvx_peer_plan_params_t *params,
+                                          kvx_peer_plan_t **plan_p);
+
+/* Destroys a plan; NULL-safe. */
+KVX_API void kvx_peer_plan_destroy(kvx_peer_plan_t *plan);
+
+/* Remote ranks this local rank reads from, in ascending order. */
+KVX_API size_t kvx_peer_plan_num_reads(const kvx_peer_plan_t *plan);
+KVX_API uint32_t kvx_peer_plan_read_rank(const kvx_peer_plan_t *plan, size_t read);
+
+/* Remote ranks that hold part of this local rank's request but are never read (replicated
+ * MLA or heads held by several ranks): they are only notified when a request completes. */
+KVX_API size_t kvx_peer_plan_num_notifies(const kvx_peer_plan_t *plan);
+KVX_API uint32_t kvx_peer_plan_notify_rank(const kvx_peer_plan_t *plan, size_t notify);
+
+/* A reusable result buffer: it grows to the largest request planned into it, so planning
+ * allocates only when a request is larger than every earlier one. */
+KVX_API kvx_status_t kvx_pairs_create(kvx_pairs_t **pairs_p);
+KVX_API void kvx_pairs_destroy(kvx_pairs_t *pairs);
+
+/* Plans one request into `pairs`: descriptor ids by the request rule on each side, then one
+ * pair list per read rank in id order (group, region, block, sub-block, slice), coalesced as
+ * built. The whole request is checked first (group counts, equal counts per group on both
+ * sides, ids within every taking region's capacity); on error `pairs` holds no pairs and
+ * the message names the group, id and region. A request whose groups hold no ids yields no
+ * pairs: a notify-only request. Thread-safe for different `pairs` on one plan. */
+KVX_API kvx_status_t kvx_peer_plan_request(const kvx_peer_plan_t *plan,
+                                           const kvx_request_t *request, kvx_pairs_t *pairs);
+
+/* The pairs of read `read` (as in kvx_peer_plan_read_rank) of the last planned request:
+ * *remote_rank_p gets the rank they are read from, *count_p their number (either may be
+ * NULL). Valid until the next kvx_peer_plan_request into `pairs`; NULL past the last read. */
+KVX_API const kvx_pair_t *kvx_pairs_read(const kvx_pairs_t *pairs, size_t read,
+                                         uint32_t *remote_rank_p, size_t *count_p);
+KVX_API size_t kvx_pairs_num_reads(const kvx_pairs_t *pairs);
+KVX_API void kvx_pairs_stats(const kvx_pairs_t *pairs, kvx_pairs_stats_t *stats_p);
 
 #ifdef __cplusplus
 }

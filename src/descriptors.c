@@ -58,7 +58,7 @@ kvx_status_t kvx_regions_descriptor_addr(const kvx_regions_t *regions,
                                          const uint64_t *storage_bases, uint64_t id,
                                          uint64_t *addr_p, uint64_t *len_p)
 {
-    kvx_descriptor_t d;
+    kvx_descriptor_t d  = {0};
     kvx_status_t status = kvx_regions_descriptor(regions, id, &d);
 
     if (status != KVX_OK)

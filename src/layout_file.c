@@ -284,6 +284,24 @@ static kvx_status_t read_layout_params(const cJSON *root, kvx_layout_params_t *p
     return KVX_OK;
 }
 
+/* True when the text holds a NUL before its last byte, raw or escaped as \u0000 in a
+ * string: cJSON would end the C string there, so two names that differ after it would
+ * collide. Escape pairs are skipped so "\\\\u0000" (a backslash, then text) is no NUL. */
+static bool has_nul(const char *json, size_t size)
+{
+    if (size > 1 && memchr(json, '\0', size - 1) != NULL)
+        return true;
+    for (size_t i = 0; i + 1 < size; i++) {
+        if (json[i] != '\\')
+            continue;
+        if (json[i + 1] == 'u' && i + 5 < size && json[i + 2] == '0' && json[i + 3] == '0' &&
+            json[i + 4] == '0' && json[i + 5] == '0')
+            return true;
+        i++; /* the escaped character */
+    }
+    return false;
+}
+
 kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t **layout_p)
 {
     kvx_layout_params_t params = {0};
@@ -297,13 +315,18 @@ kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t 
     if (size > KVX_MAX_LAYOUT_FILE)
         return error_set(KVX_ERR_INVALID, "layout: %zu bytes is more than the %u allowed", size,
                          KVX_MAX_LAYOUT_FILE);
+    if (has_nul(json, size))
+        return error_set(KVX_ERR_INVALID, "layout: holds a NUL byte or \\u0000, which would cut"
+                                          " a name short");
     root = cJSON_ParseWithLengthOpts(json, size, &end, false);
     if (root == NULL)
         return error_set(KVX_ERR_INVALID, "layout: not valid JSON near byte %td",
                          end != NULL ? end - json : (ptrdiff_t)0);
     while (end < json + size && (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t'))
         end++;
-    if (end < json + size && *end != '\0') {
+    if (end == json + size - 1 && *end == '\0')
+        end++; /* one terminator, as from strlen() + 1, is not data */
+    if (end < json + size) {
         status = error_set(KVX_ERR_INVALID,
                            "layout: unexpected data after the JSON object at"
                            " byte %td",

@@ -181,6 +181,8 @@ static void region_add_member(struct fold_state *fs, uint32_t r, uint32_t vi)
     region->scratch |= v->kind == KVX_VIEW_KIND_SCRATCH;
     region->ssm |= v->kind == KVX_VIEW_KIND_MAMBA;
     region->ple |= v->kind == KVX_VIEW_KIND_PLE;
+    region->head_split |= v->kind == KVX_VIEW_KIND_ATTN || v->kind == KVX_VIEW_KIND_SWA ||
+                          v->kind == KVX_VIEW_KIND_MAMBA;
     if (region->group != v->group)
         region->group = -1;
     region->num_members++;
@@ -462,6 +464,7 @@ static kvx_status_t regions_table_alloc(const kvx_layout_t *layout, kvx_regions_
     if (t == NULL)
         return error_no_memory("a region table");
     t->num_views     = nv;
+    t->block_size    = layout->block_size;
     t->num_storages  = ns;
     t->regions       = calloc(nv, sizeof(*t->regions));
     t->members       = calloc(nv, sizeof(*t->members));
@@ -560,6 +563,11 @@ size_t kvx_regions_count(const kvx_regions_t *regions)
     return regions->num_regions;
 }
 
+uint64_t kvx_regions_block_size(const kvx_regions_t *regions)
+{
+    return regions->block_size;
+}
+
 uint64_t kvx_regions_num_descriptors(const kvx_regions_t *regions)
 {
     return regions->num_descriptors;
@@ -568,6 +576,11 @@ uint64_t kvx_regions_num_descriptors(const kvx_regions_t *regions)
 size_t kvx_regions_num_storages(const kvx_regions_t *regions)
 {
     return regions->num_storages;
+}
+
+const char *kvx_regions_storage_name(const kvx_regions_t *regions, size_t storage)
+{
+    return storage < regions->num_storages ? regions->storage_names[storage] : NULL;
 }
 
 const char *kvx_regions_view_name(const kvx_regions_t *regions, size_t view)

@@ -21,6 +21,7 @@ struct region {
     bool scratch;
     bool ssm;
     bool ple;
+    bool head_split; /* a member is attn, swa or mamba: split by heads under TP (not in JSON) */
 };
 
 struct kvx_regions {
@@ -28,9 +29,10 @@ struct kvx_regions {
     size_t num_regions;
     uint32_t *members; /* view indices, grouped by region, step-1 order inside */
     uint64_t num_descriptors;
-    bool single_group; /* at most one distinct group id in the table */
-    int64_t max_group; /* highest group id of any region, -1 if all shared */
-    char **view_names; /* by layout view index */
+    uint64_t block_size; /* tokens per block, from the layout */
+    bool single_group;   /* at most one distinct group id in the table */
+    int64_t max_group;   /* highest group id of any region, -1 if all shared */
+    char **view_names;   /* by layout view index */
     size_t num_views;
     char **storage_names;    /* by layout storage index */
     uint64_t *storage_sizes; /* bytes, by layout storage index */

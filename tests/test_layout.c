@@ -251,6 +251,38 @@ static void many_storages_are_found_by_name(void **state)
     kvx_layout_destroy(layout);
 }
 
+/* Bytes the strict reader must refuse that a C string cannot carry: a NUL followed by more
+ * data, and a name that \u0000 would cut short (two names could then collide). One final
+ * terminator, as strlen() + 1 gives, is accepted. */
+static void nul_bytes_are_rejected(void **state)
+{
+    static const char good[]      = "{\"kvx_layout\": 1, \"storages\": [{\"name\": \"kv\", "
+                                    "\"size\": 64}], \"views\": [{\"name\": \"a\", \"kind\": "
+                                    "\"attn\", \"storage\": \"kv\", \"page\": 64, \"stride\": 64, "
+                                    "\"num_blocks\": 1}]}";
+    static const char escaped[]   = "{\"kvx_layout\": 1, \"storages\": [{\"name\": \"k\\u0000v\", "
+                                    "\"size\": 64}], \"views\": []}";
+    static const char backslash[] = "{\"kvx_layout\": 1, \"storages\": [{\"name\": "
+                                    "\"k\\\\u0000v\", \"size\": 64}], \"views\": [{\"name\": "
+                                    "\"a\", \"kind\": \"attn\", \"storage\": \"k\\\\u0000v\", "
+                                    "\"page\": 64, \"stride\": 64, \"num_blocks\": 1}]}";
+    char with_tail[sizeof(good) + 4];
+    kvx_layout_t *layout = NULL;
+
+    (void)state;
+    assert_int_equal(kvx_layout_load_buffer(good, sizeof(good), &layout), KVX_OK);
+    kvx_layout_destroy(layout);
+    memcpy(with_tail, good, sizeof(good));
+    memcpy(with_tail + sizeof(good), "{}", 2);
+    assert_int_equal(kvx_layout_load_buffer(with_tail, sizeof(good) + 2, &layout), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "NUL byte"));
+    assert_int_equal(kvx_layout_load_buffer(escaped, strlen(escaped), &layout), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "\\u0000"));
+    /* An escaped backslash followed by u0000 is text, not a NUL. */
+    assert_int_equal(kvx_layout_load_buffer(backslash, strlen(backslash), &layout), KVX_OK);
+    kvx_layout_destroy(layout);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -260,6 +292,7 @@ int main(void)
         cmocka_unit_test(unknown_param_bits_are_rejected),
         cmocka_unit_test(missing_file_is_an_io_error),
         cmocka_unit_test(many_storages_are_found_by_name),
+        cmocka_unit_test(nul_bytes_are_rejected),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -69,3 +69,66 @@ void plan_print_table(FILE *out, const kvx_regions_t *regions)
             count, kvx_regions_num_descriptors(regions), bytes,
             (double)bytes / (1024.0 * 1024.0 * 1024.0));
 }
+
+/* Pairs shown per read rank in the readable output. */
+#define PAIRS_SHOWN 8
+
+static void print_pairs_json(FILE *out, const kvx_regions_t *local, const kvx_regions_t *remote,
+                             const kvx_peer_plan_t *plan, const kvx_pairs_t *pairs)
+{
+    kvx_pairs_stats_t stats;
+
+    kvx_pairs_stats(pairs, &stats);
+    fprintf(out, "{\n  \"kvx_pairs\": 1,\n  \"reads\": [");
+    for (size_t r = 0; r < kvx_pairs_num_reads(pairs); r++) {
+        uint32_t rank;
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(pairs, r, &rank, &count);
+
+        fprintf(out, "%s\n    {\"remote_rank\": %" PRIu32 ", \"pairs\": [", r > 0 ? "," : "", rank);
+        for (size_t i = 0; i < count; i++)
+            fprintf(out, "%s\n      [\"%s\", %" PRIu64 ", \"%s\", %" PRIu64 ", %" PRIu64 "]",
+                    i > 0 ? "," : "", kvx_regions_storage_name(local, p[i].local_storage),
+                    p[i].local_offset, kvx_regions_storage_name(remote, p[i].remote_storage),
+                    p[i].remote_offset, p[i].len);
+        fprintf(out, "%s]}", count > 0 ? "\n    " : "");
+    }
+    fprintf(out,
+            "%s],\n  \"descriptors\": %" PRIu64 ",\n  \"coalesced\": %" PRIu64
+            ",\n  \"bytes\": %" PRIu64 ",\n  \"notify_ranks\": [",
+            kvx_pairs_num_reads(pairs) > 0 ? "\n  " : "", stats.descriptors, stats.coalesced,
+            stats.bytes);
+    for (size_t i = 0; i < kvx_peer_plan_num_notifies(plan); i++)
+        fprintf(out, "%s%" PRIu32, i > 0 ? ", " : "", kvx_peer_plan_notify_rank(plan, i));
+    fprintf(out, "]\n}\n");
+}
+
+void plan_print_pairs(FILE *out, const kvx_regions_t *local, const kvx_regions_t *remote,
+                      const kvx_peer_plan_t *plan, const kvx_pairs_t *pairs, bool json)
+{
+    kvx_pairs_stats_t stats;
+
+    if (json) {
+        print_pairs_json(out, local, remote, plan, pairs);
+        return;
+    }
+    kvx_pairs_stats(pairs, &stats);
+    for (size_t r = 0; r < kvx_pairs_num_reads(pairs); r++) {
+        uint32_t rank;
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(pairs, r, &rank, &count);
+
+        fprintf(out, "read from remote rank %" PRIu32 ": %zu pairs%s\n", rank, count,
+                count > PAIRS_SHOWN ? " (first 8 shown)" : "");
+        for (size_t i = 0; i < count && i < PAIRS_SHOWN; i++)
+            fprintf(out, "  local %s+%" PRIu64 "  <-  remote %s+%" PRIu64 "  %" PRIu64 " bytes\n",
+                    kvx_regions_storage_name(local, p[i].local_storage), p[i].local_offset,
+                    kvx_regions_storage_name(remote, p[i].remote_storage), p[i].remote_offset,
+                    p[i].len);
+    }
+    for (size_t i = 0; i < kvx_peer_plan_num_notifies(plan); i++)
+        fprintf(out, "notify only: remote rank %" PRIu32 "\n", kvx_peer_plan_notify_rank(plan, i));
+    fprintf(out,
+            "total: %" PRIu64 " descriptors, %" PRIu64 " after coalescing, %" PRIu64 " bytes\n",
+            stats.descriptors, stats.coalesced, stats.bytes);
+}

@@ -10,4 +10,9 @@
 /* Prints one line per region and a totals line. */
 void plan_print_table(FILE *out, const kvx_regions_t *regions);
 
+/* Prints a planned request: per read rank its pairs (all with `json`, else the first few),
+ * the notify-only ranks, and descriptor counts before and after coalescing, and bytes. */
+void plan_print_pairs(FILE *out, const kvx_regions_t *local, const kvx_regions_t *remote,
+                      const kvx_peer_plan_t *plan, const kvx_pairs_t *pairs, bool json);
+
 #endif

@@ -1,0 +1,325 @@
+/* plan_request.c: one request through a prepared plan: checks the whole request, sizes the
+ * output once, then emits coalesced pairs per read rank. Work and memory follow the
+ * request's blocks, never the table's size. */
+#include "plan.h"
+
+#include "error.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct pair_list {
+    kvx_pair_t *pairs;
+    size_t count;
+    size_t max;  /* allocated entries */
+    size_t need; /* pairs the current request may write, before coalescing */
+};
+
+struct kvx_pairs {
+    struct pair_list *reads;
+    uint32_t *ranks;  /* remote rank of each read */
+    size_t num_reads; /* reads of the last request; 0 after a failed one */
+    size_t max_reads; /* allocated entries of reads and ranks */
+    kvx_pairs_stats_t stats;
+};
+
+kvx_status_t kvx_pairs_create(kvx_pairs_t **pairs_p)
+{
+    kvx_pairs_t *pairs;
+
+    if (pairs_p == NULL)
+        return error_set(KVX_ERR_INVALID, "pairs: no place for the result");
+    pairs = calloc(1, sizeof(*pairs));
+    if (pairs == NULL)
+        return error_no_memory("a pair buffer");
+    *pairs_p = pairs;
+    return KVX_OK;
+}
+
+void kvx_pairs_destroy(kvx_pairs_t *pairs)
+{
+    if (pairs == NULL)
+        return;
+    for (size_t i = 0; i < pairs->max_reads; i++)
+        free(pairs->reads[i].pairs);
+    free(pairs->reads);
+    free(pairs->ranks);
+    free(pairs);
+}
+
+size_t kvx_pairs_num_reads(const kvx_pairs_t *pairs)
+{
+    return pairs->num_reads;
+}
+
+const kvx_pair_t *kvx_pairs_read(const kvx_pairs_t *pairs, size_t read, uint32_t *remote_rank_p,
+                                 size_t *count_p)
+{
+    if (read >= pairs->num_reads)
+        return NULL;
+    if (remote_rank_p != NULL)
+        *remote_rank_p = pairs->ranks[read];
+    if (count_p != NULL)
+        *count_p = pairs->reads[read].count;
+    return pairs->reads[read].pairs;
+}
+
+void kvx_pairs_stats(const kvx_pairs_t *pairs, kvx_pairs_stats_t *stats_p)
+{
+    *stats_p = pairs->stats;
+}
+
+static const char *region_name(const kvx_regions_t *t, const struct region *r)
+{
+    return t->view_names[t->members[r->first_member]];
+}
+
+/* The group plan of request group g (binary search over the table's group ids). */
+static size_t plan_group_index(const kvx_peer_plan_t *plan, size_t g)
+{
+    size_t lo = 0;
+    size_t hi = plan->num_groups - 1; /* the last entry is the -1 one */
+
+    if (plan->single_group)
+        return 0;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if ((uint64_t)plan->groups[mid].group < g)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < plan->num_groups - 1 && (uint64_t)plan->groups[lo].group == g
+               ? lo
+               : plan->num_groups - 1;
+}
+
+/* The out-of-range message for `id` on one side, naming the first region of the group
+ * too small for it (the caller knows one exists). */
+static kvx_status_t request_id_out_of_range(const kvx_peer_plan_t *plan,
+                                            const struct group_plan *gp, size_t g, bool remote,
+                                            uint64_t id)
+{
+    for (uint32_t i = 0; i < gp->num_regions; i++) {
+        uint32_t r                   = plan->group_regions[gp->first_region + i];
+        const struct region_plan *rp = &plan->regions[r];
+        const struct region *region  = remote ? rp->remote : rp->local;
+
+        if (id >= region->num_blocks)
+            return error_set(KVX_ERR_OUT_OF_RANGE,
+                             "request: %s block id %" PRIu64 " of group %zu is out of range"
+                             " for region %" PRIu32 " (%s) of %" PRIu64
+                             " blocks; nothing is transferred",
+                             remote ? "remote" : "local", id, g, r,
+                             region_name(plan->local, rp->local), region->num_blocks);
+    }
+    return error_set(KVX_ERR_INTERNAL, "request: id %" PRIu64 " out of range in no region", id);
+}
+
+/* Checks group g of the request and adds the pairs it yields to each read's `need`. */
+static kvx_status_t request_group_check(const kvx_peer_plan_t *plan, const kvx_request_t *req,
+                                        size_t g, kvx_pairs_t *pairs)
+{
+    size_t gi                   = plan_group_index(plan, g);
+    const struct group_plan *gp = &plan->groups[gi];
+    const kvx_group_ids_t *l    = &req->local[g];
+    const kvx_group_ids_t *r    = req->remote != NULL ? &req->remote[g] : NULL;
+    size_t remote_count;
+
+    if ((l->count > 0 && l->ids == NULL) || (r != NULL && r->count > 0 && r->ids == NULL))
+        return error_set(KVX_ERR_INVALID, "request: group %zu has ids but no array", g);
+    if (gp->num_regions == 0)
+        return KVX_OK; /* no region takes this group: its ids move nothing */
+    if (__builtin_mul_overflow(l->count, (size_t)plan->bsr, &remote_count))
+        return error_set(KVX_ERR_INVALID, "request: group %zu is too large", g);
+    if (r != NULL && r->count != remote_count) {
+        const struct region *first = plan->regions[plan->group_regions[gp->first_region]].local;
+
+        return error_set(KVX_ERR_INVALID,
+                         "request: group %zu has %zu local block ids and %zu remote ones; with"
+                         " bsr %" PRIu64 " region %" PRIu32 " (%s) needs %zu remote ids",
+                         g, l->count, r->count, plan->bsr, plan->group_regions[gp->first_region],
+                         region_name(plan->local, first), remote_count);
+    }
+    for (size_t i = 0; i < l->count; i++) {
+        uint64_t id = l->ids[i];
+
+        if (id >= gp->local_capacity)
+            return request_id_out_of_range(plan, gp, g, false, id);
+        /* By default local block b reads remote blocks b*bsr .. b*bsr + bsr - 1. */
+        if (r == NULL && (id >= gp->remote_capacity / plan->bsr))
+            return request_id_out_of_range(plan, gp, g, true, id * plan->bsr + plan->bsr - 1);
+    }
+    for (size_t i = 0; r != NULL && i < r->count; i++) {
+        if (r->ids[i] >= gp->remote_capacity)
+            return request_id_out_of_range(plan, gp, g, true, r->ids[i]);
+    }
+    for (size_t j = 0; j < plan->num_reads; j++) {
+        uint64_t per_id = plan->pairs_per_id[gi * plan->num_reads + j];
+        size_t n;
+
+        if (__builtin_mul_overflow(l->count, (size_t)per_id, &n) ||
+            __builtin_add_overflow(pairs->reads[j].need, n, &pairs->reads[j].need))
+            return error_set(KVX_ERR_INVALID, "request: the pair count overflows");
+    }
+    return KVX_OK;
+}
+
+/* Makes room for the plan's reads and for each read's `need` pairs. */
+static kvx_status_t pairs_reserve(kvx_pairs_t *pairs, const kvx_peer_plan_t *plan)
+{
+    if (plan->num_reads > pairs->max_reads) {
+        struct pair_list *reads = realloc(pairs->reads, plan->num_reads * sizeof(*reads));
+        uint32_t *ranks;
+
+        if (reads == NULL)
+            return error_no_memory("pair lists");
+        pairs->reads = reads;
+        memset(reads + pairs->max_reads, 0, (plan->num_reads - pairs->max_reads) * sizeof(*reads));
+        pairs->max_reads = plan->num_reads;
+        ranks            = realloc(pairs->ranks, plan->num_reads * sizeof(*ranks));
+        if (ranks == NULL)
+            return error_no_memory("pair lists");
+        pairs->ranks = ranks;
+    }
+    for (size_t j = 0; j < plan->num_reads; j++)
+        pairs->reads[j].need = 0;
+    return KVX_OK;
+}
+
+static kvx_status_t pairs_grow(struct pair_list *list)
+{
+    size_t max = list->max;
+    kvx_pair_t *grown;
+
+    if (list->need <= max)
+        return KVX_OK;
+    while (max < list->need)
+        max = max < 64 ? 64 : max * 2;
+    grown = realloc(list->pairs, max * sizeof(*grown));
+    if (grown == NULL)
+        return error_no_memory("pairs");
+    list->pairs = grown;
+    list->max   = max;
+    return KVX_OK;
+}
+
+/* Appends a pair, merging it into the previous one when both ranges continue it and the
+ * merged length stays within max_pair_len. */
+static inline void pair_append(struct pair_list *list, const kvx_pair_t *p, uint64_t max_len)
+{
+    if (list->count > 0) {
+        kvx_pair_t *last = &list->pairs[list->count - 1];
+
+        if (last->local_storage == p->local_storage && last->remote_storage == p->remote_storage &&
+            last->local_offset + last->len == p->local_offset &&
+            last->remote_offset + last->len == p->remote_offset &&
+            (max_len == 0 || last->len + p->len <= max_len)) {
+            last->len += p->len;
+            return;
+        }
+    }
+    list->pairs[list->count++] = *p;
+}
+
+/* Emits local block `lb` of region `rp`, paired with its bsr remote blocks (`remote_ids`,
+ * or lb*bsr + k when NULL), slice by slice. */
+static void emit_block(const kvx_peer_plan_t *plan, kvx_pairs_t *pairs,
+                       const struct region_plan *rp, uint64_t lb, const uint64_t *remote_ids)
+{
+    const struct region *l = rp->local;
+    const struct region *r = rp->remote;
+    uint64_t local_base    = l->offset + lb * l->stride;
+
+    for (uint64_t k = 0; k < plan->bsr; k++) {
+        uint64_t rb          = remote_ids != NULL ? remote_ids[k] : lb * plan->bsr + k;
+        uint64_t remote_base = r->offset + rb * r->stride;
+        uint64_t local_unit  = local_base + k * rp->unit_len;
+
+        for (uint32_t s = 0; s < rp->num_slices; s++) {
+            const struct slice *sl = &plan->slices[rp->first_slice + s];
+            kvx_pair_t p           = {.local_storage  = l->storage,
+                                      .remote_storage = r->storage,
+                                      .local_offset   = local_unit + sl->local_offset,
+                                      .remote_offset  = remote_base + sl->remote_offset,
+                                      .len            = sl->len};
+
+            pairs->stats.descriptors++;
+            pairs->stats.bytes += sl->len;
+            pair_append(&pairs->reads[sl->read], &p, plan->max_pair_len);
+        }
+    }
+}
+
+/* Emits every block of group g for region rp. */
+static void emit_group_region(const kvx_peer_plan_t *plan, const kvx_request_t *req, size_t g,
+                              const struct region_plan *rp, kvx_pairs_t *pairs)
+{
+    const kvx_group_ids_t *l = &req->local[g];
+    const uint64_t *remote   = req->remote != NULL ? req->remote[g].ids : NULL;
+
+    for (size_t i = 0; i < l->count; i++)
+        emit_block(plan, pairs, rp, l->ids[i], remote != NULL ? remote + i * plan->bsr : NULL);
+}
+
+kvx_status_t kvx_peer_plan_request(const kvx_peer_plan_t *plan, const kvx_request_t *req,
+                                   kvx_pairs_t *pairs)
+{
+    kvx_status_t status;
+
+    if (plan == NULL || req == NULL || pairs == NULL)
+        return error_set(KVX_ERR_INVALID, "request: plan, request and pairs are required");
+    pairs->num_reads = 0;
+    pairs->stats     = (kvx_pairs_stats_t){0};
+    if (req->num_local_groups == 0 || req->local == NULL)
+        return error_set(KVX_ERR_INVALID, "request: names no groups");
+    if (req->remote != NULL && req->num_remote_groups != req->num_local_groups)
+        return error_set(KVX_ERR_INVALID, "request: %zu local groups but %zu remote groups",
+                         req->num_local_groups, req->num_remote_groups);
+    if (!plan->single_group && (int64_t)req->num_local_groups <= plan->local->max_group)
+        return error_set(KVX_ERR_INVALID,
+                         "request: names %zu groups but the table has regions in group %" PRId64,
+                         req->num_local_groups, plan->local->max_group);
+    status = pairs_reserve(pairs, plan);
+    if (status != KVX_OK)
+        return status;
+    for (size_t g = 0; g < req->num_local_groups; g++) {
+        status = request_group_check(plan, req, g, pairs);
+        if (status != KVX_OK)
+            return status;
+    }
+    for (size_t j = 0; j < plan->num_reads; j++) {
+        status = pairs_grow(&pairs->reads[j]);
+        if (status != KVX_OK)
+            return status;
+        pairs->reads[j].count = 0;
+        pairs->ranks[j]       = plan->read_ranks[j];
+    }
+
+    /* One distinct group: each region takes every group's ids, region by region. Several:
+     * group, then region, then block (regions.md "Descriptors"). */
+    if (plan->single_group) {
+        const struct group_plan *gp = &plan->groups[0];
+
+        for (uint32_t i = 0; i < gp->num_regions; i++) {
+            const struct region_plan *rp = &plan->regions[plan->group_regions[i]];
+
+            for (size_t g = 0; g < req->num_local_groups; g++)
+                emit_group_region(plan, req, g, rp, pairs);
+        }
+    } else {
+        for (size_t g = 0; g < req->num_local_groups; g++) {
+            const struct group_plan *gp = &plan->groups[plan_group_index(plan, g)];
+
+            for (uint32_t i = 0; i < gp->num_regions; i++)
+                emit_group_region(plan, req, g,
+                                  &plan->regions[plan->group_regions[gp->first_region + i]], pairs);
+        }
+    }
+    pairs->num_reads = plan->num_reads;
+    for (size_t j = 0; j < plan->num_reads; j++)
+        pairs->stats.coalesced += pairs->reads[j].count;
+    return KVX_OK;
+}

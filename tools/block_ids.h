@@ -1,0 +1,20 @@
+/* block_ids.h: the --blocks syntax of the command line, 'G:ids;G:ids' with ids as
+ * comma-separated numbers or ranges (0-99), into per-group arrays for kvx_request_t. */
+#ifndef KVX_TOOLS_BLOCK_IDS_H
+#define KVX_TOOLS_BLOCK_IDS_H
+
+#include "kvx.h"
+
+struct block_ids {
+    kvx_group_ids_t *groups; /* indexed by group id; groups not named are empty */
+    size_t num_groups;
+};
+
+/* Parses `text` for option `option` (named in messages). On error prints nothing, returns
+ * false and leaves a message in `error` (size bytes). */
+bool block_ids_parse(const char *option, const char *text, struct block_ids *out, char *error,
+                     size_t size);
+
+void block_ids_free(struct block_ids *ids);
+
+#endif
