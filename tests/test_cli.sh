@@ -71,5 +71,17 @@ for f in "$src"/layouts/models/*.json; do
   check "model layout $(basename "$f") registers" bash -c "'$kvx' plan --json '$f' >/dev/null"
 done
 
+# kvx plan --peer: one request through a peer plan (docs/plan.md).
+v4=$src/layouts/models/deepseek-v4-flash.json
+check "peer plan JSON coalesces consecutive whole rows" bash -c "'$kvx' plan '$v4' --peer '$v4' --blocks '0:0-3,7' --json >'$tmp/pairs.json' && grep -q '\"descriptors\": 5,' '$tmp/pairs.json' && grep -q '\"coalesced\": 2,' '$tmp/pairs.json' && grep -q '\\[\"kv_cache\", 0, \"kv_cache\", 0, 6439680\\]' '$tmp/pairs.json'"
+check "peer plan JSON parses" python3 -c "import json,sys; d=json.load(open('$tmp/pairs.json')); assert d['kvx_pairs']==1 and d['bytes']==5*1609920"
+check "peer plan: id beyond capacity exits 2" \
+  status_and_one_error_line 2 "local block id 2048 of group 0 is out of range" plan "$v4" --peer "$v4" --blocks '0:2048'
+check "peer plan: bad --blocks exits 2" \
+  status_and_one_error_line 2 "--blocks: expected a block id" plan "$v4" --peer "$v4" --blocks '0:x'
+check "peer plan: larger remote block exits 2" \
+  status_and_one_error_line 2 "is larger than the local block" plan "$v4" --peer "$v4" --blocks '0:1' --remote-block-size 128
+check "request options need --peer" status_and_one_error_line 2 "need --peer" plan "$v4" --blocks '0:1'
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
