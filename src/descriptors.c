@@ -19,8 +19,7 @@ kvx_status_t kvx_regions_descriptor_id(const kvx_regions_t *regions, size_t regi
         return error_set(KVX_ERR_OUT_OF_RANGE,
                          "block %" PRIu64 " of region %zu (%s): the"
                          " region has %" PRIu64 " blocks",
-                         block, region, regions->view_names[regions->members[r->first_member]],
-                         r->num_blocks);
+                         block, region, regions_region_name(regions, r), r->num_blocks);
     *id_p = r->first_descriptor + block;
     return KVX_OK;
 }
@@ -107,8 +106,7 @@ static kvx_status_t group_check(const kvx_regions_t *t, const kvx_group_ids_t *g
                                  "request: block id %" PRIu64
                                  " of group %zu is out of range for region %zu (%s) of %" PRIu64
                                  " blocks; nothing is transferred",
-                                 id, g, r, t->view_names[t->members[region->first_member]],
-                                 region->num_blocks);
+                                 id, g, r, regions_region_name(t, region), region->num_blocks);
         }
     }
     if (__builtin_mul_overflow(takers, group->count, &yield) ||

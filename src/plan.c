@@ -8,12 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Region r's name, for messages. */
-static const char *region_name(const kvx_regions_t *t, const struct region *r)
-{
-    return t->view_names[t->members[r->first_member]];
-}
-
 static kvx_status_t plan_params_read(const kvx_regions_t *local, const kvx_regions_t *remote,
                                      const kvx_peer_plan_params_t *params,
                                      struct kvx_peer_plan *plan)
@@ -88,7 +82,7 @@ static kvx_status_t plan_region_slices(struct kvx_peer_plan *plan, size_t ri)
     struct region_plan *rp = &plan->regions[ri];
     const struct region *l = rp->local;
     const struct region *r = rp->remote;
-    const char *name       = region_name(plan->local, l);
+    const char *name       = regions_region_name(plan->local, l);
     uint64_t unit          = rp->unit_len;
     uint64_t remote_len    = r->block_len;
     uint32_t local_rank    = plan->local_rank;
@@ -150,13 +144,13 @@ static kvx_status_t plan_regions_match(const kvx_regions_t *local, const kvx_reg
         const struct region *l = &local->regions[i];
         const struct region *r = &remote->regions[i];
 
-        if (strcmp(region_name(local, l), region_name(remote, r)) != 0)
+        if (strcmp(regions_region_name(local, l), regions_region_name(remote, r)) != 0)
             return error_set(KVX_ERR_INVALID, "region %zu: local name %s, remote name %s", i,
-                             region_name(local, l), region_name(remote, r));
+                             regions_region_name(local, l), regions_region_name(remote, r));
         if (l->group != r->group)
             return error_set(KVX_ERR_INVALID,
                              "region %zu (%s): local group %" PRId64 ", remote group %" PRId64, i,
-                             region_name(local, l), l->group, r->group);
+                             regions_region_name(local, l), l->group, r->group);
     }
     return KVX_OK;
 }
@@ -322,7 +316,7 @@ static kvx_status_t plan_regions_build(struct kvx_peer_plan *plan)
             return error_set(KVX_ERR_INVALID,
                              "region %zu (%s): block_len %" PRIu64
                              " does not split into bsr %" PRIu64 " equal sub-blocks",
-                             i, region_name(plan->local, rp->local), rp->local->block_len,
+                             i, regions_region_name(plan->local, rp->local), rp->local->block_len,
                              plan->bsr);
         rp->unit_len = rp->local->block_len / plan->bsr;
         status       = plan_region_slices(plan, i);

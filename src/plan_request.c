@@ -70,11 +70,6 @@ void kvx_pairs_stats(const kvx_pairs_t *pairs, kvx_pairs_stats_t *stats_p)
     *stats_p = pairs->stats;
 }
 
-static const char *region_name(const kvx_regions_t *t, const struct region *r)
-{
-    return t->view_names[t->members[r->first_member]];
-}
-
 /* The group plan of request group g (binary search over the table's group ids). */
 static size_t plan_group_index(const kvx_peer_plan_t *plan, size_t g)
 {
@@ -113,7 +108,7 @@ static kvx_status_t request_id_out_of_range(const kvx_peer_plan_t *plan,
                              " for region %" PRIu32 " (%s) of %" PRIu64
                              " blocks; nothing is transferred",
                              remote ? "remote" : "local", id, g, r,
-                             region_name(plan->local, rp->local), region->num_blocks);
+                             regions_region_name(plan->local, rp->local), region->num_blocks);
     }
     return error_set(KVX_ERR_INTERNAL, "request: id %" PRIu64 " out of range in no region", id);
 }
@@ -141,7 +136,7 @@ static kvx_status_t request_group_check(const kvx_peer_plan_t *plan, const kvx_r
                          "request: group %zu has %zu local block ids and %zu remote ones; with"
                          " bsr %" PRIu64 " region %" PRIu32 " (%s) needs %zu remote ids",
                          g, l->count, r->count, plan->bsr, plan->group_regions[gp->first_region],
-                         region_name(plan->local, first), remote_count);
+                         regions_region_name(plan->local, first), remote_count);
     }
     for (size_t i = 0; i < l->count; i++) {
         uint64_t id = l->ids[i];

@@ -339,7 +339,7 @@ static kvx_status_t regions_prove_coverage(const kvx_layout_t *layout, const kvx
 {
     for (size_t ri = 0; ri < t->num_regions; ri++) {
         const struct region *r = &t->regions[ri];
-        const char *r_name     = t->view_names[t->members[r->first_member]];
+        const char *r_name     = regions_region_name(t, r);
 
         for (uint32_t m = 0; m < r->num_members; m++) {
             uint32_t vi          = t->members[r->first_member + m];
@@ -597,7 +597,7 @@ kvx_status_t kvx_regions_get(const kvx_regions_t *regions, size_t index, kvx_reg
                          regions->num_regions);
     r       = &regions->regions[index];
     *info_p = (kvx_region_info_t){
-        .name             = regions->view_names[regions->members[r->first_member]],
+        .name             = regions_region_name(regions, r),
         .storage          = r->storage,
         .storage_name     = regions->storage_names[r->storage],
         .offset           = r->offset,

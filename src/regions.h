@@ -39,4 +39,10 @@ struct kvx_regions {
     size_t num_storages;
 };
 
+/* A region's name: its first member's (regions.md step 4). */
+static inline const char *regions_region_name(const kvx_regions_t *t, const struct region *r)
+{
+    return t->view_names[t->members[r->first_member]];
+}
+
 #endif

@@ -86,7 +86,7 @@ static void out_region(struct json_out *out, const kvx_regions_t *t, size_t inde
     const struct region *r = &t->regions[index];
 
     out_printf(out, "    {\"index\": %zu, \"name\": ", index);
-    out_string(out, t->view_names[t->members[r->first_member]]);
+    out_string(out, regions_region_name(t, r));
     out_printf(out, ", \"storage\": ");
     out_string(out, t->storage_names[r->storage]);
     out_printf(out,
