@@ -127,6 +127,23 @@ typedef struct kvx_view_params {
     uint64_t heads;       /* _HEADS: KV heads of this view on this rank, >= 1; default 1 */
 } kvx_view_params_t;
 
+/* The model identity of a layout: the factors of the compatibility hash that P and D compare
+ * before any transfer (docs/wire.md). Strings at most KVX_MAX_NAME_LEN bytes. */
+typedef struct kvx_model {
+    const char *id;          /* model id, e.g. "deepseek-ai/DeepSeek-V3"; required */
+    const char *revision;    /* NULL or "" when unknown */
+    const char *dtype;       /* compute dtype, e.g. "bfloat16" */
+    const char *cache_dtype; /* KV-cache dtype, e.g. "fp8_e4m3" */
+    uint64_t kv_heads;       /* total KV heads of the model (all ranks) */
+    uint64_t head_size;      /* elements per head */
+    uint64_t layers;
+    const char *backend; /* attention backend name, e.g. "FLASHMLA" */
+} kvx_model_t;
+
+/* Sets the layout's model identity (copied). Errors: KVX_ERR_INVALID for a missing id or a
+ * string longer than KVX_MAX_NAME_LEN; the layout is unchanged then. */
+KVX_API kvx_status_t kvx_layout_set_model(kvx_layout_t *layout, const kvx_model_t *model);
+
 /* Creates an empty layout. params may be NULL for every default. Errors: KVX_ERR_INVALID
  * for an unknown field bit or a zero block size. */
 KVX_API kvx_status_t kvx_layout_create(const kvx_layout_params_t *params, kvx_layout_t **layout_p);
@@ -220,6 +237,9 @@ KVX_API size_t kvx_regions_count(const kvx_regions_t *regions);
 KVX_API uint64_t kvx_regions_num_descriptors(const kvx_regions_t *regions);
 KVX_API uint64_t kvx_regions_block_size(const kvx_regions_t *regions); /* tokens per block */
 KVX_API size_t kvx_regions_num_storages(const kvx_regions_t *regions);
+
+/* The model identity registered with the table, or NULL when its layout had none. */
+KVX_API const kvx_model_t *kvx_regions_model(const kvx_regions_t *regions);
 
 /* The name of storage `storage` (a layout index); NULL if out of range. */
 KVX_API const char *kvx_regions_storage_name(const kvx_regions_t *regions, size_t storage);
@@ -360,6 +380,113 @@ KVX_API const kvx_pair_t *kvx_pairs_read(const kvx_pairs_t *pairs, size_t read,
                                          uint32_t *remote_rank_p, size_t *count_p);
 KVX_API size_t kvx_pairs_num_reads(const kvx_pairs_t *pairs);
 KVX_API void kvx_pairs_stats(const kvx_pairs_t *pairs, kvx_pairs_stats_t *stats_p);
+
+/* ---------------------------------------------------------------------------------------
+ * Wire: handshake metadata, the compatibility hash and remote-table validation
+ * (docs/wire.md). Decoding treats every byte as hostile.
+ * ------------------------------------------------------------------------------------- */
+
+#define KVX_WIRE_VERSION      1
+#define KVX_COMPAT_HASH_LEN   32          /* bytes: SHA-256 */
+#define KVX_MAX_METADATA_SIZE (16u << 20) /* bytes: a 65,536-region table is under 8 MiB */
+#define KVX_MAX_BLOB_SIZE     4096        /* bytes of a remote key or transport address */
+#define KVX_MAX_DIFFERENCES   4096        /* differences kept by kvx_metadata_validate */
+
+typedef enum kvx_transfer_mode {
+    KVX_MODE_PULL, /* the decode side reads */
+    KVX_MODE_PUSH, /* the prefill side writes */
+} kvx_transfer_mode_t;
+
+typedef struct kvx_blob {
+    const void *data;
+    size_t size; /* bytes */
+} kvx_blob_t;
+
+/* SHA-256 over the canonical encoding of the factors that must match (docs/wire.md): wire
+ * version, the table's model identity (all empty when it has none) and the transfer mode. */
+KVX_API kvx_status_t kvx_compat_hash(const kvx_regions_t *regions, kvx_transfer_mode_t mode,
+                                     uint8_t hash[KVX_COMPAT_HASH_LEN]);
+
+enum {
+    KVX_METADATA_PARAM_FIELD_ENGINE_ID         = 1u << 0,
+    KVX_METADATA_PARAM_FIELD_AGENT_NAME        = 1u << 1,
+    KVX_METADATA_PARAM_FIELD_TP_RANK           = 1u << 2,
+    KVX_METADATA_PARAM_FIELD_TP_SIZE           = 1u << 3,
+    KVX_METADATA_PARAM_FIELD_MODE              = 1u << 4,
+    KVX_METADATA_PARAM_FIELD_STORAGE_BASES     = 1u << 5,
+    KVX_METADATA_PARAM_FIELD_REMOTE_KEYS       = 1u << 6,
+    KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS = 1u << 7,
+};
+
+typedef struct kvx_metadata_params {
+    uint64_t field_mask;           /* KVX_METADATA_PARAM_FIELD_* bits of the fields set */
+    const char *engine_id;         /* _ENGINE_ID: default "" */
+    const char *agent_name;        /* _AGENT_NAME: default "kvx" */
+    uint32_t tp_rank;              /* _TP_RANK: default 0 */
+    uint32_t tp_size;              /* _TP_SIZE: default 1 */
+    kvx_transfer_mode_t mode;      /* _MODE: default KVX_MODE_PULL */
+    const uint64_t *storage_bases; /* _STORAGE_BASES: address per storage; default all 0 */
+    const kvx_blob_t *remote_keys; /* _REMOTE_KEYS: packed key per storage; default empty */
+    kvx_blob_t transport_address;  /* _TRANSPORT_ADDRESS: default empty */
+} kvx_metadata_params_t;
+
+/* Encodes this agent's metadata: an envelope (version, hash, factors) around the body (ids,
+ * TP, block size, mode, region table, registrations, transport address). *buf_p is freed
+ * with kvx_free(). */
+KVX_API kvx_status_t kvx_metadata_pack(const kvx_regions_t *regions,
+                                       const kvx_metadata_params_t *params, void **buf_p,
+                                       size_t *size_p);
+
+typedef struct kvx_metadata kvx_metadata_t;
+
+/* Decodes a peer's metadata in two phases: the envelope first, whose version and hash must
+ * equal this side's (`local`, `mode`), with a message naming each differing factor when the
+ * peer sent them; only then the body, every count and length checked against KVX_MAX_*
+ * before use. The result is fully valid or not returned. */
+KVX_API kvx_status_t kvx_metadata_unpack(const void *buf, size_t size, const kvx_regions_t *local,
+                                         kvx_transfer_mode_t mode, kvx_metadata_t **metadata_p);
+
+/* Destroys decoded metadata; NULL-safe. */
+KVX_API void kvx_metadata_destroy(kvx_metadata_t *metadata);
+
+typedef struct kvx_metadata_info {
+    const char *engine_id;
+    const char *agent_name;
+    uint32_t tp_rank;
+    uint32_t tp_size;
+    uint64_t block_size; /* tokens */
+    kvx_transfer_mode_t mode;
+    size_t num_registrations;
+    kvx_blob_t transport_address;
+} kvx_metadata_info_t;
+
+typedef struct kvx_registration_info {
+    const char *storage;
+    uint64_t base; /* address in the peer's process */
+    uint64_t size; /* bytes */
+    kvx_mem_type_t mem;
+    int64_t device;
+    kvx_blob_t remote_key;
+} kvx_registration_info_t;
+
+KVX_API void kvx_metadata_get_info(const kvx_metadata_t *metadata, kvx_metadata_info_t *info_p);
+KVX_API kvx_status_t kvx_metadata_registration(const kvx_metadata_t *metadata, size_t index,
+                                               kvx_registration_info_t *info_p);
+
+/* The peer's region table, as a table kvx_peer_plan_create() takes (each region is its own
+ * single member). Lives as long as the metadata. */
+KVX_API const kvx_regions_t *kvx_metadata_regions(const kvx_metadata_t *metadata);
+
+/* Checks the peer's table against `local` as a pull plan would use it (params: local TP and
+ * rank, block sizes; remote TP and block size default to the peer's): same region count,
+ * names in the same order, groups and kinds, stride >= block_len, and block lengths that
+ * agree with the TP and block-size rules (docs/plan.md). Returns KVX_OK, or KVX_ERR_INVALID
+ * with the first difference as the message. *num_differences_p (may be NULL) gets how many
+ * were found; kvx_metadata_difference() returns each of the first KVX_MAX_DIFFERENCES. */
+KVX_API kvx_status_t kvx_metadata_validate(kvx_metadata_t *metadata, const kvx_regions_t *local,
+                                           const kvx_peer_plan_params_t *params,
+                                           size_t *num_differences_p);
+KVX_API const char *kvx_metadata_difference(const kvx_metadata_t *metadata, size_t index);
 
 #ifdef __cplusplus
 }

@@ -92,6 +92,7 @@ void kvx_layout_destroy(kvx_layout_t *layout)
         free(layout->storages[i].name);
     for (size_t i = 0; i < layout->num_views; i++)
         free(layout->views[i].name);
+    model_free(&layout->model);
     free(layout->storages);
     free(layout->storage_by_name);
     free(layout->views);
@@ -360,4 +361,69 @@ size_t kvx_layout_num_storages(const kvx_layout_t *layout)
 size_t kvx_layout_num_views(const kvx_layout_t *layout)
 {
     return layout->num_views;
+}
+
+/* Copies `text` (NULL as "") to *p and advances *p past its terminator. */
+static const char *strings_append(char **p, const char *text)
+{
+    size_t len  = text != NULL ? strlen(text) : 0;
+    char *start = *p;
+
+    memcpy(start, text != NULL ? text : "", len);
+    start[len] = '\0';
+    *p += len + 1;
+    return start;
+}
+
+kvx_status_t model_copy(const kvx_model_t *in, struct model *out)
+{
+    const char *fields[] = {in->id, in->revision, in->dtype, in->cache_dtype, in->backend};
+    const char *names[]  = {"id", "revision", "dtype", "cache_dtype", "backend"};
+    struct model copy    = {.public = *in};
+    size_t size          = 0;
+    char *p;
+
+    if (in->id == NULL || in->id[0] == '\0')
+        return error_set(KVX_ERR_INVALID, "model.id: missing (required)");
+    for (size_t i = 0; i < 5; i++) {
+        size_t len = fields[i] != NULL ? strlen(fields[i]) : 0;
+
+        if (len > KVX_MAX_NAME_LEN)
+            return error_set(KVX_ERR_INVALID, "model.%s: %zu bytes is longer than %d", names[i],
+                             len, KVX_MAX_NAME_LEN);
+        size += len + 1;
+    }
+    copy.strings = malloc(size);
+    if (copy.strings == NULL)
+        return error_no_memory("the model identity");
+    p                       = copy.strings;
+    copy.public.id          = strings_append(&p, in->id);
+    copy.public.revision    = strings_append(&p, in->revision);
+    copy.public.dtype       = strings_append(&p, in->dtype);
+    copy.public.cache_dtype = strings_append(&p, in->cache_dtype);
+    copy.public.backend     = strings_append(&p, in->backend);
+    *out                    = copy;
+    return KVX_OK;
+}
+
+void model_free(struct model *model)
+{
+    free(model->strings);
+    model->strings = NULL;
+}
+
+kvx_status_t kvx_layout_set_model(kvx_layout_t *layout, const kvx_model_t *model)
+{
+    struct model copy;
+    kvx_status_t status;
+
+    if (layout == NULL || model == NULL)
+        return error_set(KVX_ERR_INVALID, "set model: layout and model are required");
+    status = model_copy(model, &copy);
+    if (status != KVX_OK)
+        return status;
+    model_free(&layout->model);
+    layout->model     = copy;
+    layout->has_model = true;
+    return KVX_OK;
 }

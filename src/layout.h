@@ -25,7 +25,19 @@ struct view {
     bool dense;
 };
 
+/* Owned copies of kvx_model_t's strings, with the struct pointing at them. */
+struct model {
+    kvx_model_t public;
+    char *strings; /* id, revision, dtype, cache_dtype, backend, NUL-separated */
+};
+
+/* Copies `in` into `out` (freed with model_free). On failure *out is untouched. */
+kvx_status_t model_copy(const kvx_model_t *in, struct model *out);
+void model_free(struct model *model);
+
 struct kvx_layout {
+    bool has_model;
+    struct model model;
     uint64_t block_size; /* tokens per block */
     bool csa_linear;
     bool whole_row_regions;

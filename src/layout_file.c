@@ -218,6 +218,48 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
     return kvx_layout_add_view(layout, &p);
 }
 
+/* Reads the optional "model" object: the compatibility factors (docs/wire.md). */
+static kvx_status_t read_model(kvx_layout_t *layout, const cJSON *root)
+{
+    static const char *const keys[]    = {"id",       "revision",  "dtype",  "cache_dtype",
+                                          "kv_heads", "head_size", "layers", "backend"};
+    static const char *const strings[] = {"id", "revision", "dtype", "cache_dtype", "backend"};
+    const char *values[5]              = {NULL};
+    const cJSON *object                = cJSON_GetObjectItemCaseSensitive(root, "model");
+    kvx_model_t model                  = {0};
+    struct json_path path;
+    const cJSON *item;
+    kvx_status_t status;
+
+    if (object == NULL)
+        return KVX_OK;
+    if (!cJSON_IsObject(object))
+        return error_set(KVX_ERR_INVALID, "model: expected an object");
+    status = check_keys(object, "model", keys, sizeof(keys) / sizeof(keys[0]));
+    if (status != KVX_OK)
+        return status;
+    for (size_t i = 0; i < 5; i++) {
+        if ((item = field(object, "model", strings[i], &path)) != NULL &&
+            (status = read_string(item, path, &values[i])) != KVX_OK)
+            return status;
+    }
+    if (values[0] == NULL)
+        return missing((struct json_path){"model", "id"});
+    if (((item = field(object, "model", "kv_heads", &path)) != NULL &&
+         (status = read_uint(item, path, &model.kv_heads)) != KVX_OK) ||
+        ((item = field(object, "model", "head_size", &path)) != NULL &&
+         (status = read_uint(item, path, &model.head_size)) != KVX_OK) ||
+        ((item = field(object, "model", "layers", &path)) != NULL &&
+         (status = read_uint(item, path, &model.layers)) != KVX_OK))
+        return status;
+    model.id          = values[0];
+    model.revision    = values[1];
+    model.dtype       = values[2];
+    model.cache_dtype = values[3];
+    model.backend     = values[4];
+    return kvx_layout_set_model(layout, &model);
+}
+
 /* Reads the array `key` of the top-level object, calling read_one on each element. */
 static kvx_status_t read_array(kvx_layout_t *layout, const cJSON *root, const char *key,
                                kvx_status_t (*read_one)(kvx_layout_t *, const cJSON *, size_t))
@@ -245,8 +287,9 @@ static kvx_status_t read_array(kvx_layout_t *layout, const cJSON *root, const ch
 /* Reads the layout-wide keys into params. */
 static kvx_status_t read_layout_params(const cJSON *root, kvx_layout_params_t *p)
 {
-    static const char *const keys[] = {"kvx_layout",        "block_size", "csa_linear",
-                                       "whole_row_regions", "storages",   "views"};
+    static const char *const keys[] = {
+        "kvx_layout", "block_size", "csa_linear", "whole_row_regions",
+        "model",      "storages",   "views"};
     const cJSON *item;
     uint64_t version;
     kvx_status_t status;
@@ -338,6 +381,9 @@ kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t 
     if (status != KVX_OK)
         goto out;
     status = kvx_layout_create(&params, &layout);
+    if (status != KVX_OK)
+        goto out;
+    status = read_model(layout, root);
     if (status != KVX_OK)
         goto out;
     status = read_array(layout, root, "storages", read_storage);

@@ -5,6 +5,7 @@
 #include "error.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,63 +75,84 @@ static void plan_add_slice(struct kvx_peer_plan *plan, struct region_plan *rp, u
         .rank = rank, .local_offset = local_offset, .remote_offset = remote_offset, .len = len};
 }
 
+bool plan_region_is_split(const struct region *r)
+{
+    return r->head_split && !r->mla && !r->ple;
+}
+
+bool plan_lengths_agree(const struct region *local, uint64_t unit, uint64_t remote_len,
+                        uint32_t local_tp, uint32_t remote_tp, char *rule, size_t size)
+{
+    uint64_t ratio;
+
+    if (!plan_region_is_split(local)) {
+        if (remote_len == unit)
+            return true;
+        snprintf(rule, size,
+                 "%s regions are never split: the remote block_len must equal the"
+                 " local unit of %" PRIu64 " bytes",
+                 local->mla   ? "replicated MLA"
+                 : local->ple ? "ple"
+                              : "scratch",
+                 unit);
+        return false;
+    }
+    if (local_tp >= remote_tp) {
+        ratio = local_tp / remote_tp;
+        if (remote_len % unit == 0 && ratio % (remote_len / unit) == 0)
+            return true;
+        snprintf(rule, size,
+                 "head-split: the remote block_len must be the local %" PRIu64
+                 " x TP ratio %" PRIu64 " (or a divisor of the ratio, for heads replicated"
+                 " across local ranks)",
+                 unit, ratio);
+        return false;
+    }
+    ratio = remote_tp / local_tp;
+    if (unit % remote_len == 0 && ratio % (unit / remote_len) == 0)
+        return true;
+    snprintf(rule, size,
+             "head-split: the local %" PRIu64 " must be the remote block_len x TP"
+             " ratio %" PRIu64 " (or the ratio over a divisor, for heads replicated across"
+             " remote ranks)",
+             unit, ratio);
+    return false;
+}
+
 /* How a local unit (a local block, or one of its bsr sub-blocks) of region `ri` is read:
- * issue rules "Heterogeneous TP, pull direction". Lengths decide the slicing, heads only
- * describe it, so a layout that leaves heads at 1 still plans right. */
+ * docs/plan.md "Per region". Lengths decide the slicing, heads only describe it, so a
+ * layout that leaves heads at 1 still plans right. */
 static kvx_status_t plan_region_slices(struct kvx_peer_plan *plan, size_t ri)
 {
     struct region_plan *rp = &plan->regions[ri];
-    const struct region *l = rp->local;
-    const struct region *r = rp->remote;
-    const char *name       = regions_region_name(plan->local, l);
     uint64_t unit          = rp->unit_len;
-    uint64_t remote_len    = r->block_len;
+    uint64_t remote_len    = rp->remote->block_len;
     uint32_t local_rank    = plan->local_rank;
-    bool split             = l->head_split && !l->mla && !l->ple;
     uint64_t ratio;  /* the larger TP over the smaller */
-    uint64_t slices; /* distinct head slices between one local and one remote block */
+    uint64_t slices; /* distinct head slices between one local unit and one remote block */
+    char rule[256];
 
-    if (!split) {
-        /* Replicated (MLA), never split (ple) or scratch-only: the whole unit, from the
-         * remote rank whose share this local rank is. */
-        if (remote_len != unit)
-            return error_set(KVX_ERR_INVALID,
-                             "region %zu (%s): remote block_len %" PRIu64
-                             " differs from the local %" PRIu64 "%s; %s regions are never"
-                             " split",
-                             ri, name, remote_len, unit, plan->bsr > 1 ? " (block_len / bsr)" : "",
-                             l->mla   ? "replicated MLA"
-                             : l->ple ? "ple"
-                                      : "scratch");
+    if (!plan_lengths_agree(rp->local, unit, remote_len, plan->local_tp, plan->remote_tp, rule,
+                            sizeof(rule)))
+        return error_set(KVX_ERR_INVALID, "region %zu (%s): remote block_len %" PRIu64 ": %s", ri,
+                         regions_region_name(plan->local, rp->local), remote_len, rule);
+    if (!plan_region_is_split(rp->local)) {
+        /* The whole unit, from the remote rank whose share this local rank is. */
         plan_add_slice(plan, rp, local_rank * plan->remote_tp / plan->local_tp, 0, 0, unit);
-        return KVX_OK;
-    }
-    if (plan->local_tp >= plan->remote_tp) {
-        ratio = plan->local_tp / plan->remote_tp;
-        if (remote_len % unit != 0 || ratio % (remote_len / unit) != 0)
-            return error_set(KVX_ERR_INVALID,
-                             "region %zu (%s): remote block_len %" PRIu64 " is not local %" PRIu64
-                             " x TP ratio %" PRIu64 " (or a divisor"
-                             " of it, for heads replicated across local ranks)",
-                             ri, name, remote_len, unit, ratio);
+    } else if (plan->local_tp >= plan->remote_tp) {
+        ratio  = plan->local_tp / plan->remote_tp;
         slices = remote_len / unit;
         /* ratio / slices local ranks hold the same heads and read the same slice. */
         plan_add_slice(plan, rp, local_rank / (uint32_t)ratio, 0,
                        (local_rank % ratio) / (ratio / slices) * unit, unit);
-        return KVX_OK;
+    } else {
+        ratio  = plan->remote_tp / plan->local_tp;
+        slices = unit / remote_len;
+        /* ratio / slices remote ranks in a row hold the same heads: read the first of each. */
+        for (uint64_t j = 0; j < slices; j++)
+            plan_add_slice(plan, rp, (uint32_t)(local_rank * ratio + j * (ratio / slices)),
+                           j * remote_len, 0, remote_len);
     }
-    ratio = plan->remote_tp / plan->local_tp;
-    if (unit % remote_len != 0 || ratio % (unit / remote_len) != 0)
-        return error_set(KVX_ERR_INVALID,
-                         "region %zu (%s): local block_len %" PRIu64 " is not"
-                         " remote %" PRIu64 " x TP ratio %" PRIu64 " (or a divisor of it, for"
-                         " heads replicated across remote ranks)",
-                         ri, name, unit, remote_len, ratio);
-    slices = unit / remote_len;
-    /* ratio / slices remote ranks in a row hold the same heads: read the first of each. */
-    for (uint64_t j = 0; j < slices; j++)
-        plan_add_slice(plan, rp, (uint32_t)(local_rank * ratio + j * (ratio / slices)),
-                       j * remote_len, 0, remote_len);
     return KVX_OK;
 }
 

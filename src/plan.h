@@ -53,4 +53,14 @@ struct kvx_peer_plan {
     uint64_t *pairs_per_id;  /* [group][read]: pairs one block id yields, before coalescing */
 };
 
+/* True when region r is read by head slices under TP (an attn, swa or mamba member, and
+ * neither MLA nor ple), false when its blocks are read whole (docs/plan.md). */
+bool plan_region_is_split(const struct region *r);
+
+/* Whether a remote block of `remote_len` bytes can serve a local unit of `unit` bytes of
+ * region `local` under the TP sizes (docs/plan.md "Per region"). When not, writes the rule
+ * in words to `rule`. Shared by the planner and the handshake's table check. */
+bool plan_lengths_agree(const struct region *local, uint64_t unit, uint64_t remote_len,
+                        uint32_t local_tp, uint32_t remote_tp, char *rule, size_t size);
+
 #endif

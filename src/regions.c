@@ -371,7 +371,6 @@ static kvx_status_t regions_prove_coverage(const kvx_layout_t *layout, const kvx
 static kvx_status_t regions_order(struct fold_state *fs, kvx_regions_t *t)
 {
     size_t num_views = fs->layout->num_views;
-    uint64_t next_id = 0;
 
     for (size_t r = 0; r < fs->num_created; r++)
         fs->table_index[r] = NO_REGION;
@@ -394,6 +393,12 @@ static kvx_status_t regions_order(struct fold_state *fs, kvx_regions_t *t)
 
         t->members[fs->next_member[r]++] = vi;
     }
+    return regions_number(t);
+}
+
+kvx_status_t regions_number(kvx_regions_t *t)
+{
+    uint64_t next_id = 0;
 
     t->single_group = true;
     t->max_group    = -1;
@@ -418,7 +423,7 @@ static kvx_status_t regions_order(struct fold_state *fs, kvx_regions_t *t)
 
 /* Copies the `name` member of `count` items into one allocation: the pointer array followed
  * by the strings, so the table owns its names with one free. */
-static char **names_copy(const void *items, size_t count, size_t item_size, size_t name_offset)
+char **regions_names_copy(const void *items, size_t count, size_t item_size, size_t name_offset)
 {
     size_t size = count * sizeof(char *);
     char **names;
@@ -447,7 +452,10 @@ void kvx_regions_destroy(kvx_regions_t *regions)
         return;
     free(regions->view_names);
     free(regions->storage_names);
+    model_free(&regions->model);
     free(regions->storage_sizes);
+    free(regions->storage_mems);
+    free(regions->storage_devices);
     free(regions->members);
     free(regions->regions);
     free(regions);
@@ -463,22 +471,38 @@ static kvx_status_t regions_table_alloc(const kvx_layout_t *layout, kvx_regions_
 
     if (t == NULL)
         return error_no_memory("a region table");
-    t->num_views     = nv;
-    t->block_size    = layout->block_size;
-    t->num_storages  = ns;
-    t->regions       = calloc(nv, sizeof(*t->regions));
-    t->members       = calloc(nv, sizeof(*t->members));
-    t->storage_sizes = calloc(ns, sizeof(*t->storage_sizes));
-    t->view_names = names_copy(layout->views, nv, sizeof(struct view), offsetof(struct view, name));
-    t->storage_names =
-        names_copy(layout->storages, ns, sizeof(struct storage), offsetof(struct storage, name));
+    t->num_views       = nv;
+    t->block_size      = layout->block_size;
+    t->num_storages    = ns;
+    t->regions         = calloc(nv, sizeof(*t->regions));
+    t->members         = calloc(nv, sizeof(*t->members));
+    t->storage_sizes   = calloc(ns, sizeof(*t->storage_sizes));
+    t->storage_mems    = calloc(ns, sizeof(*t->storage_mems));
+    t->storage_devices = calloc(ns, sizeof(*t->storage_devices));
+    t->view_names =
+        regions_names_copy(layout->views, nv, sizeof(struct view), offsetof(struct view, name));
+    t->storage_names = regions_names_copy(layout->storages, ns, sizeof(struct storage),
+                                          offsetof(struct storage, name));
     if (t->regions == NULL || t->members == NULL || t->storage_sizes == NULL ||
-        t->view_names == NULL || t->storage_names == NULL) {
+        t->storage_mems == NULL || t->storage_devices == NULL || t->view_names == NULL ||
+        t->storage_names == NULL) {
         kvx_regions_destroy(t);
         return error_no_memory("a region table");
     }
-    for (size_t i = 0; i < ns; i++)
-        t->storage_sizes[i] = layout->storages[i].size;
+    for (size_t i = 0; i < ns; i++) {
+        t->storage_sizes[i]   = layout->storages[i].size;
+        t->storage_mems[i]    = layout->storages[i].mem;
+        t->storage_devices[i] = layout->storages[i].device;
+    }
+    if (layout->has_model) {
+        kvx_status_t status = model_copy(&layout->model.public, &t->model);
+
+        if (status != KVX_OK) {
+            kvx_regions_destroy(t);
+            return status;
+        }
+        t->has_model = true;
+    }
     *table_p = t;
     return KVX_OK;
 }
@@ -576,6 +600,11 @@ uint64_t kvx_regions_num_descriptors(const kvx_regions_t *regions)
 size_t kvx_regions_num_storages(const kvx_regions_t *regions)
 {
     return regions->num_storages;
+}
+
+const kvx_model_t *kvx_regions_model(const kvx_regions_t *regions)
+{
+    return regions->has_model ? &regions->model.public : NULL;
 }
 
 const char *kvx_regions_storage_name(const kvx_regions_t *regions, size_t storage)

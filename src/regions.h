@@ -4,6 +4,7 @@
 #define KVX_SRC_REGIONS_H
 
 #include "kvx.h"
+#include "layout.h"
 
 struct region {
     uint32_t storage;      /* index into kvx_regions.storage_names */
@@ -30,14 +31,26 @@ struct kvx_regions {
     uint32_t *members; /* view indices, grouped by region, step-1 order inside */
     uint64_t num_descriptors;
     uint64_t block_size; /* tokens per block, from the layout */
-    bool single_group;   /* at most one distinct group id in the table */
-    int64_t max_group;   /* highest group id of any region, -1 if all shared */
-    char **view_names;   /* by layout view index */
+    bool has_model;
+    struct model model; /* the layout's model identity, when has_model */
+    bool single_group;  /* at most one distinct group id in the table */
+    int64_t max_group;  /* highest group id of any region, -1 if all shared */
+    char **view_names;  /* by layout view index */
     size_t num_views;
-    char **storage_names;    /* by layout storage index */
-    uint64_t *storage_sizes; /* bytes, by layout storage index */
+    char **storage_names;         /* by layout storage index */
+    uint64_t *storage_sizes;      /* bytes, by layout storage index */
+    kvx_mem_type_t *storage_mems; /* by layout storage index */
+    int64_t *storage_devices;     /* by layout storage index */
     size_t num_storages;
 };
+
+/* Numbers a filled table (regions.md step 4, "Descriptors"): first_descriptor prefix sums,
+ * num_descriptors, single_group and max_group. Fails if the count overflows 63 bits. */
+kvx_status_t regions_number(kvx_regions_t *t);
+
+/* Copies the char * at `name_offset` of `count` items of `item_size` bytes into one
+ * allocation (pointer array, then strings), freed with one free(); NULL on failure. */
+char **regions_names_copy(const void *items, size_t count, size_t item_size, size_t name_offset);
 
 /* A region's name: its first member's (regions.md step 4). */
 static inline const char *regions_region_name(const kvx_regions_t *t, const struct region *r)
