@@ -83,5 +83,16 @@ check "peer plan: larger remote block exits 2" \
   status_and_one_error_line 2 "is larger than the local block" plan "$v4" --peer "$v4" --blocks '0:1' --remote-block-size 128
 check "request options need --peer" status_and_one_error_line 2 "need --peer" plan "$v4" --blocks '0:1'
 
+# kvx compat: the handshake's checks, offline (docs/wire.md).
+models=$src/layouts/models
+check "compat of a layout with itself" bash -c "'$kvx' compat '$models/llama3-8b.json' '$models/llama3-8b.json' | grep -q '^compatible: 32 regions'"
+check "compat names every differing factor" \
+  status_and_one_error_line 2 'model_id: local "meta-llama/Meta-Llama-3-8B", remote "deepseek-ai/DeepSeek-V3"' \
+  compat "$models/llama3-8b.json" "$models/deepseek-v3-mla.json"
+sed 's/"page": 65536, "stride": 65536/"page": 32768, "stride": 65536/' "$models/llama3-8b.json" >"$tmp/half.json"
+check "compat lists table differences on stdout" bash -c "'$kvx' compat '$models/llama3-8b.json' '$tmp/half.json' >'$tmp/diff' 2>'$tmp/err'; [[ \$? -eq 2 ]] && [[ \$(grep -c '^difference: region .* block_len: local 65536, remote 32768' '$tmp/diff') -eq 32 ]] && grep -q '^kvx: error: 32 differences' '$tmp/err'"
+check "compat across TP: local TP 2 reads half blocks from TP 1" bash -c "'$kvx' compat '$tmp/half.json' '$models/llama3-8b.json' --local-tp 2 --local-rank 1 | grep -q '^compatible'"
+check "compat push vs pull hash" bash -c "'$kvx' compat '$models/llama3-8b.json' '$models/llama3-8b.json' --mode push | grep -q '^compatible'"
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -20,6 +20,7 @@ static const char usage_main[] =
     "  plan LAYOUT [--json]   register a layout file and print its transfer regions\n"
     "  plan LOCAL --peer REMOTE --blocks IDS\n"
     "                         plan a request's (local, remote) descriptor pairs\n"
+    "  compat LOCAL REMOTE    check two layouts the way the handshake would\n"
     "  demo                   print the region tables of the built-in model layouts\n"
     "  help [COMMAND]         explain a command\n"
     "\n"
@@ -42,7 +43,7 @@ static const char usage_plan[] =
     "pairs after coalescing (the first few; all with --json), the ranks only notified, and\n"
     "descriptor counts before and after coalescing (docs/plan.md).\n"
     "\n"
-    "  --json                 print a kvx_plan or kvx_pairs document instead\n"
+    "  --json                 print a kvx_plan (with compat_hash) or kvx_pairs document\n"
     "  --blocks IDS           local block ids per group: '0:0-15,20;1:3' (group:ids;...)\n"
     "  --remote-blocks IDS    remote block ids; default: the same blocks\n"
     "  --local-tp N, --local-rank R, --remote-tp M\n"
@@ -51,6 +52,18 @@ static const char usage_plan[] =
     "                         tokens per block; default each layout's block_size\n"
     "  --max-pair-len BYTES   never coalesce a pair beyond BYTES; default no limit\n"
     "  --help                 show this text\n";
+
+static const char usage_compat[] =
+    "usage: kvx compat LOCAL REMOTE [--local-tp N --local-rank R --remote-tp M]\n"
+    "                  [--local-block-size T --remote-block-size T] [--mode pull|push]\n"
+    "\n"
+    "A pre-flight check for a P/D pair: registers both layouts, encodes REMOTE's handshake\n"
+    "metadata as its agent would, and decodes and checks it as LOCAL's agent would "
+    "(docs/wire.md):\n"
+    "first the compatibility hash (model identity, dtypes, backend, transfer mode), then the\n"
+    "region tables (same regions, names, groups and kinds; block lengths that fit the TP and\n"
+    "block-size rules). Prints \"compatible\" and the region count, or every difference.\n"
+    "Exit status 0 when compatible, 2 when not.\n";
 
 static const char usage_demo[] =
     "usage: kvx demo\n"
@@ -77,9 +90,13 @@ static bool is_help(const char *arg)
     return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
 }
 
+/* The table as JSON, with the pull-mode compatibility hash as one more top-level key
+ * (formats.md allows keys after the version-1 ones). */
 static int print_regions(const kvx_regions_t *regions, bool json)
 {
+    uint8_t hash[KVX_COMPAT_HASH_LEN];
     char *text;
+    size_t len;
     kvx_status_t status;
 
     if (!json) {
@@ -87,15 +104,27 @@ static int print_regions(const kvx_regions_t *regions, bool json)
         return 0;
     }
     status = kvx_regions_to_json(regions, &text);
-    if (status != KVX_OK)
+    if (status == KVX_OK)
+        status = kvx_compat_hash(regions, KVX_MODE_PULL, hash);
+    if (status != KVX_OK) {
+        kvx_free(text);
         return fail(status);
-    printf("%s\n", text);
+    }
+    len = strlen(text);
+    while (len > 0 && text[len - 1] != '}') /* the document's closing brace */
+        len--;
+    printf("%.*s,\n  \"compat_hash\": \"", (int)(len > 2 ? len - 2 : 0), text);
+    for (size_t i = 0; i < KVX_COMPAT_HASH_LEN; i++)
+        printf("%02x", hash[i]);
+    printf("\"\n}\n");
     kvx_free(text);
     return 0;
 }
 
 struct plan_args {
-    const char *path;
+    const char *path;  /* the first positional argument */
+    const char *path2; /* the second, for compat */
+    const char *mode;  /* --mode pull|push, for compat */
     const char *peer;
     const char *blocks;
     const char *remote_blocks;
@@ -120,8 +149,9 @@ static bool parse_number(const char *option, const char *text, uint64_t max, uin
     return true;
 }
 
-/* Parses plan's arguments; returns -1 to go on, or the exit status to return. */
-static int plan_args_parse(int argc, char **argv, struct plan_args *a)
+/* Parses the options plan and compat share; returns -1 to go on, or the exit status to
+ * return. Each command then rejects what it does not take. */
+static int plan_args_parse(int argc, char **argv, struct plan_args *a, const char *usage)
 {
     static const struct {
         const char *name;
@@ -141,7 +171,7 @@ static int plan_args_parse(int argc, char **argv, struct plan_args *a)
         bool matched    = false;
 
         if (is_help(arg)) {
-            fputs(usage_plan, stdout);
+            fputs(usage, stdout);
             return 0;
         }
         if (strcmp(arg, "--json") == 0) {
@@ -149,14 +179,18 @@ static int plan_args_parse(int argc, char **argv, struct plan_args *a)
             continue;
         }
         if (arg[0] != '-' || arg[1] == '\0') {
-            if (a->path != NULL)
-                return usage_error("plan: more than one LAYOUT given", usage_plan);
-            a->path = arg;
+            if (a->path2 != NULL)
+                return usage_error("too many layouts given", usage);
+            *(a->path == NULL ? &a->path : &a->path2) = arg;
             continue;
         }
         if (i + 1 >= argc) {
-            fprintf(stderr, "kvx: error: plan: %s needs a value\n\n%s", arg, usage_plan);
+            fprintf(stderr, "kvx: error: %s needs a value\n\n%s", arg, usage);
             return EXIT_BAD_INPUT;
+        }
+        if (strcmp(arg, "--mode") == 0) {
+            a->mode = argv[++i];
+            continue;
         }
         if (strcmp(arg, "--peer") == 0) {
             a->peer = argv[++i];
@@ -201,17 +235,10 @@ static int plan_args_parse(int argc, char **argv, struct plan_args *a)
             matched = true;
         }
         if (!matched) {
-            fprintf(stderr, "kvx: error: plan: unknown option %s\n\n%s", arg, usage_plan);
+            fprintf(stderr, "kvx: error: unknown option %s\n\n%s", arg, usage);
             return EXIT_BAD_INPUT;
         }
     }
-    if (a->path == NULL)
-        return usage_error("plan: LAYOUT is required", usage_plan);
-    if (a->peer == NULL &&
-        (a->blocks != NULL || a->remote_blocks != NULL || a->params.field_mask != 0))
-        return usage_error("plan: request options need --peer REMOTE", usage_plan);
-    if (a->peer != NULL && a->blocks == NULL)
-        return usage_error("plan: --peer needs --blocks", usage_plan);
     return -1;
 }
 
@@ -277,15 +304,98 @@ static int command_plan(int argc, char **argv)
 {
     struct plan_args args = {0};
     kvx_regions_t *regions;
-    int ret = plan_args_parse(argc, argv, &args);
+    int ret = plan_args_parse(argc, argv, &args, usage_plan);
 
     if (ret >= 0)
         return ret;
+    if (args.path == NULL)
+        return usage_error("plan: LAYOUT is required", usage_plan);
+    if (args.path2 != NULL || args.mode != NULL)
+        return usage_error("plan: takes one LAYOUT and no --mode", usage_plan);
+    if (args.peer == NULL &&
+        (args.blocks != NULL || args.remote_blocks != NULL || args.params.field_mask != 0))
+        return usage_error("plan: request options need --peer REMOTE", usage_plan);
+    if (args.peer != NULL && args.blocks == NULL)
+        return usage_error("plan: --peer needs --blocks", usage_plan);
     if (!regions_load(args.path, &regions, &ret))
         return ret;
     ret =
         args.peer != NULL ? plan_request_print(&args, regions) : print_regions(regions, args.json);
     kvx_regions_destroy(regions);
+    return ret;
+}
+
+/* Packs REMOTE's metadata as its agent would and checks it as LOCAL's would. */
+static int compat_check(const struct plan_args *a, const kvx_regions_t *local,
+                        const kvx_regions_t *remote, kvx_transfer_mode_t mode)
+{
+    const kvx_peer_plan_params_t *p = &a->params;
+    uint32_t local_tp = (p->field_mask & KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP) ? p->local_tp : 1;
+    uint32_t local_rank =
+        (p->field_mask & KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK) ? p->local_rank : 0;
+    uint32_t remote_tp = (p->field_mask & KVX_PEER_PLAN_PARAM_FIELD_REMOTE_TP) ? p->remote_tp : 1;
+    kvx_metadata_params_t mp = {
+        .field_mask = KVX_METADATA_PARAM_FIELD_TP_RANK | KVX_METADATA_PARAM_FIELD_TP_SIZE |
+                      KVX_METADATA_PARAM_FIELD_MODE | KVX_METADATA_PARAM_FIELD_AGENT_NAME,
+        .agent_name = a->path2,
+        .tp_rank    = local_tp > 0 && local_rank < local_tp
+                          ? (uint32_t)((uint64_t)local_rank * remote_tp / local_tp)
+                          : 0,
+        .tp_size    = remote_tp,
+        .mode       = mode,
+    };
+    kvx_metadata_t *md = NULL;
+    size_t differences = 0;
+    void *bytes;
+    size_t size;
+    kvx_status_t status;
+
+    status = kvx_metadata_pack(remote, &mp, &bytes, &size);
+    if (status != KVX_OK)
+        return fail(status);
+    status = kvx_metadata_unpack(bytes, size, local, mode, &md);
+    kvx_free(bytes);
+    if (status != KVX_OK)
+        return fail(status);
+    status = kvx_metadata_validate(md, local, p, &differences);
+    if (status == KVX_OK) {
+        printf("compatible: %zu regions, %zu bytes of metadata\n", kvx_regions_count(local), size);
+    } else if (differences > 0) {
+        for (size_t i = 0; kvx_metadata_difference(md, i) != NULL; i++)
+            printf("difference: %s\n", kvx_metadata_difference(md, i));
+        fprintf(stderr, "kvx: error: %zu difference%s between %s and %s\n", differences,
+                differences > 1 ? "s" : "", a->path, a->path2);
+    } else {
+        fail(status);
+    }
+    kvx_metadata_destroy(md);
+    return status == KVX_OK ? 0 : EXIT_BAD_INPUT;
+}
+
+static int command_compat(int argc, char **argv)
+{
+    struct plan_args args    = {0};
+    kvx_regions_t *local     = NULL;
+    kvx_regions_t *remote    = NULL;
+    kvx_transfer_mode_t mode = KVX_MODE_PULL;
+    int ret                  = plan_args_parse(argc, argv, &args, usage_compat);
+
+    if (ret >= 0)
+        return ret;
+    if (args.path == NULL || args.path2 == NULL)
+        return usage_error("compat: LOCAL and REMOTE are required", usage_compat);
+    if (args.peer != NULL || args.blocks != NULL || args.remote_blocks != NULL || args.json ||
+        (args.params.field_mask & KVX_PEER_PLAN_PARAM_FIELD_MAX_PAIR_LEN))
+        return usage_error("compat: takes no --peer, --blocks, --json or --max-pair-len",
+                           usage_compat);
+    if (args.mode != NULL && strcmp(args.mode, "push") == 0)
+        mode = KVX_MODE_PUSH;
+    else if (args.mode != NULL && strcmp(args.mode, "pull") != 0)
+        return usage_error("compat: --mode is pull or push", usage_compat);
+    if (regions_load(args.path, &local, &ret) && regions_load(args.path2, &remote, &ret))
+        ret = compat_check(&args, local, remote, mode);
+    kvx_regions_destroy(local);
+    kvx_regions_destroy(remote);
     return ret;
 }
 
@@ -324,6 +434,8 @@ static int command_help(int argc, char **argv)
         fputs(usage_plan, stdout);
     else if (argc > 0 && strcmp(argv[0], "demo") == 0)
         fputs(usage_demo, stdout);
+    else if (argc > 0 && strcmp(argv[0], "compat") == 0)
+        fputs(usage_compat, stdout);
     else
         fputs(usage_main, stdout);
     return 0;
@@ -339,6 +451,8 @@ int main(int argc, char **argv)
         return command_plan(argc - 2, argv + 2);
     if (strcmp(argv[1], "demo") == 0)
         return command_demo(argc - 2, argv + 2);
+    if (strcmp(argv[1], "compat") == 0)
+        return command_compat(argc - 2, argv + 2);
     fprintf(stderr, "kvx: error: unknown command %s\n\n%s", argv[1], usage_main);
     return EXIT_BAD_INPUT;
 }
