@@ -95,9 +95,37 @@ static const cJSON *field(const cJSON *object, const char *parent, const char *k
     return cJSON_GetObjectItemCaseSensitive(object, key);
 }
 
+/* Fails unless `object` is a JSON object holding only `keys`, each once. */
+static kvx_status_t object_check(const cJSON *object, const char *parent, const char *const *keys,
+                                 size_t num_keys)
+{
+    if (!cJSON_IsObject(object))
+        return error_set(KVX_ERR_INVALID, "%s: expected an object", parent);
+    return check_keys(object, parent, keys, num_keys);
+}
+
 static kvx_status_t missing(struct json_path path)
 {
     return error_set(KVX_ERR_INVALID, PATH_FMT ": missing (required)", PATH_ARGS(path));
+}
+
+/* Reads the required integer or string `key` of an object into *value_p. */
+static kvx_status_t read_required_uint(const cJSON *object, const char *parent, const char *key,
+                                       uint64_t *value_p)
+{
+    struct json_path path;
+    const cJSON *item = field(object, parent, key, &path);
+
+    return item == NULL ? missing(path) : read_uint(item, path, value_p);
+}
+
+static kvx_status_t read_required_string(const cJSON *object, const char *parent, const char *key,
+                                         const char **value_p)
+{
+    struct json_path path;
+    const cJSON *item = field(object, parent, key, &path);
+
+    return item == NULL ? missing(path) : read_string(item, path, value_p);
 }
 
 static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size_t i)
@@ -112,19 +140,12 @@ static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size
     const char *mem = NULL;
 
     snprintf(parent, sizeof(parent), "storages[%zu]", i);
-    if (!cJSON_IsObject(object))
-        return error_set(KVX_ERR_INVALID, "%s: expected an object", parent);
-    status = check_keys(object, parent, keys, sizeof(keys) / sizeof(keys[0]));
+    status = object_check(object, parent, keys, sizeof(keys) / sizeof(keys[0]));
     if (status != KVX_OK)
         return status;
 
-    if ((item = field(object, parent, "name", &path)) == NULL)
-        return missing(path);
-    if ((status = read_string(item, path, &p.name)) != KVX_OK)
-        return status;
-    if ((item = field(object, parent, "size", &path)) == NULL)
-        return missing(path);
-    if ((status = read_uint(item, path, &p.size)) != KVX_OK)
+    if ((status = read_required_string(object, parent, "name", &p.name)) != KVX_OK ||
+        (status = read_required_uint(object, parent, "size", &p.size)) != KVX_OK)
         return status;
     if ((item = field(object, parent, "mem", &path)) != NULL) {
         if ((status = read_string(item, path, &mem)) != KVX_OK)
@@ -143,16 +164,6 @@ static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size
     return kvx_layout_add_storage(layout, &p);
 }
 
-/* Reads the required integer `key` of a view into *value_p. */
-static kvx_status_t read_view_uint(const cJSON *object, const char *parent, const char *key,
-                                   uint64_t *value_p)
-{
-    struct json_path path;
-    const cJSON *item = field(object, parent, key, &path);
-
-    return item == NULL ? missing(path) : read_uint(item, path, value_p);
-}
-
 static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t i)
 {
     static const char *const keys[] = {"name", "group",  "kind",       "storage", "offset",
@@ -166,32 +177,23 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
     kvx_status_t status;
 
     snprintf(parent, sizeof(parent), "views[%zu]", i);
-    if (!cJSON_IsObject(object))
-        return error_set(KVX_ERR_INVALID, "%s: expected an object", parent);
-    status = check_keys(object, parent, keys, sizeof(keys) / sizeof(keys[0]));
+    status = object_check(object, parent, keys, sizeof(keys) / sizeof(keys[0]));
     if (status != KVX_OK)
         return status;
 
-    if ((item = field(object, parent, "name", &path)) == NULL)
-        return missing(path);
-    if ((status = read_string(item, path, &p.name)) != KVX_OK)
-        return status;
-    if ((item = field(object, parent, "kind", &path)) == NULL)
-        return missing(path);
-    if ((status = read_string(item, path, &kind)) != KVX_OK)
+    if ((status = read_required_string(object, parent, "name", &p.name)) != KVX_OK ||
+        (status = read_required_string(object, parent, "kind", &kind)) != KVX_OK)
         return status;
     if (!layout_view_kind_parse(kind, &p.kind))
         return error_set(KVX_ERR_INVALID,
                          PATH_FMT ": \"%.*s\" is not one of attn, swa, mla, swa_mla,"
                                   " scratch, mamba, ple",
-                         PATH_ARGS(path), KVX_MAX_NAME_LEN, kind);
-    if ((item = field(object, parent, "storage", &path)) == NULL)
-        return missing(path);
-    if ((status = read_string(item, path, &p.storage)) != KVX_OK)
+                         PATH_ARGS(((struct json_path){parent, "kind"})), KVX_MAX_NAME_LEN, kind);
+    if ((status = read_required_string(object, parent, "storage", &p.storage)) != KVX_OK)
         return status;
-    if ((status = read_view_uint(object, parent, "page", &p.page)) != KVX_OK ||
-        (status = read_view_uint(object, parent, "stride", &p.stride)) != KVX_OK ||
-        (status = read_view_uint(object, parent, "num_blocks", &p.num_blocks)) != KVX_OK)
+    if ((status = read_required_uint(object, parent, "page", &p.page)) != KVX_OK ||
+        (status = read_required_uint(object, parent, "stride", &p.stride)) != KVX_OK ||
+        (status = read_required_uint(object, parent, "num_blocks", &p.num_blocks)) != KVX_OK)
         return status;
 
     if ((item = field(object, parent, "group", &path)) != NULL) {
