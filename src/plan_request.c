@@ -121,6 +121,7 @@ static kvx_status_t request_group_check(const kvx_peer_plan_t *plan, const kvx_r
     const struct group_plan *gp = &plan->groups[gi];
     const kvx_group_ids_t *l    = &req->local[g];
     const kvx_group_ids_t *r    = req->remote != NULL ? &req->remote[g] : NULL;
+    uint64_t local_limit; /* local ids below this need no further check */
     size_t remote_count;
 
     if ((l->count > 0 && l->ids == NULL) || (r != NULL && r->count > 0 && r->ids == NULL))
@@ -138,14 +139,19 @@ static kvx_status_t request_group_check(const kvx_peer_plan_t *plan, const kvx_r
                          g, l->count, r->count, plan->bsr, plan->group_regions[gp->first_region],
                          regions_region_name(plan->local, first), remote_count);
     }
+    /* By default local block b reads remote blocks b*bsr .. b*bsr + bsr - 1, so b must stay
+     * below remote_capacity / bsr as well. */
+    local_limit = gp->local_capacity;
+    if (r == NULL && gp->remote_capacity / plan->bsr < local_limit)
+        local_limit = gp->remote_capacity / plan->bsr;
     for (size_t i = 0; i < l->count; i++) {
         uint64_t id = l->ids[i];
 
+        if (id < local_limit)
+            continue;
         if (id >= gp->local_capacity)
             return request_id_out_of_range(plan, gp, g, false, id);
-        /* By default local block b reads remote blocks b*bsr .. b*bsr + bsr - 1. */
-        if (r == NULL && (id >= gp->remote_capacity / plan->bsr))
-            return request_id_out_of_range(plan, gp, g, true, id * plan->bsr + plan->bsr - 1);
+        return request_id_out_of_range(plan, gp, g, true, id * plan->bsr + plan->bsr - 1);
     }
     for (size_t i = 0; r != NULL && i < r->count; i++) {
         if (r->ids[i] >= gp->remote_capacity)
@@ -173,11 +179,11 @@ static kvx_status_t pairs_reserve(kvx_pairs_t *pairs, const kvx_peer_plan_t *pla
             return error_no_memory("pair lists");
         pairs->reads = reads;
         memset(reads + pairs->max_reads, 0, (plan->num_reads - pairs->max_reads) * sizeof(*reads));
-        pairs->max_reads = plan->num_reads;
-        ranks            = realloc(pairs->ranks, plan->num_reads * sizeof(*ranks));
+        ranks = realloc(pairs->ranks, plan->num_reads * sizeof(*ranks));
         if (ranks == NULL)
-            return error_no_memory("pair lists");
-        pairs->ranks = ranks;
+            return error_no_memory("pair lists"); /* reads grew, max_reads still says not */
+        pairs->ranks     = ranks;
+        pairs->max_reads = plan->num_reads;
     }
     for (size_t j = 0; j < plan->num_reads; j++)
         pairs->reads[j].need = 0;
@@ -189,9 +195,9 @@ static kvx_status_t pairs_grow(struct pair_list *list)
     size_t max = list->max;
     kvx_pair_t *grown;
 
-    if (list->need <= max)
+    if (list->need <= max && list->pairs != NULL) /* never NULL: NULL means "no such read" */
         return KVX_OK;
-    while (max < list->need)
+    while (max < list->need || max == 0)
         max = max < 64 ? 64 : max * 2;
     grown = realloc(list->pairs, max * sizeof(*grown));
     if (grown == NULL)
@@ -248,6 +254,46 @@ static void emit_block(const kvx_peer_plan_t *plan, kvx_pairs_t *pairs,
     }
 }
 
+/* The common case, one slice and bsr 1: one pair per block id, with the loop's state in
+ * locals so the compiler keeps it in registers (the general path re-reads it per pair). */
+static void emit_single(const kvx_peer_plan_t *plan, const struct region_plan *rp,
+                        const uint64_t *local_ids, const uint64_t *remote_ids, size_t n,
+                        kvx_pairs_t *pairs)
+{
+    const struct slice *sl  = &plan->slices[rp->first_slice];
+    struct pair_list *list  = &pairs->reads[sl->read];
+    kvx_pair_t *out         = list->pairs;
+    size_t count            = list->count;
+    const uint64_t len      = sl->len;
+    const uint64_t max_len  = plan->max_pair_len;
+    const uint32_t lstorage = rp->local->storage;
+    const uint32_t rstorage = rp->remote->storage;
+    const uint64_t lbase    = rp->local->offset + sl->local_offset;
+    const uint64_t rbase    = rp->remote->offset + sl->remote_offset;
+    const uint64_t lstride  = rp->local->stride;
+    const uint64_t rstride  = rp->remote->stride;
+
+    for (size_t i = 0; i < n; i++) {
+        uint64_t lo = lbase + local_ids[i] * lstride;
+        uint64_t ro = rbase + (remote_ids != NULL ? remote_ids[i] : local_ids[i]) * rstride;
+
+        if (count > 0) {
+            kvx_pair_t *last = &out[count - 1];
+
+            if (last->local_offset + last->len == lo && last->remote_offset + last->len == ro &&
+                last->local_storage == lstorage && last->remote_storage == rstorage &&
+                (max_len == 0 || last->len + len <= max_len)) {
+                last->len += len;
+                continue;
+            }
+        }
+        out[count++] = (kvx_pair_t){lstorage, rstorage, lo, ro, len};
+    }
+    list->count = count;
+    pairs->stats.descriptors += n;
+    pairs->stats.bytes += n * len;
+}
+
 /* Emits every block of group g for region rp. */
 static void emit_group_region(const kvx_peer_plan_t *plan, const kvx_request_t *req, size_t g,
                               const struct region_plan *rp, kvx_pairs_t *pairs)
@@ -255,6 +301,10 @@ static void emit_group_region(const kvx_peer_plan_t *plan, const kvx_request_t *
     const kvx_group_ids_t *l = &req->local[g];
     const uint64_t *remote   = req->remote != NULL ? req->remote[g].ids : NULL;
 
+    if (plan->bsr == 1 && rp->num_slices == 1) {
+        emit_single(plan, rp, l->ids, remote, l->count, pairs);
+        return;
+    }
     for (size_t i = 0; i < l->count; i++)
         emit_block(plan, pairs, rp, l->ids[i], remote != NULL ? remote + i * plan->bsr : NULL);
 }
