@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Reads and checks the plan's parameters: TP sizes and rank, block sizes (bsr). */
 static kvx_status_t plan_params_read(const kvx_regions_t *local, const kvx_regions_t *remote,
                                      const kvx_peer_plan_params_t *params,
                                      struct kvx_peer_plan *plan)
@@ -156,6 +157,12 @@ static kvx_status_t plan_region_slices(struct kvx_peer_plan *plan, size_t ri)
     return KVX_OK;
 }
 
+/* How a region's blocks are read under TP, in words (docs/plan.md "Per region"). */
+static const char *region_read_kind(const struct region *r)
+{
+    return r->mla ? "replicated MLA" : plan_region_is_split(r) ? "head-split" : "never split";
+}
+
 /* Matches region i of both tables: same name and group (the handshake checks the same). */
 static kvx_status_t plan_regions_match(const kvx_regions_t *local, const kvx_regions_t *remote)
 {
@@ -169,6 +176,12 @@ static kvx_status_t plan_regions_match(const kvx_regions_t *local, const kvx_reg
         if (strcmp(regions_region_name(local, l), regions_region_name(remote, r)) != 0)
             return error_set(KVX_ERR_INVALID, "region %zu: local name %s, remote name %s", i,
                              regions_region_name(local, l), regions_region_name(remote, r));
+        if (strcmp(region_read_kind(l), region_read_kind(r)) != 0)
+            return error_set(KVX_ERR_INVALID,
+                             "region %zu (%s): local is %s, remote is %s: both sides must read"
+                             " it the same way",
+                             i, regions_region_name(local, l), region_read_kind(l),
+                             region_read_kind(r));
         if (l->group != r->group)
             return error_set(KVX_ERR_INVALID,
                              "region %zu (%s): local group %" PRId64 ", remote group %" PRId64, i,
