@@ -185,6 +185,30 @@ kvx_status_t kvx_metadata_pack(const kvx_regions_t *t, const kvx_metadata_params
                            mask & ~known);
         goto out;
     }
+    if (p != NULL && (((mask & KVX_METADATA_PARAM_FIELD_ENGINE_ID) &&
+                       (p->engine_id == NULL || strlen(p->engine_id) > KVX_MAX_NAME_LEN)) ||
+                      ((mask & KVX_METADATA_PARAM_FIELD_AGENT_NAME) &&
+                       (p->agent_name == NULL || strlen(p->agent_name) > KVX_MAX_NAME_LEN)) ||
+                      ((mask & KVX_METADATA_PARAM_FIELD_MODE) && p->mode != KVX_MODE_PULL &&
+                       p->mode != KVX_MODE_PUSH))) {
+        status = error_set(KVX_ERR_INVALID,
+                           "metadata params: engine_id and agent_name must be"
+                           " set and at most %d bytes, mode pull or push",
+                           KVX_MAX_NAME_LEN);
+        goto out;
+    }
+    {
+        uint32_t rank    = (mask & KVX_METADATA_PARAM_FIELD_TP_RANK) ? p->tp_rank : 0;
+        uint32_t tp_size = (mask & KVX_METADATA_PARAM_FIELD_TP_SIZE) ? p->tp_size : 1;
+
+        if (tp_size < 1 || tp_size > KVX_MAX_TP || rank >= tp_size) {
+            status = error_set(KVX_ERR_INVALID,
+                               "metadata params: tp_rank %" PRIu32 " of tp_size %" PRIu32
+                               " is not a rank of 1..%d",
+                               rank, tp_size, KVX_MAX_TP);
+            goto out;
+        }
+    }
     if (regions == NULL || region_ptrs == NULL || regs == NULL || reg_ptrs == NULL) {
         status = error_no_memory("metadata");
         goto out;

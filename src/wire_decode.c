@@ -302,7 +302,8 @@ out:
 }
 
 /* Phase two: the body, after the envelope passed. */
-static kvx_status_t body_check(const Kvx__AgentMetadata *body, const Kvx__Envelope *env)
+static kvx_status_t body_check(const Kvx__AgentMetadata *body, const Kvx__Envelope *env,
+                               kvx_transfer_mode_t mode)
 {
     if (body->wire_version != KVX_WIRE_VERSION)
         return error_set(KVX_ERR_INVALID,
@@ -323,6 +324,9 @@ static kvx_status_t body_check(const Kvx__AgentMetadata *body, const Kvx__Envelo
                          body->block_size);
     if (body->mode != KVX__TRANSFER_MODE__PULL && body->mode != KVX__TRANSFER_MODE__PUSH)
         return error_set(KVX_ERR_INVALID, "metadata: mode %d is not pull or push", (int)body->mode);
+    if ((body->mode == KVX__TRANSFER_MODE__PUSH) != (mode == KVX_MODE_PUSH))
+        return error_set(KVX_ERR_INVALID, "metadata: the body's mode differs from the mode its"
+                                          " envelope was hashed with");
     if (body->n_regions < 1 || body->n_regions > KVX_MAX_VIEWS)
         return error_set(KVX_ERR_INVALID, "metadata: %zu regions is not in 1..%d", body->n_regions,
                          KVX_MAX_VIEWS);
@@ -360,7 +364,7 @@ kvx_status_t kvx_metadata_unpack(const void *buf, size_t size, const kvx_regions
                            env->body.len);
         goto out;
     }
-    status = body_check(body, env);
+    status = body_check(body, env, mode);
     if (status != KVX_OK)
         goto out;
     md = calloc(1, sizeof(*md));
