@@ -178,6 +178,9 @@ KVX_API uint64_t kvx_layout_block_size(const kvx_layout_t *layout);
 KVX_API size_t kvx_layout_num_storages(const kvx_layout_t *layout);
 KVX_API size_t kvx_layout_num_views(const kvx_layout_t *layout);
 
+/* Bytes of storage `index`; 0 past the last storage. */
+KVX_API uint64_t kvx_layout_storage_size(const kvx_layout_t *layout, size_t index);
+
 /* Fixed names for enums, as spelled in layout files ("swa_mla", "vram"); NULL if unknown. */
 KVX_API const char *kvx_view_kind_str(kvx_view_kind_t kind);
 KVX_API const char *kvx_mem_type_str(kvx_mem_type_t mem);
@@ -487,6 +490,90 @@ KVX_API kvx_status_t kvx_metadata_validate(kvx_metadata_t *metadata, const kvx_r
                                            const kvx_peer_plan_params_t *params,
                                            size_t *num_differences_p);
 KVX_API const char *kvx_metadata_difference(const kvx_metadata_t *metadata, size_t index);
+
+/* ---------------------------------------------------------------------------------------
+ * Agent: one worker's storages, region table, UCX transport and handshake side channel
+ * (docs/agent.md). Pull direction: the decode side connects to prefill agents and reads.
+ * Thread safety: one thread uses an agent and its peers at a time.
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct kvx_agent kvx_agent_t;
+typedef struct kvx_peer kvx_peer_t;
+
+enum {
+    KVX_AGENT_PARAM_FIELD_NAME          = 1u << 0,
+    KVX_AGENT_PARAM_FIELD_TRANSPORTS    = 1u << 1,
+    KVX_AGENT_PARAM_FIELD_LISTEN        = 1u << 2,
+    KVX_AGENT_PARAM_FIELD_ENGINE_ID     = 1u << 3,
+    KVX_AGENT_PARAM_FIELD_TP_RANK       = 1u << 4,
+    KVX_AGENT_PARAM_FIELD_TP_SIZE       = 1u << 5,
+    KVX_AGENT_PARAM_FIELD_STORAGE_BASES = 1u << 6,
+    KVX_AGENT_PARAM_FIELD_TIMEOUT_MS    = 1u << 7,
+};
+
+typedef struct kvx_agent_params {
+    uint64_t field_mask;        /* KVX_AGENT_PARAM_FIELD_* bits of the fields set below */
+    const char *name;           /* _NAME: in logs and metadata; default "kvx" */
+    const char *transports;     /* _TRANSPORTS: a UCX_TLS list; default "sm,cma,tcp" */
+    const char *listen;         /* _LISTEN: "HOST:PORT" of the side channel (prefill);
+                                   default: none, the agent only connects */
+    const char *engine_id;      /* _ENGINE_ID: default "" */
+    uint32_t tp_rank;           /* _TP_RANK: default 0 */
+    uint32_t tp_size;           /* _TP_SIZE: default 1 */
+    void *const *storage_bases; /* _STORAGE_BASES: the engine's memory, one base per storage
+                                   of the layout, registered as is; default: kvx allocates
+                                   every storage through UCX */
+    uint32_t timeout_ms;        /* _TIMEOUT_MS: handshake and transfer deadline; default 10000 */
+} kvx_agent_params_t;
+
+/* Registers `layout`, creates the transport, maps every storage once (the caller's memory or
+ * memory kvx allocates), and binds the side channel when params ask to listen. */
+KVX_API kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params_t *params,
+                                      kvx_agent_t **agent_p);
+
+/* Destroys an agent and every peer connected through it; NULL-safe. */
+KVX_API void kvx_agent_destroy(kvx_agent_t *agent);
+
+/* The region table, and the base address and size of storage `index` (kvx-allocated or the
+ * caller's). */
+KVX_API const kvx_regions_t *kvx_agent_regions(const kvx_agent_t *agent);
+KVX_API void *kvx_agent_storage(const kvx_agent_t *agent, size_t index, uint64_t *size_p);
+
+/* Serves the side channel (metadata requests) and progresses the transport (notifications)
+ * for up to `timeout_ms`; returns after the first event or the timeout. */
+KVX_API kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms);
+
+/* Counters of a serving agent: notifications received, and malformed ones dropped. */
+KVX_API uint64_t kvx_agent_notifications(const kvx_agent_t *agent, uint64_t *dropped_p);
+
+/* Decode side: asks the agent listening at `address` ("HOST:PORT") for its metadata, checks
+ * it (compatibility hash, then the region table against ours with the TP sizes of both),
+ * connects the transport and unpacks the remote keys. Errors name the failing step. */
+KVX_API kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address,
+                                       kvx_peer_t **peer_p);
+KVX_API void kvx_peer_destroy(kvx_peer_t *peer);
+
+/* The transports UCX was given for a peer ("sm,cma,tcp"). */
+KVX_API const char *kvx_peer_transports(const kvx_peer_t *peer);
+
+typedef struct kvx_read_stats {
+    uint64_t descriptors; /* pairs before coalescing */
+    uint64_t posted;      /* pairs after coalescing: operations posted */
+    uint64_t bytes;
+    double seconds; /* from the first post to the last completion */
+} kvx_read_stats_t;
+
+/* Pulls one request from the prefill ranks in `peers` (one per remote TP rank this rank
+ * reads from, in any order): plans it, gets every pair, and once all data is here sends a
+ * `done` notification for `request_id` to each rank read from. Blocks until done or failed;
+ * on failure nothing is notified and the message names the peer and step. */
+KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                              uint64_t request_id, const kvx_request_t *request,
+                              kvx_read_stats_t *stats_p);
+
+/* The pairs of the agent's last successful kvx_read (remote storage indices are the peers'),
+ * valid until its next read: what a caller checks the transferred bytes against. */
+KVX_API const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent);
 
 #ifdef __cplusplus
 }

@@ -358,6 +358,11 @@ size_t kvx_layout_num_storages(const kvx_layout_t *layout)
     return layout->num_storages;
 }
 
+uint64_t kvx_layout_storage_size(const kvx_layout_t *layout, size_t index)
+{
+    return index < layout->num_storages ? layout->storages[index].size : 0;
+}
+
 size_t kvx_layout_num_views(const kvx_layout_t *layout)
 {
     return layout->num_views;

@@ -2,6 +2,7 @@
  * library's. Exit status: 0 success, 2 bad input or usage, 1 internal failure. */
 #include "block_ids.h"
 #include "builtin_layouts.h"
+#include "cli.h"
 #include "kvx.h"
 #include "plan_print.h"
 
@@ -9,9 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define EXIT_BAD_INPUT 2
-#define EXIT_INTERNAL  1
 
 static const char usage_main[] =
     "usage: kvx COMMAND [ARGS]\n"
@@ -21,6 +19,10 @@ static const char usage_main[] =
     "  plan LOCAL --peer REMOTE --blocks IDS\n"
     "                         plan a request's (local, remote) descriptor pairs\n"
     "  compat LOCAL REMOTE    check two layouts the way the handshake would\n"
+    "  serve LAYOUT --listen HOST:PORT\n"
+    "                         a prefill worker: fill the cache with a pattern and serve it\n"
+    "  fetch LAYOUT --peer HOST:PORT --blocks IDS [--verify]\n"
+    "                         a decode worker: pull a request and check every byte\n"
     "  demo                   print the region tables of the built-in model layouts\n"
     "  help [COMMAND]         explain a command\n"
     "\n"
@@ -72,20 +74,20 @@ static const char usage_demo[] =
     "prints its region table with descriptor counts.\n";
 
 /* Prints `kvx: error: MESSAGE` and returns the exit status for `status`. */
-static int fail(kvx_status_t status)
+int cli_fail(kvx_status_t status)
 {
     fprintf(stderr, "kvx: error: %s\n", kvx_errmsg());
     return status == KVX_ERR_NO_MEMORY || status == KVX_ERR_INTERNAL ? EXIT_INTERNAL
                                                                      : EXIT_BAD_INPUT;
 }
 
-static int usage_error(const char *message, const char *usage)
+int cli_usage_error(const char *message, const char *usage)
 {
     fprintf(stderr, "kvx: error: %s\n\n%s", message, usage);
     return EXIT_BAD_INPUT;
 }
 
-static bool is_help(const char *arg)
+bool cli_is_help(const char *arg)
 {
     return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
 }
@@ -108,7 +110,7 @@ static int print_regions(const kvx_regions_t *regions, bool json)
         status = kvx_compat_hash(regions, KVX_MODE_PULL, hash);
     if (status != KVX_OK) {
         kvx_free(text);
-        return fail(status);
+        return cli_fail(status);
     }
     len = strlen(text);
     while (len > 0 && text[len - 1] != '}') /* the document's closing brace */
@@ -133,7 +135,7 @@ struct plan_args {
 };
 
 /* Parses the value of a numeric option into *value_p (at most `max`). */
-static bool parse_number(const char *option, const char *text, uint64_t max, uint64_t *value_p)
+bool cli_parse_number(const char *option, const char *text, uint64_t max, uint64_t *value_p)
 {
     char *end;
     unsigned long long v;
@@ -170,7 +172,7 @@ static int plan_args_parse(int argc, char **argv, struct plan_args *a, const cha
         const char *arg = argv[i];
         bool matched    = false;
 
-        if (is_help(arg)) {
+        if (cli_is_help(arg)) {
             fputs(usage, stdout);
             return 0;
         }
@@ -180,7 +182,7 @@ static int plan_args_parse(int argc, char **argv, struct plan_args *a, const cha
         }
         if (arg[0] != '-' || arg[1] == '\0') {
             if (a->path2 != NULL)
-                return usage_error("too many layouts given", usage);
+                return cli_usage_error("too many layouts given", usage);
             *(a->path == NULL ? &a->path : &a->path2) = arg;
             continue;
         }
@@ -209,7 +211,7 @@ static int plan_args_parse(int argc, char **argv, struct plan_args *a, const cha
 
             if (strcmp(arg, numbers[n].name) != 0)
                 continue;
-            if (!parse_number(arg, argv[++i], numbers[n].max, &value))
+            if (!cli_parse_number(arg, argv[++i], numbers[n].max, &value))
                 return EXIT_BAD_INPUT;
             a->params.field_mask |= numbers[n].field;
             switch (numbers[n].field) {
@@ -253,7 +255,7 @@ static bool regions_load(const char *path, kvx_regions_t **regions_p, int *exit_
         kvx_layout_destroy(layout);
     }
     if (status != KVX_OK)
-        *exit_p = fail(status);
+        *exit_p = cli_fail(status);
     return status == KVX_OK;
 }
 
@@ -285,7 +287,7 @@ static int plan_request_print(const struct plan_args *a, const kvx_regions_t *lo
     if (status == KVX_OK)
         status = kvx_peer_plan_request(plan, &request, pairs);
     if (status != KVX_OK) {
-        ret = fail(status);
+        ret = cli_fail(status);
         goto out;
     }
     plan_print_pairs(stdout, local, remote, plan, pairs, a->json);
@@ -309,14 +311,14 @@ static int command_plan(int argc, char **argv)
     if (ret >= 0)
         return ret;
     if (args.path == NULL)
-        return usage_error("plan: LAYOUT is required", usage_plan);
+        return cli_usage_error("plan: LAYOUT is required", usage_plan);
     if (args.path2 != NULL || args.mode != NULL)
-        return usage_error("plan: takes one LAYOUT and no --mode", usage_plan);
+        return cli_usage_error("plan: takes one LAYOUT and no --mode", usage_plan);
     if (args.peer == NULL &&
         (args.blocks != NULL || args.remote_blocks != NULL || args.params.field_mask != 0))
-        return usage_error("plan: request options need --peer REMOTE", usage_plan);
+        return cli_usage_error("plan: request options need --peer REMOTE", usage_plan);
     if (args.peer != NULL && args.blocks == NULL)
-        return usage_error("plan: --peer needs --blocks", usage_plan);
+        return cli_usage_error("plan: --peer needs --blocks", usage_plan);
     if (!regions_load(args.path, &regions, &ret))
         return ret;
     ret =
@@ -352,11 +354,11 @@ static int compat_check(const struct plan_args *a, const kvx_regions_t *local,
 
     status = kvx_metadata_pack(remote, &mp, &bytes, &size);
     if (status != KVX_OK)
-        return fail(status);
+        return cli_fail(status);
     status = kvx_metadata_unpack(bytes, size, local, mode, &md);
     kvx_free(bytes);
     if (status != KVX_OK)
-        return fail(status);
+        return cli_fail(status);
     status = kvx_metadata_validate(md, local, p, &differences);
     if (status == KVX_OK) {
         printf("compatible: %zu regions, %zu bytes of metadata\n", kvx_regions_count(local), size);
@@ -366,7 +368,7 @@ static int compat_check(const struct plan_args *a, const kvx_regions_t *local,
         fprintf(stderr, "kvx: error: %zu difference%s between %s and %s\n", differences,
                 differences > 1 ? "s" : "", a->path, a->path2);
     } else {
-        fail(status);
+        cli_fail(status);
     }
     kvx_metadata_destroy(md);
     return status == KVX_OK ? 0 : EXIT_BAD_INPUT;
@@ -383,15 +385,15 @@ static int command_compat(int argc, char **argv)
     if (ret >= 0)
         return ret;
     if (args.path == NULL || args.path2 == NULL)
-        return usage_error("compat: LOCAL and REMOTE are required", usage_compat);
+        return cli_usage_error("compat: LOCAL and REMOTE are required", usage_compat);
     if (args.peer != NULL || args.blocks != NULL || args.remote_blocks != NULL || args.json ||
         (args.params.field_mask & KVX_PEER_PLAN_PARAM_FIELD_MAX_PAIR_LEN))
-        return usage_error("compat: takes no --peer, --blocks, --json or --max-pair-len",
-                           usage_compat);
+        return cli_usage_error("compat: takes no --peer, --blocks, --json or --max-pair-len",
+                               usage_compat);
     if (args.mode != NULL && strcmp(args.mode, "push") == 0)
         mode = KVX_MODE_PUSH;
     else if (args.mode != NULL && strcmp(args.mode, "pull") != 0)
-        return usage_error("compat: --mode is pull or push", usage_compat);
+        return cli_usage_error("compat: --mode is pull or push", usage_compat);
     if (regions_load(args.path, &local, &ret) && regions_load(args.path2, &remote, &ret))
         ret = compat_check(&args, local, remote, mode);
     kvx_regions_destroy(local);
@@ -402,11 +404,11 @@ static int command_compat(int argc, char **argv)
 static int command_demo(int argc, char **argv)
 {
     if (argc > 0) {
-        if (is_help(argv[0])) {
+        if (cli_is_help(argv[0])) {
             fputs(usage_demo, stdout);
             return 0;
         }
-        return usage_error("demo: takes no arguments", usage_demo);
+        return cli_usage_error("demo: takes no arguments", usage_demo);
     }
     for (size_t i = 0; i < num_builtin_layouts; i++) {
         const struct builtin_layout *b = &builtin_layouts[i];
@@ -416,11 +418,11 @@ static int command_demo(int argc, char **argv)
 
         status = kvx_layout_load_buffer(b->json, b->size, &layout);
         if (status != KVX_OK)
-            return fail(status);
+            return cli_fail(status);
         status = kvx_regions_register(layout, &regions);
         kvx_layout_destroy(layout);
         if (status != KVX_OK)
-            return fail(status);
+            return cli_fail(status);
         printf("%s== %s (layouts/models/%s.json)\n", i > 0 ? "\n" : "", b->name, b->name);
         plan_print_table(stdout, regions);
         kvx_regions_destroy(regions);
@@ -444,8 +446,8 @@ static int command_help(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc < 2)
-        return usage_error("no command given", usage_main);
-    if (is_help(argv[1]) || strcmp(argv[1], "help") == 0)
+        return cli_usage_error("no command given", usage_main);
+    if (cli_is_help(argv[1]) || strcmp(argv[1], "help") == 0)
         return command_help(argc - 2, argv + 2);
     if (strcmp(argv[1], "plan") == 0)
         return command_plan(argc - 2, argv + 2);
@@ -453,6 +455,10 @@ int main(int argc, char **argv)
         return command_demo(argc - 2, argv + 2);
     if (strcmp(argv[1], "compat") == 0)
         return command_compat(argc - 2, argv + 2);
+    if (strcmp(argv[1], "serve") == 0)
+        return command_serve(argc - 2, argv + 2);
+    if (strcmp(argv[1], "fetch") == 0)
+        return command_fetch(argc - 2, argv + 2);
     fprintf(stderr, "kvx: error: unknown command %s\n\n%s", argv[1], usage_main);
     return EXIT_BAD_INPUT;
 }

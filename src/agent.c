@@ -1,0 +1,316 @@
+/* agent.c: an agent's life: register the layout, map every storage once, pack the metadata
+ * peers ask for, and serve the side channel and notifications. Connecting and reading are in
+ * agent_peer.c. Parses no layouts. */
+#include "agent.h"
+
+#include "error.h"
+
+#include <zmq.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Bytes a side-channel request may have: ZeroMQ drops a peer that sends more, so a stranger
+ * cannot make a listener buffer large frames. */
+#define AGENT_MAX_REQUEST        256
+#define AGENT_DEFAULT_TIMEOUT_MS 10000
+#define AGENT_POLL_MS            5 /* longest wait on the side channel before the transport progresses */
+
+static void agent_on_notify(void *arg, const void *data, size_t size)
+{
+    kvx_agent_t *agent = arg;
+    struct agent_notify n;
+
+    if (size != sizeof(n)) {
+        agent->dropped++;
+        return;
+    }
+    memcpy(&n, data, sizeof(n));
+    if (n.magic != AGENT_NOTIFY_MAGIC || n.version != AGENT_NOTIFY_VERSION ||
+        n.kind != AGENT_NOTIFY_DONE) {
+        agent->dropped++;
+        return;
+    }
+    agent->notifications++;
+}
+
+/* Maps each storage: the caller's memory, or memory UCX allocates. */
+static kvx_status_t agent_storages_map(kvx_agent_t *agent, const kvx_agent_params_t *params)
+{
+    bool given = params != NULL && (params->field_mask & KVX_AGENT_PARAM_FIELD_STORAGE_BASES);
+    uint64_t size;
+    kvx_status_t status;
+
+    agent->num_storages = kvx_regions_num_storages(agent->regions);
+    agent->mems         = calloc(agent->num_storages, sizeof(*agent->mems));
+    agent->bases        = calloc(agent->num_storages, sizeof(*agent->bases));
+    if (agent->mems == NULL || agent->bases == NULL)
+        return error_no_memory("the agent's storages");
+    for (size_t s = 0; s < agent->num_storages; s++) {
+        size = agent->regions->storage_sizes[s];
+        if (size > SIZE_MAX)
+            return error_set(KVX_ERR_INVALID, "storage %s: too large for this host",
+                             agent->regions->storage_names[s]);
+        status = transport_mem_map(agent->transport, given ? params->storage_bases[s] : NULL,
+                                   (size_t)size, &agent->mems[s]);
+        if (status != KVX_OK)
+            return status;
+        agent->bases[s] = transport_mem_address(agent->mems[s]);
+    }
+    return KVX_OK;
+}
+
+/* Packs the metadata this agent serves: table, addresses, remote keys, worker address. */
+static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_params_t *params)
+{
+    uint64_t mask            = params != NULL ? params->field_mask : 0;
+    size_t n                 = agent->num_storages;
+    uint64_t *bases          = calloc(n, sizeof(*bases));
+    kvx_blob_t *keys         = calloc(n, sizeof(*keys));
+    void *address            = NULL;
+    size_t address_size      = 0;
+    kvx_status_t status      = KVX_OK;
+    kvx_metadata_params_t mp = {
+        .field_mask = KVX_METADATA_PARAM_FIELD_TP_RANK | KVX_METADATA_PARAM_FIELD_TP_SIZE |
+                      KVX_METADATA_PARAM_FIELD_STORAGE_BASES |
+                      KVX_METADATA_PARAM_FIELD_REMOTE_KEYS |
+                      KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS,
+        .tp_rank       = agent->tp_rank,
+        .tp_size       = agent->tp_size,
+        .storage_bases = bases,
+        .remote_keys   = keys,
+    };
+
+    if (mask & KVX_AGENT_PARAM_FIELD_NAME) {
+        mp.field_mask |= KVX_METADATA_PARAM_FIELD_AGENT_NAME;
+        mp.agent_name = params->name;
+    }
+    if (mask & KVX_AGENT_PARAM_FIELD_ENGINE_ID) {
+        mp.field_mask |= KVX_METADATA_PARAM_FIELD_ENGINE_ID;
+        mp.engine_id = params->engine_id;
+    }
+    if (bases == NULL || keys == NULL) {
+        status = error_no_memory("the agent's metadata");
+        goto out;
+    }
+    for (size_t s = 0; s < n && status == KVX_OK; s++) {
+        void *key;
+
+        bases[s] = (uint64_t)(uintptr_t)agent->bases[s];
+        status   = transport_mem_pack_rkey(agent->transport, agent->mems[s], &key, &keys[s].size);
+        keys[s].data = key;
+    }
+    if (status == KVX_OK)
+        status = transport_worker_address(agent->transport, &address, &address_size);
+    if (status == KVX_OK) {
+        mp.transport_address = (kvx_blob_t){address, address_size};
+        status = kvx_metadata_pack(agent->regions, &mp, &agent->metadata, &agent->metadata_size);
+    }
+
+out:
+    for (size_t s = 0; keys != NULL && s < n; s++)
+        free((void *)keys[s].data);
+    free(keys);
+    free(bases);
+    free(address);
+    return status;
+}
+
+/* Binds the side channel at "HOST:PORT". */
+static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
+{
+    int64_t max_request = AGENT_MAX_REQUEST;
+    int linger          = 0;
+    char endpoint[300];
+
+    if (strchr(listen, ':') == NULL || strlen(listen) > 255)
+        return error_set(KVX_ERR_INVALID, "listen: \"%.64s\" is not HOST:PORT", listen);
+    snprintf(endpoint, sizeof(endpoint), "tcp://%s", listen);
+    agent->router = zmq_socket(agent->zmq, ZMQ_ROUTER);
+    if (agent->router == NULL ||
+        zmq_setsockopt(agent->router, ZMQ_MAXMSGSIZE, &max_request, sizeof(max_request)) != 0 ||
+        zmq_setsockopt(agent->router, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+        zmq_bind(agent->router, endpoint) != 0)
+        return error_set(KVX_ERR_IO, "listen %s: %s", listen, zmq_strerror(zmq_errno()));
+    return KVX_OK;
+}
+
+void kvx_agent_destroy(kvx_agent_t *agent)
+{
+    if (agent == NULL)
+        return;
+    if (agent->router != NULL)
+        zmq_close(agent->router);
+    if (agent->zmq != NULL)
+        zmq_ctx_term(agent->zmq);
+    for (size_t s = 0; agent->mems != NULL && s < agent->num_storages; s++)
+        transport_mem_unmap(agent->transport, agent->mems[s]);
+    transport_destroy(agent->transport);
+    kvx_pairs_destroy(agent->pairs);
+    kvx_regions_destroy(agent->regions);
+    free(agent->metadata);
+    free(agent->transports);
+    free(agent->mems);
+    free(agent->bases);
+    free(agent);
+}
+
+kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params_t *params,
+                              kvx_agent_t **agent_p)
+{
+    const uint64_t known = KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TRANSPORTS |
+                           KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_ENGINE_ID |
+                           KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE |
+                           KVX_AGENT_PARAM_FIELD_STORAGE_BASES | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS;
+    uint64_t mask = params != NULL ? params->field_mask : 0;
+    const char *tls =
+        (mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) ? params->transports : TRANSPORT_DEFAULT_TLS;
+    kvx_agent_t *agent = NULL;
+    kvx_status_t status;
+
+    if (agent_p == NULL || (mask & ~known) != 0)
+        return error_set(KVX_ERR_INVALID, "agent params: unknown field bits 0x%" PRIx64,
+                         mask & ~known);
+    agent = calloc(1, sizeof(*agent));
+    if (agent == NULL)
+        return error_no_memory("an agent");
+    agent->tp_rank = (mask & KVX_AGENT_PARAM_FIELD_TP_RANK) ? params->tp_rank : 0;
+    agent->tp_size = (mask & KVX_AGENT_PARAM_FIELD_TP_SIZE) ? params->tp_size : 1;
+    agent->timeout_ms =
+        (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : AGENT_DEFAULT_TIMEOUT_MS;
+    agent->transports = strdup(tls);
+    agent->zmq        = zmq_ctx_new();
+    if (agent->transports == NULL || agent->zmq == NULL) {
+        status = error_no_memory("an agent");
+        goto err;
+    }
+    if (agent->tp_size < 1 || agent->tp_size > KVX_MAX_TP || agent->tp_rank >= agent->tp_size) {
+        status = error_set(KVX_ERR_INVALID,
+                           "agent: tp_rank %" PRIu32 " of tp_size %" PRIu32 " is not a rank",
+                           agent->tp_rank, agent->tp_size);
+        goto err;
+    }
+    if ((status = kvx_regions_register(layout, &agent->regions)) != KVX_OK ||
+        (status = kvx_pairs_create(&agent->pairs)) != KVX_OK ||
+        (status = transport_create(tls, &agent->transport)) != KVX_OK ||
+        (status = agent_storages_map(agent, params)) != KVX_OK ||
+        (status = transport_am_set_handler(agent->transport, AGENT_AM_NOTIFY, agent_on_notify,
+                                           agent)) != KVX_OK ||
+        (status = agent_metadata_pack(agent, params)) != KVX_OK)
+        goto err;
+    if ((mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL &&
+        (status = agent_listen(agent, params->listen)) != KVX_OK)
+        goto err;
+    *agent_p = agent;
+    return KVX_OK;
+
+err:
+    kvx_agent_destroy(agent);
+    return status;
+}
+
+const kvx_regions_t *kvx_agent_regions(const kvx_agent_t *agent)
+{
+    return agent->regions;
+}
+
+void *kvx_agent_storage(const kvx_agent_t *agent, size_t index, uint64_t *size_p)
+{
+    if (index >= agent->num_storages)
+        return NULL;
+    if (size_p != NULL)
+        *size_p = agent->regions->storage_sizes[index];
+    return agent->bases[index];
+}
+
+uint64_t kvx_agent_notifications(const kvx_agent_t *agent, uint64_t *dropped_p)
+{
+    if (dropped_p != NULL)
+        *dropped_p = agent->dropped;
+    return agent->notifications;
+}
+
+const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent)
+{
+    return agent->pairs;
+}
+
+/* Answers one side-channel request, if one is waiting: the metadata for the one request we
+ * know, an error text for any other. A message of the wrong shape is dropped and counted. */
+static void agent_serve_one(kvx_agent_t *agent)
+{
+    static const char unknown[] = "kvx-error unknown request";
+    zmq_msg_t frames[3]; /* identity, empty delimiter, request */
+    int count      = 0;
+    bool malformed = false;
+    bool more      = true;
+    bool known;
+
+    while (more) {
+        zmq_msg_t extra;
+        zmq_msg_t *msg = count < 3 ? &frames[count] : &extra;
+
+        zmq_msg_init(msg);
+        if (zmq_msg_recv(msg, agent->router, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(msg);
+            break;
+        }
+        more = zmq_msg_more(msg);
+        if (msg == &extra) {
+            malformed = true;
+            zmq_msg_close(msg);
+        } else {
+            count++;
+        }
+    }
+    if (count == 0)
+        return;
+    if (malformed || count != 3 || zmq_msg_size(&frames[1]) != 0) {
+        agent->dropped++;
+    } else {
+        known = zmq_msg_size(&frames[2]) == strlen(AGENT_METADATA_REQUEST) &&
+                memcmp(zmq_msg_data(&frames[2]), AGENT_METADATA_REQUEST,
+                       strlen(AGENT_METADATA_REQUEST)) == 0;
+        zmq_send(agent->router, zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0]), ZMQ_SNDMORE);
+        zmq_send(agent->router, "", 0, ZMQ_SNDMORE);
+        if (known)
+            zmq_send(agent->router, agent->metadata, agent->metadata_size, 0);
+        else
+            zmq_send(agent->router, unknown, sizeof(unknown) - 1, 0);
+        agent->dropped += !known;
+    }
+    for (int i = 0; i < count; i++)
+        zmq_msg_close(&frames[i]);
+}
+
+kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms)
+{
+    zmq_pollitem_t item = {.socket = agent->router, .events = ZMQ_POLLIN};
+    int waited_ms       = 0;
+
+    for (;;) {
+        unsigned events = 0;
+
+        /* UCX first: notifications must not wait behind the side channel. */
+        while (transport_progress(agent->transport) > 0)
+            events++;
+        /* Polls of a few ms keep the transport progressing while the side channel is quiet
+         * without spinning; UCX's wakeup descriptor would make it exact (not used yet). */
+        if (agent->router != NULL) {
+            if (zmq_poll(&item, 1, timeout_ms > 0 ? AGENT_POLL_MS : 0) < 0 && zmq_errno() != EINTR)
+                return error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
+            if (item.revents & ZMQ_POLLIN) {
+                agent_serve_one(agent);
+                events++;
+            }
+        } else if (timeout_ms > 0) {
+            zmq_poll(NULL, 0, AGENT_POLL_MS); /* a sleep */
+        }
+        waited_ms += AGENT_POLL_MS;
+        if (events > 0 || waited_ms >= timeout_ms)
+            return KVX_OK;
+    }
+}

@@ -1,0 +1,56 @@
+/* agent.h: an agent and its peers as agent.c and agent_peer.c share them. The agent owns the
+ * region table, the mapped storages, the transport and the side channel. */
+#ifndef KVX_SRC_AGENT_H
+#define KVX_SRC_AGENT_H
+
+#include "regions.h"
+#include "transport.h"
+
+/* Side-channel request of a decode agent, and the notification it sends after a read. */
+#define AGENT_METADATA_REQUEST "kvx-metadata 1"
+#define AGENT_AM_NOTIFY        1
+#define AGENT_NOTIFY_MAGIC     0x4b565844u /* "KVXD" */
+#define AGENT_NOTIFY_VERSION   1
+#define AGENT_NOTIFY_DONE      1
+
+/* A notification on the wire: fixed size, little-endian like every kvx host. */
+struct agent_notify {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t kind;
+    uint64_t request_id;
+    uint32_t tp_rank; /* of the sender */
+    uint32_t reserved;
+};
+
+struct kvx_agent {
+    kvx_regions_t *regions;
+    struct transport *transport;
+    char *transports;            /* the UCX_TLS list given to the transport */
+    struct transport_mem **mems; /* by storage */
+    void **bases;                /* by storage */
+    size_t num_storages;
+    uint32_t tp_rank;
+    uint32_t tp_size;
+    uint32_t timeout_ms;
+    void *zmq;      /* ZeroMQ context */
+    void *router;   /* the listening side channel, or NULL */
+    void *metadata; /* this agent's packed metadata, served to peers */
+    size_t metadata_size;
+    kvx_pairs_t *pairs; /* reused by every read */
+    uint64_t notifications;
+    uint64_t dropped;
+};
+
+struct kvx_peer {
+    kvx_agent_t *agent;
+    kvx_metadata_t *metadata;
+    struct transport_ep *ep;
+    struct transport_rkey **rkeys; /* by the peer's storage index */
+    uint64_t *remote_bases;        /* by the peer's storage index */
+    size_t num_storages;
+    uint32_t tp_rank;
+    kvx_peer_plan_t *plan;
+};
+
+#endif

@@ -1,0 +1,247 @@
+/* agent_peer.c: the decode side of an agent: ask a prefill agent for its metadata over the
+ * side channel, check it, connect the transport, then pull requests and notify after the
+ * data is complete. */
+#include "agent.h"
+
+#include "error.h"
+
+#include <zmq.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void kvx_peer_destroy(kvx_peer_t *peer)
+{
+    if (peer == NULL)
+        return;
+    kvx_peer_plan_destroy(peer->plan);
+    for (size_t s = 0; peer->rkeys != NULL && s < peer->num_storages; s++)
+        transport_rkey_destroy(peer->rkeys[s]);
+    transport_ep_destroy(peer->agent->transport, peer->ep);
+    kvx_metadata_destroy(peer->metadata);
+    free(peer->rkeys);
+    free(peer->remote_bases);
+    free(peer);
+}
+
+/* One request-reply exchange on a fresh REQ socket: the metadata of the agent at `address`,
+ * or an error after the agent's timeout. The reply may be at most KVX_MAX_METADATA_SIZE. */
+static kvx_status_t side_channel_fetch(kvx_agent_t *agent, const char *address, void **buf_p,
+                                       size_t *size_p)
+{
+    int64_t max_reply = KVX_MAX_METADATA_SIZE;
+    int timeout       = (int)agent->timeout_ms;
+    int linger        = 0;
+    void *socket      = zmq_socket(agent->zmq, ZMQ_REQ);
+    kvx_status_t status;
+    char endpoint[300];
+    zmq_msg_t reply;
+
+    if (strchr(address, ':') == NULL || strlen(address) > 255) {
+        if (socket != NULL)
+            zmq_close(socket);
+        return error_set(KVX_ERR_INVALID, "peer: \"%.64s\" is not HOST:PORT", address);
+    }
+    snprintf(endpoint, sizeof(endpoint), "tcp://%s", address);
+    if (socket == NULL ||
+        zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
+        zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof(timeout)) != 0 ||
+        zmq_setsockopt(socket, ZMQ_SNDTIMEO, &timeout, sizeof(timeout)) != 0 ||
+        zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+        zmq_connect(socket, endpoint) != 0 ||
+        zmq_send(socket, AGENT_METADATA_REQUEST, strlen(AGENT_METADATA_REQUEST), 0) < 0) {
+        status = error_set(KVX_ERR_IO, "peer %s: %s", address, zmq_strerror(zmq_errno()));
+        if (socket != NULL)
+            zmq_close(socket);
+        return status;
+    }
+    zmq_msg_init(&reply);
+    if (zmq_msg_recv(&reply, socket, 0) < 0) {
+        status = error_set(KVX_ERR_IO, "peer %s: no metadata within %" PRIu32 " ms (%s)", address,
+                           agent->timeout_ms, zmq_strerror(zmq_errno()));
+    } else if (zmq_msg_more(&reply)) {
+        status = error_set(KVX_ERR_INVALID, "peer %s: the reply has more than one frame", address);
+    } else {
+        *size_p = zmq_msg_size(&reply);
+        *buf_p  = malloc(*size_p > 0 ? *size_p : 1);
+        status  = *buf_p != NULL ? KVX_OK : error_no_memory("the peer's metadata");
+        if (status == KVX_OK)
+            memcpy(*buf_p, zmq_msg_data(&reply), *size_p);
+    }
+    zmq_msg_close(&reply);
+    zmq_close(socket);
+    return status;
+}
+
+/* Connects the transport to the peer and unpacks its remote keys. */
+static kvx_status_t peer_transport_connect(kvx_peer_t *peer)
+{
+    kvx_metadata_info_t info;
+    kvx_registration_info_t reg;
+    kvx_status_t status;
+
+    kvx_metadata_get_info(peer->metadata, &info);
+    status = transport_ep_create(peer->agent->transport, info.transport_address.data,
+                                 info.transport_address.size, &peer->ep);
+    if (status != KVX_OK)
+        return status;
+    peer->num_storages = info.num_registrations;
+    peer->rkeys        = calloc(peer->num_storages, sizeof(*peer->rkeys));
+    peer->remote_bases = calloc(peer->num_storages, sizeof(*peer->remote_bases));
+    if (peer->rkeys == NULL || peer->remote_bases == NULL)
+        return error_no_memory("the peer's keys");
+    for (size_t s = 0; s < peer->num_storages; s++) {
+        kvx_metadata_registration(peer->metadata, s, &reg);
+        peer->remote_bases[s] = reg.base;
+        status = transport_rkey_unpack(peer->ep, reg.remote_key.data, reg.remote_key.size,
+                                       &peer->rkeys[s]);
+        if (status != KVX_OK)
+            return status;
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer_t **peer_p)
+{
+    kvx_peer_plan_params_t params = {
+        .field_mask = KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP | KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK,
+        .local_tp   = agent->tp_size,
+        .local_rank = agent->tp_rank,
+    };
+    kvx_metadata_info_t info;
+    kvx_peer_t *peer;
+    kvx_status_t status;
+    void *bytes = NULL;
+    size_t size = 0;
+
+    if (agent == NULL || address == NULL || peer_p == NULL)
+        return error_set(KVX_ERR_INVALID, "connect: agent, address and result are required");
+    peer = calloc(1, sizeof(*peer));
+    if (peer == NULL)
+        return error_no_memory("a peer");
+    peer->agent = agent;
+    status      = side_channel_fetch(agent, address, &bytes, &size);
+    if (status == KVX_OK)
+        status = kvx_metadata_unpack(bytes, size, agent->regions, KVX_MODE_PULL, &peer->metadata);
+    free(bytes);
+    if (status == KVX_OK)
+        status = kvx_metadata_validate(peer->metadata, agent->regions, &params, NULL);
+    if (status == KVX_OK) {
+        kvx_metadata_get_info(peer->metadata, &info);
+        peer->tp_rank = info.tp_rank;
+        params.field_mask |= KVX_PEER_PLAN_PARAM_FIELD_REMOTE_TP;
+        params.remote_tp = info.tp_size;
+        status = kvx_peer_plan_create(agent->regions, kvx_metadata_regions(peer->metadata), &params,
+                                      &peer->plan);
+    }
+    if (status == KVX_OK)
+        status = peer_transport_connect(peer);
+    if (status != KVX_OK) {
+        /* Name the peer: the step's message says what, this says who. */
+        char what[768];
+
+        snprintf(what, sizeof(what), "%s", kvx_errmsg());
+        kvx_peer_destroy(peer);
+        return error_set(status, "peer %s: %s", address, what);
+    }
+    *peer_p = peer;
+    return KVX_OK;
+}
+
+const char *kvx_peer_transports(const kvx_peer_t *peer)
+{
+    return peer->agent->transports;
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The peer among `peers` that is remote TP rank `rank`, or NULL. */
+static kvx_peer_t *peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t rank)
+{
+    for (size_t i = 0; i < num_peers; i++) {
+        if (peers[i]->tp_rank == rank)
+            return peers[i];
+    }
+    return NULL;
+}
+
+kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                      uint64_t request_id, const kvx_request_t *request, kvx_read_stats_t *stats_p)
+{
+    struct agent_notify note = {AGENT_NOTIFY_MAGIC,
+                                AGENT_NOTIFY_VERSION,
+                                AGENT_NOTIFY_DONE,
+                                0,
+                                agent != NULL ? agent->tp_rank : 0,
+                                0};
+    kvx_pairs_stats_t stats;
+    kvx_status_t status;
+    double start;
+
+    if (agent == NULL || peers == NULL || num_peers == 0 || request == NULL)
+        return error_set(KVX_ERR_INVALID, "read: agent, peers and request are required");
+    status = kvx_peer_plan_request(peers[0]->plan, request, agent->pairs);
+    if (status != KVX_OK)
+        return status;
+    start = now_seconds();
+    for (size_t r = 0; r < kvx_pairs_num_reads(agent->pairs); r++) {
+        uint32_t rank;
+        size_t count;
+        const kvx_pair_t *pairs = kvx_pairs_read(agent->pairs, r, &rank, &count);
+        kvx_peer_t *peer        = peer_of_rank(peers, num_peers, rank);
+        struct transport_targets targets;
+
+        if (peer == NULL)
+            return error_set(KVX_ERR_INVALID,
+                             "read: the request needs remote rank %" PRIu32
+                             ", which is not among the %zu peers",
+                             rank, num_peers);
+        targets = (struct transport_targets){agent->bases, peer->remote_bases, peer->rkeys};
+        status  = transport_rma(agent->transport, peer->ep, false, pairs, count, &targets,
+                                (int)agent->timeout_ms);
+        if (status != KVX_OK) {
+            char what[768];
+
+            snprintf(what, sizeof(what), "%s", kvx_errmsg());
+            return error_set(status, "read %" PRIu64 " from remote rank %" PRIu32 ": %s",
+                             request_id, rank, what);
+        }
+    }
+    /* Every get has completed: only now may the prefill side learn it can free the blocks. */
+    note.request_id = request_id;
+    for (size_t r = 0; r < kvx_pairs_num_reads(agent->pairs); r++) {
+        uint32_t rank;
+        kvx_peer_t *peer;
+
+        kvx_pairs_read(agent->pairs, r, &rank, NULL);
+        peer   = peer_of_rank(peers, num_peers, rank);
+        status = transport_am_send(agent->transport, peer->ep, AGENT_AM_NOTIFY, &note, sizeof(note),
+                                   (int)agent->timeout_ms);
+        if (status != KVX_OK)
+            return status;
+    }
+    for (size_t i = 0; i < kvx_peer_plan_num_notifies(peers[0]->plan); i++) {
+        kvx_peer_t *peer =
+            peer_of_rank(peers, num_peers, kvx_peer_plan_notify_rank(peers[0]->plan, i));
+
+        if (peer != NULL &&
+            (status = transport_am_send(agent->transport, peer->ep, AGENT_AM_NOTIFY, &note,
+                                        sizeof(note), (int)agent->timeout_ms)) != KVX_OK)
+            return status;
+    }
+    if (stats_p != NULL) {
+        kvx_pairs_stats(agent->pairs, &stats);
+        *stats_p = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes,
+                                      now_seconds() - start};
+    }
+    return KVX_OK;
+}

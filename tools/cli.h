@@ -1,0 +1,26 @@
+/* cli.h: what the kvx subcommands share: exit statuses, the one-line error, usage errors and
+ * number options. Defined in kvx.c. */
+#ifndef KVX_TOOLS_CLI_H
+#define KVX_TOOLS_CLI_H
+
+#include "kvx.h"
+
+#define EXIT_BAD_INPUT 2
+#define EXIT_INTERNAL  1
+
+/* Prints `kvx: error: MESSAGE` (kvx_errmsg()) and returns the exit status for `status`. */
+int cli_fail(kvx_status_t status);
+
+/* Prints the message and the usage text; returns EXIT_BAD_INPUT. */
+int cli_usage_error(const char *message, const char *usage);
+
+bool cli_is_help(const char *arg);
+
+/* Parses a decimal option value up to `max`; prints the error and returns false otherwise. */
+bool cli_parse_number(const char *option, const char *text, uint64_t max, uint64_t *value_p);
+
+/* kvx serve and kvx fetch (serve_fetch.c). */
+int command_serve(int argc, char **argv);
+int command_fetch(int argc, char **argv);
+
+#endif
