@@ -65,8 +65,8 @@ check "kvx --help explains the commands" bash -c "'$kvx' --help | grep -q 'plan 
 check "kvx plan --help explains plan" bash -c "'$kvx' plan --help | grep -q -- '--json'"
 check "kvx plan prints a table with totals" \
   bash -c "'$kvx' plan '$src/layouts/examples/example7-capacities.json' | grep -q '^total: 2 regions, 5 descriptors'"
-check "kvx demo registers every built-in model" \
-  bash -c "'$kvx' demo >'$tmp/demo' && [[ \$(grep -c '^== ' '$tmp/demo') -eq 4 ]] && [[ \$(grep -c '^total: ' '$tmp/demo') -eq 4 ]]"
+check "kvx demo --tables registers every built-in model" \
+  bash -c "'$kvx' demo --tables >'$tmp/demo' && [[ \$(grep -c '^== ' '$tmp/demo') -eq 5 ]] && [[ \$(grep -c '^total: ' '$tmp/demo') -eq 5 ]]"
 for f in "$src"/layouts/models/*.json; do
   check "model layout $(basename "$f") registers" bash -c "'$kvx' plan --json '$f' >/dev/null"
 done

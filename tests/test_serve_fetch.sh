@@ -89,5 +89,8 @@ check "P still serves after refusals" fetch_verified "$tmp/v41.json" '0:0-3;1:0;
 check "peer not listening: an error within the timeout" bash -c "! timeout 20 '$kvx' fetch '$tmp/v41.json' --peer 127.0.0.1:1 --blocks '0:1' --timeout 500 2>&1 | grep -q verified"
 check "block id beyond capacity fails before any transfer" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:64;1:0;2:0' 2>&1 | grep -q 'out of range'"
 
+# kvx demo (what make demo runs): two processes, a batch of requests, every byte verified.
+check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && tail -n 1 '$tmp/demo' | grep -qx verified && [[ \$(grep -c ', verified\$' '$tmp/demo') -eq 8 ]]"
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
