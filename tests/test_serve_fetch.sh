@@ -89,6 +89,47 @@ check "P still serves after refusals" fetch_verified "$tmp/v41.json" '0:0-3;1:0;
 check "peer not listening: an error within the timeout" bash -c "! timeout 20 '$kvx' fetch '$tmp/v41.json' --peer 127.0.0.1:1 --blocks '0:1' --timeout 500 2>&1 | grep -q verified"
 check "block id beyond capacity fails before any transfer" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:64;1:0;2:0' 2>&1 | grep -q 'out of range'"
 
+# Heterogeneous TP and block sizes, on a Llama-style attn cache (32 blocks a layer) and a
+# DeepSeek-V3-style MLA cache (16 blocks a layer). Each prefill rank fills a pattern of its
+# own rank, so a byte read from the wrong rank fails verification.
+# scaled FILE OUT PAGE_FROM PAGE_TO BLOCKS_FROM BLOCKS_TO SIZE_FROM SIZE_TO [BS_FROM BS_TO]
+scaled() {
+  sed "s/\"page\": $3, \"stride\": $3/\"page\": $4, \"stride\": $4/; s/\"num_blocks\": $5/\"num_blocks\": $6/; s/\"size\": $7/\"size\": $8/; s/\"block_size\": ${9:-16}/\"block_size\": ${10:-16}/" "$1" >"$2"
+}
+llama=$src/layouts/models/llama3-8b.json
+scaled "$llama" "$tmp/attn-full.json" 65536 65536 2048 32 134217728 2097152
+scaled "$llama" "$tmp/attn-half.json" 65536 32768 2048 32 134217728 1048576
+scaled "$llama" "$tmp/attn-bs32.json" 65536 131072 2048 16 134217728 2097152 16 32
+mla=$src/layouts/models/deepseek-v3-mla.json
+scaled "$mla" "$tmp/mla.json" 41984 41984 1024 16 42991616 671744
+
+serve "$tmp/attn-half.json" --tp-rank 0 --tp-size 2
+p0=$addr
+serve "$tmp/attn-half.json" --tp-rank 1 --tp-size 2
+p1=$addr
+check "attn, P TP 2 -> D TP 1: head slices from both ranks, verified" \
+  bash -c "addr='$p0,$p1'; $(declare -f fetch_verified); kvx='$kvx' tmp='$tmp' fetch_verified '$tmp/attn-full.json' '0:0-7,20'"
+stop_server
+stop_server
+serve "$tmp/attn-full.json"
+check "attn, P TP 1 -> D TP 2 rank 0: its half of the heads, verified" \
+  fetch_verified "$tmp/attn-half.json" '0:3-9' --tp-rank 0 --tp-size 2
+check "attn, P TP 1 -> D TP 2 rank 1: the other half, verified" \
+  fetch_verified "$tmp/attn-half.json" '0:3-9' --tp-rank 1 --tp-size 2
+check "attn, block-size ratio 2: each D block is two P blocks, verified" \
+  fetch_verified "$tmp/attn-bs32.json" '0:0-3,9'
+stop_server
+serve "$tmp/mla.json" --tp-rank 0 --tp-size 2
+p0=$addr
+serve "$tmp/mla.json" --tp-rank 1 --tp-size 2
+p1=$addr
+check "MLA, P TP 2 -> D TP 1: whole blocks from rank 0 only, verified" \
+  bash -c "addr='$p0,$p1'; $(declare -f fetch_verified); kvx='$kvx' tmp='$tmp' fetch_verified '$tmp/mla.json' '0:0-15'"
+check "MLA, P TP 2 -> D TP 2 rank 1: replicated blocks from rank 1, verified" \
+  bash -c "addr='$p1'; $(declare -f fetch_verified); kvx='$kvx' tmp='$tmp' fetch_verified '$tmp/mla.json' '0:2,4,6' --tp-rank 1 --tp-size 2"
+stop_server
+stop_server
+
 # kvx demo (what make demo runs): two processes, a batch of requests, every byte verified.
 check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && tail -n 1 '$tmp/demo' | grep -qx verified && [[ \$(grep -c ', verified\$' '$tmp/demo') -eq 8 ]]"
 

@@ -66,7 +66,7 @@ static int demo_prefill(const kvx_layout_t *layout, int ready)
 
         if (base == NULL)
             break;
-        pattern_fill(base, size, DEMO_SEED, s);
+        pattern_fill(base, size, DEMO_SEED, 0, s);
     }
     (void)!write(ready, &port, sizeof(port));
     for (;;) {
@@ -108,8 +108,8 @@ static bool demo_verify(const kvx_agent_t *agent)
                 (const uint8_t *)kvx_agent_storage(agent, p[i].local_storage, NULL) +
                 p[i].local_offset;
 
-            if (pattern_check(local, p[i].len, DEMO_SEED, p[i].remote_storage, p[i].remote_offset) <
-                p[i].len)
+            if (pattern_check(local, p[i].len, DEMO_SEED, 0, p[i].remote_storage,
+                              p[i].remote_offset) < p[i].len)
                 return false;
         }
     }

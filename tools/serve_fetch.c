@@ -222,7 +222,7 @@ int command_serve(int argc, char **argv)
 
         if (base == NULL)
             break;
-        pattern_fill(base, size, a.seed, s);
+        pattern_fill(base, size, a.seed, (uint32_t)a.tp_rank, s);
         bytes += size;
     }
     signal(SIGINT, on_stop_signal);
@@ -262,7 +262,7 @@ static bool fetch_verify(const kvx_agent_t *agent, uint64_t seed, char *verdict,
                 (const uint8_t *)kvx_agent_storage(agent, p[i].local_storage, NULL) +
                 p[i].local_offset;
             uint64_t bad =
-                pattern_check(local, p[i].len, seed, p[i].remote_storage, p[i].remote_offset);
+                pattern_check(local, p[i].len, seed, rank, p[i].remote_storage, p[i].remote_offset);
 
             if (bad < p[i].len) {
                 snprintf(verdict, size,
