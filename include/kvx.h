@@ -571,6 +571,14 @@ KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size
                               uint64_t request_id, const kvx_request_t *request,
                               kvx_read_stats_t *stats_p);
 
+/* Push mode: asks each prefill rank in `peers` that holds part of the request to write it
+ * into this agent's blocks (it plans from our side, puts, flushes, notifies us, and answers
+ * on the side channel). Blocks until every rank answered; the pairs and stats are our own
+ * plan's, as for kvx_read. Errors carry the writer's message. */
+KVX_API kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                               uint64_t request_id, const kvx_request_t *request,
+                               kvx_read_stats_t *stats_p);
+
 /* The pairs of the agent's last successful kvx_read (remote storage indices are the peers'),
  * valid until its next read: what a caller checks the transferred bytes against. */
 KVX_API const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent);

@@ -3,6 +3,8 @@
  * agent_peer.c. Parses no layouts. */
 #include "agent.h"
 
+#include "agent_push.h"
+
 #include "error.h"
 
 #include <zmq.h>
@@ -13,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Bytes a side-channel request may have: ZeroMQ drops a peer that sends more, so a stranger
- * cannot make a listener buffer large frames. */
-#define AGENT_MAX_REQUEST        256
+/* Bytes a side-channel message may have: ZeroMQ drops a peer that sends more, so a stranger
+ * cannot make a listener buffer more than a push request needs. */
+#define AGENT_MAX_REQUEST        PUSH_MAX_REQUEST_SIZE
 #define AGENT_DEFAULT_TIMEOUT_MS 10000
 #define AGENT_POLL_MS            5 /* longest wait on the side channel before the transport progresses */
 
@@ -63,8 +65,9 @@ static kvx_status_t agent_storages_map(kvx_agent_t *agent, const kvx_agent_param
     return KVX_OK;
 }
 
-/* Packs the metadata this agent serves: table, addresses, remote keys, worker address. */
-static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_params_t *params)
+/* Packs this agent's metadata for `mode`: table, addresses, remote keys, worker address. */
+static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_params_t *params,
+                                        kvx_transfer_mode_t mode, void **buf_p, size_t *size_p)
 {
     uint64_t mask            = params != NULL ? params->field_mask : 0;
     size_t n                 = agent->num_storages;
@@ -77,7 +80,8 @@ static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_para
         .field_mask = KVX_METADATA_PARAM_FIELD_TP_RANK | KVX_METADATA_PARAM_FIELD_TP_SIZE |
                       KVX_METADATA_PARAM_FIELD_STORAGE_BASES |
                       KVX_METADATA_PARAM_FIELD_REMOTE_KEYS |
-                      KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS,
+                      KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS | KVX_METADATA_PARAM_FIELD_MODE,
+        .mode          = mode,
         .tp_rank       = agent->tp_rank,
         .tp_size       = agent->tp_size,
         .storage_bases = bases,
@@ -107,7 +111,7 @@ static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_para
         status = transport_worker_address(agent->transport, &address, &address_size);
     if (status == KVX_OK) {
         mp.transport_address = (kvx_blob_t){address, address_size};
-        status = kvx_metadata_pack(agent->regions, &mp, &agent->metadata, &agent->metadata_size);
+        status               = kvx_metadata_pack(agent->regions, &mp, buf_p, size_p);
     }
 
 out:
@@ -152,6 +156,7 @@ void kvx_agent_destroy(kvx_agent_t *agent)
     kvx_pairs_destroy(agent->pairs);
     kvx_regions_destroy(agent->regions);
     free(agent->metadata);
+    free(agent->push_metadata);
     free(agent->transports);
     free(agent->mems);
     free(agent->bases);
@@ -199,7 +204,10 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
         (status = agent_storages_map(agent, params)) != KVX_OK ||
         (status = transport_am_set_handler(agent->transport, AGENT_AM_NOTIFY, agent_on_notify,
                                            agent)) != KVX_OK ||
-        (status = agent_metadata_pack(agent, params)) != KVX_OK)
+        (status = agent_metadata_pack(agent, params, KVX_MODE_PULL, &agent->metadata,
+                                      &agent->metadata_size)) != KVX_OK ||
+        (status = agent_metadata_pack(agent, params, KVX_MODE_PUSH, &agent->push_metadata,
+                                      &agent->push_metadata_size)) != KVX_OK)
         goto err;
     if ((mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL &&
         (status = agent_listen(agent, params->listen)) != KVX_OK)
@@ -238,20 +246,27 @@ const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent)
     return agent->pairs;
 }
 
-/* Answers one side-channel request, if one is waiting: the metadata for the one request we
- * know, an error text for any other. A message of the wrong shape is dropped and counted. */
+/* True when frame `f` holds exactly the text `text`. */
+static bool frame_is(zmq_msg_t *f, const char *text)
+{
+    return zmq_msg_size(f) == strlen(text) && memcmp(zmq_msg_data(f), text, strlen(text)) == 0;
+}
+
+/* Answers one side-channel request, if one is waiting: the metadata, or a push served and
+ * acknowledged, or an error text for anything else. A message of the wrong shape is dropped
+ * and counted. */
 static void agent_serve_one(kvx_agent_t *agent)
 {
-    static const char unknown[] = "kvx-error unknown request";
-    zmq_msg_t frames[3]; /* identity, empty delimiter, request */
+    zmq_msg_t frames[4]; /* identity, empty delimiter, request, push body */
     int count      = 0;
     bool malformed = false;
     bool more      = true;
-    bool known;
+    char reply[600];
+    kvx_status_t status;
 
     while (more) {
         zmq_msg_t extra;
-        zmq_msg_t *msg = count < 3 ? &frames[count] : &extra;
+        zmq_msg_t *msg = count < 4 ? &frames[count] : &extra;
 
         zmq_msg_init(msg);
         if (zmq_msg_recv(msg, agent->router, ZMQ_DONTWAIT) < 0) {
@@ -268,20 +283,30 @@ static void agent_serve_one(kvx_agent_t *agent)
     }
     if (count == 0)
         return;
-    if (malformed || count != 3 || zmq_msg_size(&frames[1]) != 0) {
+    if (malformed || count < 3 || zmq_msg_size(&frames[1]) != 0) {
         agent->dropped++;
-    } else {
-        known = zmq_msg_size(&frames[2]) == strlen(AGENT_METADATA_REQUEST) &&
-                memcmp(zmq_msg_data(&frames[2]), AGENT_METADATA_REQUEST,
-                       strlen(AGENT_METADATA_REQUEST)) == 0;
-        zmq_send(agent->router, zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0]), ZMQ_SNDMORE);
-        zmq_send(agent->router, "", 0, ZMQ_SNDMORE);
-        if (known)
-            zmq_send(agent->router, agent->metadata, agent->metadata_size, 0);
-        else
-            zmq_send(agent->router, unknown, sizeof(unknown) - 1, 0);
-        agent->dropped += !known;
+        goto out;
     }
+    zmq_send(agent->router, zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0]), ZMQ_SNDMORE);
+    zmq_send(agent->router, "", 0, ZMQ_SNDMORE);
+    if (count == 3 && frame_is(&frames[2], AGENT_METADATA_REQUEST)) {
+        zmq_send(agent->router, agent->metadata, agent->metadata_size, 0);
+    } else if (count == 4 && frame_is(&frames[2], AGENT_PUSH_REQUEST)) {
+        status = push_serve(agent, zmq_msg_data(&frames[3]), zmq_msg_size(&frames[3]));
+        if (status == KVX_OK)
+            snprintf(reply, sizeof(reply), "%s", AGENT_PUSH_DONE);
+        else
+            snprintf(reply, sizeof(reply), "kvx-error %s", kvx_errmsg());
+        agent->dropped += status != KVX_OK;
+        zmq_send(agent->router, reply, strlen(reply), 0);
+    } else {
+        static const char unknown[] = "kvx-error unknown request";
+
+        zmq_send(agent->router, unknown, sizeof(unknown) - 1, 0);
+        agent->dropped++;
+    }
+
+out:
     for (int i = 0; i < count; i++)
         zmq_msg_close(&frames[i]);
 }

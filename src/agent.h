@@ -37,6 +37,8 @@ struct kvx_agent {
     void *router;   /* the listening side channel, or NULL */
     void *metadata; /* this agent's packed metadata, served to peers */
     size_t metadata_size;
+    void *push_metadata; /* the same in push mode, sent with push requests */
+    size_t push_metadata_size;
     kvx_pairs_t *pairs; /* reused by every read */
     uint64_t notifications;
     uint64_t dropped;
@@ -51,6 +53,13 @@ struct kvx_peer {
     size_t num_storages;
     uint32_t tp_rank;
     kvx_peer_plan_t *plan;
+    char *address; /* HOST:PORT of its side channel */
 };
+
+/* The side channel's request-reply on a fresh REQ socket to `address`: sends the frames,
+ * returns the one reply frame (malloc'd) or an error after the agent's timeout. */
+kvx_status_t agent_side_request(kvx_agent_t *agent, const char *address, const void *const *frames,
+                                const size_t *sizes, size_t num_frames, void **reply_p,
+                                size_t *reply_size_p);
 
 #endif

@@ -3,6 +3,8 @@
  * data is complete. */
 #include "agent.h"
 
+#include "agent_push.h"
+
 #include "error.h"
 
 #include <zmq.h>
@@ -22,15 +24,15 @@ void kvx_peer_destroy(kvx_peer_t *peer)
         transport_rkey_destroy(peer->rkeys[s]);
     transport_ep_destroy(peer->agent->transport, peer->ep);
     kvx_metadata_destroy(peer->metadata);
+    free(peer->address);
     free(peer->rkeys);
     free(peer->remote_bases);
     free(peer);
 }
 
-/* One request-reply exchange on a fresh REQ socket: the metadata of the agent at `address`,
- * or an error after the agent's timeout. The reply may be at most KVX_MAX_METADATA_SIZE. */
-static kvx_status_t side_channel_fetch(kvx_agent_t *agent, const char *address, void **buf_p,
-                                       size_t *size_p)
+kvx_status_t agent_side_request(kvx_agent_t *agent, const char *address, const void *const *frames,
+                                const size_t *sizes, size_t num_frames, void **reply_p,
+                                size_t *reply_size_p)
 {
     int64_t max_reply = KVX_MAX_METADATA_SIZE;
     int timeout       = (int)agent->timeout_ms;
@@ -39,6 +41,7 @@ static kvx_status_t side_channel_fetch(kvx_agent_t *agent, const char *address, 
     kvx_status_t status;
     char endpoint[300];
     zmq_msg_t reply;
+    bool sent = true;
 
     if (strchr(address, ':') == NULL || strlen(address) > 255) {
         if (socket != NULL)
@@ -51,25 +54,40 @@ static kvx_status_t side_channel_fetch(kvx_agent_t *agent, const char *address, 
         zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof(timeout)) != 0 ||
         zmq_setsockopt(socket, ZMQ_SNDTIMEO, &timeout, sizeof(timeout)) != 0 ||
         zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
-        zmq_connect(socket, endpoint) != 0 ||
-        zmq_send(socket, AGENT_METADATA_REQUEST, strlen(AGENT_METADATA_REQUEST), 0) < 0) {
+        zmq_connect(socket, endpoint) != 0)
+        sent = false;
+    for (size_t i = 0; sent && i < num_frames; i++)
+        sent = zmq_send(socket, frames[i], sizes[i], i + 1 < num_frames ? ZMQ_SNDMORE : 0) >= 0;
+    if (!sent) {
         status = error_set(KVX_ERR_IO, "peer %s: %s", address, zmq_strerror(zmq_errno()));
         if (socket != NULL)
             zmq_close(socket);
         return status;
     }
+    /* Wait for the reply while progressing our worker: a writer connecting back to us (push
+     * mode) needs our side of UCX's wire-up to answer. */
+    for (uint32_t waited = 0; waited < agent->timeout_ms; waited++) {
+        zmq_pollitem_t item = {.socket = socket, .events = ZMQ_POLLIN};
+
+        while (transport_progress(agent->transport) > 0)
+            ;
+        if (zmq_poll(&item, 1, 1) > 0)
+            break;
+    }
     zmq_msg_init(&reply);
-    if (zmq_msg_recv(&reply, socket, 0) < 0) {
-        status = error_set(KVX_ERR_IO, "peer %s: no metadata within %" PRIu32 " ms (%s)", address,
+    if (zmq_msg_recv(&reply, socket, ZMQ_DONTWAIT) < 0) {
+        status = error_set(KVX_ERR_IO, "peer %s: no answer within %" PRIu32 " ms (%s)", address,
                            agent->timeout_ms, zmq_strerror(zmq_errno()));
     } else if (zmq_msg_more(&reply)) {
         status = error_set(KVX_ERR_INVALID, "peer %s: the reply has more than one frame", address);
     } else {
-        *size_p = zmq_msg_size(&reply);
-        *buf_p  = malloc(*size_p > 0 ? *size_p : 1);
-        status  = *buf_p != NULL ? KVX_OK : error_no_memory("the peer's metadata");
-        if (status == KVX_OK)
-            memcpy(*buf_p, zmq_msg_data(&reply), *size_p);
+        *reply_size_p = zmq_msg_size(&reply);
+        *reply_p      = malloc(*reply_size_p + 1);
+        status        = *reply_p != NULL ? KVX_OK : error_no_memory("the peer's reply");
+        if (status == KVX_OK) {
+            memcpy(*reply_p, zmq_msg_data(&reply), *reply_size_p);
+            ((char *)*reply_p)[*reply_size_p] = '\0'; /* text replies print safely */
+        }
     }
     zmq_msg_close(&reply);
     zmq_close(socket);
@@ -122,8 +140,13 @@ kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer
     peer = calloc(1, sizeof(*peer));
     if (peer == NULL)
         return error_no_memory("a peer");
-    peer->agent = agent;
-    status      = side_channel_fetch(agent, address, &bytes, &size);
+    peer->agent   = agent;
+    peer->address = strdup(address);
+    status =
+        peer->address != NULL
+            ? agent_side_request(agent, address, (const void *const[]){AGENT_METADATA_REQUEST},
+                                 (const size_t[]){strlen(AGENT_METADATA_REQUEST)}, 1, &bytes, &size)
+            : error_no_memory("a peer");
     if (status == KVX_OK)
         status = kvx_metadata_unpack(bytes, size, agent->regions, KVX_MODE_PULL, &peer->metadata);
     free(bytes);
@@ -244,4 +267,58 @@ kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_p
                                       now_seconds() - start};
     }
     return KVX_OK;
+}
+
+kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                       uint64_t request_id, const kvx_request_t *request, kvx_read_stats_t *stats_p)
+{
+    void *body  = NULL;
+    size_t size = 0;
+    kvx_pairs_stats_t stats;
+    kvx_status_t status;
+    double start;
+
+    if (agent == NULL || peers == NULL || num_peers == 0 || request == NULL)
+        return error_set(KVX_ERR_INVALID, "write: agent, peers and request are required");
+    /* Our own plan says which prefill ranks hold our blocks, and checks the request first. */
+    status = kvx_peer_plan_request(peers[0]->plan, request, agent->pairs);
+    if (status == KVX_OK)
+        status = push_request_encode(request_id, agent->push_metadata, agent->push_metadata_size,
+                                     request, &body, &size);
+    start = now_seconds();
+    for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(agent->pairs); r++) {
+        uint32_t rank;
+        kvx_peer_t *peer;
+        void *reply;
+        size_t reply_size;
+
+        kvx_pairs_read(agent->pairs, r, &rank, NULL);
+        peer = peer_of_rank(peers, num_peers, rank);
+        if (peer == NULL) {
+            status = error_set(KVX_ERR_INVALID,
+                               "write: the request needs remote rank %" PRIu32
+                               ", which is not among the %zu peers",
+                               rank, num_peers);
+            break;
+        }
+        status = agent_side_request(
+            agent, peer->address, (const void *const[]){AGENT_PUSH_REQUEST, body},
+            (const size_t[]){strlen(AGENT_PUSH_REQUEST), size}, 2, &reply, &reply_size);
+        if (status != KVX_OK)
+            break;
+        if (strcmp(reply, AGENT_PUSH_DONE) != 0)
+            status = error_set(KVX_ERR_IO, "write %" PRIu64 " by remote rank %" PRIu32 ": %.400s",
+                               request_id, rank, (const char *)reply);
+        free(reply);
+    }
+    free(body);
+    if (status == KVX_OK && stats_p != NULL) {
+        kvx_pairs_stats(agent->pairs, &stats);
+        *stats_p = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes,
+                                      now_seconds() - start};
+    }
+    /* Notifications the writers sent after their data are ours to count. */
+    while (transport_progress(agent->transport) > 0)
+        ;
+    return status;
 }

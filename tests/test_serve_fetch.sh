@@ -79,6 +79,8 @@ sed 's/"num_blocks": 2048/"num_blocks": 64/; s/"size": 3297116160/"size": 103034
   "$src/layouts/models/deepseek-v4.1.json" >"$tmp/v41.json"
 serve "$tmp/v41.json" --malloc
 check "pull DeepSeek-V4.1-style slab, every group, verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3,5,60;2:7-9'
+check "push DeepSeek-V4.1-style slab: P writes, every byte verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3,5,60;2:7-9' --push
+check "push into malloc'd storage, verified" fetch_verified "$tmp/v41.json" '0:40-47;1:0;2:63' --push --malloc
 check "wrong seed is a mismatch, not a pass" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' --verify --fill 41 | grep -q '^MISMATCH: local storage 0 byte '"
 
 # Handshake failures: clear errors on D, and P keeps serving.
@@ -109,6 +111,8 @@ serve "$tmp/attn-half.json" --tp-rank 1 --tp-size 2
 p1=$addr
 check "attn, P TP 2 -> D TP 1: head slices from both ranks, verified" \
   bash -c "addr='$p0,$p1'; $(declare -f fetch_verified); kvx='$kvx' tmp='$tmp' fetch_verified '$tmp/attn-full.json' '0:0-7,20'"
+check "attn, P TP 2 -> D TP 1, push: both ranks write their slices, verified" \
+  bash -c "addr='$p0,$p1'; $(declare -f fetch_verified); kvx='$kvx' tmp='$tmp' fetch_verified '$tmp/attn-full.json' '0:1-4' --push"
 stop_server
 stop_server
 serve "$tmp/attn-full.json"
@@ -118,6 +122,8 @@ check "attn, P TP 1 -> D TP 2 rank 1: the other half, verified" \
   fetch_verified "$tmp/attn-half.json" '0:3-9' --tp-rank 1 --tp-size 2
 check "attn, block-size ratio 2: each D block is two P blocks, verified" \
   fetch_verified "$tmp/attn-bs32.json" '0:0-3,9'
+check "attn, P TP 1 -> D TP 2 rank 1, push: P writes the other half, verified" \
+  fetch_verified "$tmp/attn-half.json" '0:11-13' --tp-rank 1 --tp-size 2 --push
 stop_server
 serve "$tmp/mla.json" --tp-rank 0 --tp-size 2
 p0=$addr
@@ -131,7 +137,7 @@ stop_server
 stop_server
 
 # kvx demo (what make demo runs): two processes, a batch of requests, every byte verified.
-check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && tail -n 1 '$tmp/demo' | grep -qx verified && [[ \$(grep -c ', verified\$' '$tmp/demo') -eq 8 ]]"
+check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && tail -n 1 '$tmp/demo' | grep -qx verified && [[ \$(grep -c ', verified\$' '$tmp/demo') -eq 16 ]]"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

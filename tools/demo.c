@@ -116,21 +116,79 @@ static bool demo_verify(const kvx_agent_t *agent)
     return true;
 }
 
-/* The decode side: connect, pull the batch, check every byte. */
-static int demo_decode(const kvx_layout_t *layout, uint32_t port)
+/* Zeroes the decode side's storages (and touches every page before the transfers). */
+static void demo_storages_zero(kvx_agent_t *agent)
 {
-    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_NAME,
-                                 .name       = "kvx demo decode"};
-    const size_t n_requests   = sizeof(demo_request_blocks) / sizeof(demo_request_blocks[0]);
-    kvx_agent_t *agent        = NULL;
-    kvx_peer_t *peer          = NULL;
-    kvx_group_ids_t groups[8];
+    for (size_t s = 0;; s++) {
+        uint64_t size;
+        void *base = kvx_agent_storage(agent, s, &size);
+
+        if (base == NULL)
+            break;
+        memset(base, 0, size);
+    }
+}
+
+/* One batch of requests, pulled or pushed, each checked; prints a line per request and a
+ * total. False (with the error printed) when a transfer fails or a byte differs. */
+static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *peer, bool push, kvx_group_ids_t *groups,
+                       size_t num_groups, uint64_t capacity, const char *address)
+{
+    const size_t n_requests = sizeof(demo_request_blocks) / sizeof(demo_request_blocks[0]);
     uint64_t ids[256];
     uint64_t total_bytes       = 0;
     uint64_t total_descriptors = 0;
     uint64_t total_posted      = 0;
     double total_seconds       = 0;
     unsigned rng               = DEMO_SEED;
+
+    printf("\n%s %zu requests %s the prefill process at %s over %s:\n",
+           push ? "push:" : "pull:", n_requests, push ? "written by" : "read from", address,
+           kvx_peer_transports(peer));
+    for (size_t i = 0; i < n_requests; i++) {
+        uint64_t blocks = demo_request_blocks[i] < capacity ? demo_request_blocks[i] : capacity;
+        kvx_request_t request;
+        kvx_read_stats_t stats;
+        kvx_status_t status;
+
+        demo_request_fill(groups, num_groups, ids, blocks, capacity, &rng);
+        request = (kvx_request_t){groups, num_groups, NULL, 0};
+        status  = push ? kvx_write(agent, &peer, 1, i + 1, &request, &stats)
+                       : kvx_read(agent, &peer, 1, i + 1, &request, &stats);
+        if (status != KVX_OK) {
+            cli_fail(status);
+            return false;
+        }
+        if (!demo_verify(agent)) {
+            fprintf(stderr, "kvx: error: request %zu: transferred bytes differ from the source\n",
+                    i + 1);
+            return false;
+        }
+        printf("  request %zu: %4" PRIu64 " blocks per group, %6" PRIu64 " descriptors -> %5" PRIu64
+               " after coalescing, %8.1f MB in %7.2f ms (%5.2f GB/s), verified\n",
+               i + 1, blocks, stats.descriptors, stats.posted, (double)stats.bytes / 1e6,
+               stats.seconds * 1e3,
+               stats.seconds > 0 ? (double)stats.bytes / stats.seconds / 1e9 : 0.0);
+        total_bytes += stats.bytes;
+        total_descriptors += stats.descriptors;
+        total_posted += stats.posted;
+        total_seconds += stats.seconds;
+    }
+    printf("total: %" PRIu64 " descriptors -> %" PRIu64 " after coalescing, %.1f MB in %.2f ms,"
+           " %.2f GB/s (2 noisy cores: read the figure as an order of magnitude)\n",
+           total_descriptors, total_posted, (double)total_bytes / 1e6, total_seconds * 1e3,
+           total_seconds > 0 ? (double)total_bytes / total_seconds / 1e9 : 0.0);
+    return true;
+}
+
+/* The decode side: connect, pull the batch, check every byte. */
+static int demo_decode(const kvx_layout_t *layout, uint32_t port)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_NAME,
+                                 .name       = "kvx demo decode"};
+    kvx_agent_t *agent        = NULL;
+    kvx_peer_t *peer          = NULL;
+    kvx_group_ids_t groups[8];
     char address[32];
     size_t num_groups;
     uint64_t capacity;
@@ -144,14 +202,6 @@ static int demo_decode(const kvx_layout_t *layout, uint32_t port)
     if (status != KVX_OK) {
         ret = cli_fail(status);
         goto out;
-    }
-    for (size_t s = 0;; s++) { /* touch every page now, not during the first transfers */
-        uint64_t size;
-        void *base = kvx_agent_storage(agent, s, &size);
-
-        if (base == NULL)
-            break;
-        memset(base, 0, size);
     }
     {
         const kvx_regions_t *regions = kvx_agent_regions(agent);
@@ -171,40 +221,11 @@ static int demo_decode(const kvx_layout_t *layout, uint32_t port)
             num_groups = 8;
         plan_print_table(stdout, regions);
     }
-    printf("\npulling %zu requests from the prefill process at %s over %s:\n", n_requests, address,
-           kvx_peer_transports(peer));
-    for (size_t i = 0; i < n_requests; i++) {
-        uint64_t blocks = demo_request_blocks[i] < capacity ? demo_request_blocks[i] : capacity;
-        kvx_request_t request;
-        kvx_read_stats_t stats;
-
-        demo_request_fill(groups, num_groups, ids, blocks, capacity, &rng);
-        request = (kvx_request_t){groups, num_groups, NULL, 0};
-        status  = kvx_read(agent, &peer, 1, i + 1, &request, &stats);
-        if (status != KVX_OK) {
-            ret = cli_fail(status);
+    for (int push = 0; push < 2; push++) {
+        demo_storages_zero(agent); /* so a verified batch proves its own bytes */
+        if (!demo_batch(agent, peer, push == 1, groups, num_groups, capacity, address))
             goto out;
-        }
-        if (!demo_verify(agent)) {
-            fprintf(stderr, "kvx: error: request %zu: transferred bytes differ from the source\n",
-                    i + 1);
-            goto out;
-        }
-        printf("  request %zu: %4" PRIu64 " blocks per group, %6" PRIu64 " descriptors -> %5" PRIu64
-               " after coalescing, %8.1f MB in %7.2f ms"
-               " (%5.2f GB/s), verified\n",
-               i + 1, blocks, stats.descriptors, stats.posted, (double)stats.bytes / 1e6,
-               stats.seconds * 1e3,
-               stats.seconds > 0 ? (double)stats.bytes / stats.seconds / 1e9 : 0.0);
-        total_bytes += stats.bytes;
-        total_descriptors += stats.descriptors;
-        total_posted += stats.posted;
-        total_seconds += stats.seconds;
     }
-    printf("total: %" PRIu64 " descriptors -> %" PRIu64 " after coalescing, %.1f MB in %.2f ms,"
-           " %.2f GB/s (2 noisy cores: read the figure as an order of magnitude)\n",
-           total_descriptors, total_posted, (double)total_bytes / 1e6, total_seconds * 1e3,
-           total_seconds > 0 ? (double)total_bytes / total_seconds / 1e9 : 0.0);
     printf("verified\n");
     ret = 0;
 

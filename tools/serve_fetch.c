@@ -27,7 +27,7 @@ static const char usage_serve[] =
 static const char usage_fetch[] =
     "usage: kvx fetch LAYOUT --peer HOST:PORT[,HOST:PORT...] --blocks 'G:IDS;G:IDS'\n"
     "                 [--remote-blocks IDS] [--tp-rank R --tp-size N] [--verify [--fill SEED]]\n"
-    "                 [--transports LIST] [--malloc] [--timeout MS]\n"
+    "                 [--push] [--transports LIST] [--malloc] [--timeout MS]\n"
     "\n"
     "A decode worker: connects to every prefill rank given (handshake: compatibility hash,\n"
     "then the region tables), pulls the request, notifies the ranks read from, and prints\n"
@@ -35,6 +35,8 @@ static const char usage_fetch[] =
     "checks every transferred byte against the pattern kvx serve filled with SEED and prints\n"
     "the verdict, 'verified' or the first wrong byte (exit status 2).\n"
     "\n"
+    "  --push              ask the prefill ranks to write the blocks in (push mode) instead\n"
+    "                      of reading them\n"
     "  --fill SEED         the seed kvx serve used; default 1\n"
     "  --timeout MS        handshake and transfer deadline; default 10000\n";
 
@@ -58,6 +60,7 @@ struct agent_args {
     uint64_t seed;
     uint64_t timeout_ms;
     bool verify;
+    bool push;
     bool use_malloc;
 };
 
@@ -78,6 +81,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
         }
         if (strcmp(arg, "--verify") == 0) {
             a->verify = true;
+            continue;
+        }
+        if (strcmp(arg, "--push") == 0) {
+            a->push = true;
             continue;
         }
         if (strcmp(arg, "--malloc") == 0) {
@@ -240,8 +247,9 @@ int command_serve(int argc, char **argv)
             break;
         }
     }
-    printf("stopped: %" PRIu64 " notifications, %" PRIu64 " dropped\n",
-           kvx_agent_notifications(agent, &dropped), dropped);
+    uint64_t notifications = kvx_agent_notifications(agent, &dropped);
+
+    printf("stopped: %" PRIu64 " notifications, %" PRIu64 " dropped\n", notifications, dropped);
     kvx_agent_destroy(agent);
     storages_free(storages, num_storages);
     return 0;
@@ -331,7 +339,8 @@ int command_fetch(int argc, char **argv)
         p += len + (p[len] == ',');
     }
     request = (kvx_request_t){ids.groups, ids.num_groups, rids.groups, rids.num_groups};
-    status  = kvx_read(agent, peers, num_peers, 1, &request, &stats);
+    status  = a.push ? kvx_write(agent, peers, num_peers, 1, &request, &stats)
+                     : kvx_read(agent, peers, num_peers, 1, &request, &stats);
     if (status != KVX_OK) {
         ret = cli_fail(status);
         goto out;
@@ -339,10 +348,11 @@ int command_fetch(int argc, char **argv)
     ret = 0;
     if (a.verify && !fetch_verify(agent, a.seed, verdict, sizeof(verdict)))
         ret = EXIT_BAD_INPUT;
-    printf("fetched %" PRIu64 " bytes in %" PRIu64 " descriptors (%" PRIu64
+    printf("%s %" PRIu64 " bytes in %" PRIu64 " descriptors (%" PRIu64
            " after coalescing) from %zu peer%s in %.3f ms: %.2f GB/s over %s\n",
-           stats.bytes, stats.descriptors, stats.posted, num_peers, num_peers > 1 ? "s" : "",
-           stats.seconds * 1e3, stats.seconds > 0 ? (double)stats.bytes / stats.seconds / 1e9 : 0.0,
+           a.push ? "pushed" : "fetched", stats.bytes, stats.descriptors, stats.posted, num_peers,
+           num_peers > 1 ? "s" : "", stats.seconds * 1e3,
+           stats.seconds > 0 ? (double)stats.bytes / stats.seconds / 1e9 : 0.0,
            kvx_peer_transports(peers[0]));
     printf("%s\n", verdict);
 

@@ -1,0 +1,41 @@
+/* fuzz_push.c: libFuzzer target for the push request decoder (agent_push.c), the bytes a
+ * decode agent sends a prefill agent's side channel. A decoded request must respect every
+ * limit; a rejected one must leave a message. Aborts on a broken invariant. */
+#include "agent_push.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static void invariant(bool holds, const char *what)
+{
+    if (!holds) {
+        fprintf(stderr, "invariant broken: %s\n", what);
+        abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct push_request req;
+    size_t ids = 0;
+
+    if (push_request_decode(data, size, &req) != KVX_OK) {
+        invariant(kvx_errmsg()[0] != '\0', "a rejected request leaves a message");
+        return 0;
+    }
+    invariant(req.num_groups >= 1 && req.num_groups <= PUSH_MAX_GROUPS, "group count in range");
+    invariant(req.metadata != NULL && req.metadata_size >= 1 &&
+                  req.metadata_size <= KVX_MAX_METADATA_SIZE,
+              "metadata size in range");
+    for (size_t g = 0; g < req.num_groups * (req.has_remote ? 2 : 1); g++) {
+        invariant(req.groups[g].count == 0 || req.groups[g].ids != NULL, "ids present");
+        ids += req.groups[g].count;
+        for (size_t i = 0; i < req.groups[g].count; i++)
+            (void)*(volatile const uint64_t *)&req.groups[g].ids[i]; /* readable */
+    }
+    invariant(ids <= PUSH_MAX_IDS, "id count in range");
+    push_request_free(&req);
+    return 0;
+}

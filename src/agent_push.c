@@ -1,0 +1,245 @@
+/* agent_push.c: push mode. The decode side sends its metadata and a request on the side
+ * channel; the prefill side checks them, plans the request from the decode side's view,
+ * writes its share with puts, flushes, notifies, and answers. Decoding treats the bytes as
+ * hostile: every count is checked before use. */
+#include "agent_push.h"
+
+#include "error.h"
+
+#include "kvx.pb-c.h"
+
+#include <zmq.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void push_request_free(struct push_request *req)
+{
+    for (size_t g = 0; req->groups != NULL && g < req->num_groups; g++) {
+        free((void *)req->groups[g].ids);
+        if (req->has_remote)
+            free((void *)req->groups[req->num_groups + g].ids);
+    }
+    free(req->groups);
+    free(req->metadata);
+    *req = (struct push_request){0};
+}
+
+/* Copies `n` protobuf groups into `out` (owned copies), counting ids into *total_p. */
+static kvx_status_t groups_copy(Kvx__Group *const *in, size_t n, kvx_group_ids_t *out,
+                                size_t *total_p)
+{
+    for (size_t g = 0; g < n; g++) {
+        uint64_t *ids;
+
+        if (__builtin_add_overflow(*total_p, in[g]->n_ids, total_p) || *total_p > PUSH_MAX_IDS)
+            return error_set(KVX_ERR_INVALID, "push request: more than %u block ids", PUSH_MAX_IDS);
+        ids = malloc((in[g]->n_ids > 0 ? in[g]->n_ids : 1) * sizeof(*ids));
+        if (ids == NULL)
+            return error_no_memory("push request ids");
+        if (in[g]->n_ids > 0)
+            memcpy(ids, in[g]->ids, in[g]->n_ids * sizeof(*ids));
+        out[g] = (kvx_group_ids_t){ids, in[g]->n_ids};
+    }
+    return KVX_OK;
+}
+
+kvx_status_t push_request_decode(const void *buf, size_t size, struct push_request *req)
+{
+    Kvx__PushRequest *msg;
+    kvx_status_t status = KVX_OK;
+    size_t total        = 0;
+
+    *req = (struct push_request){0};
+    if (size > PUSH_MAX_REQUEST_SIZE)
+        return error_set(KVX_ERR_INVALID, "push request: %zu bytes is more than %u", size,
+                         PUSH_MAX_REQUEST_SIZE);
+    msg = kvx__push_request__unpack(NULL, size, buf);
+    if (msg == NULL)
+        return error_set(KVX_ERR_INVALID, "push request: %zu bytes are not a push request", size);
+    if (msg->n_local < 1 || msg->n_local > PUSH_MAX_GROUPS ||
+        (msg->n_remote != 0 && msg->n_remote != msg->n_local))
+        status = error_set(KVX_ERR_INVALID,
+                           "push request: %zu local and %zu remote groups"
+                           " (1..%d local; remote none or as many)",
+                           msg->n_local, msg->n_remote, PUSH_MAX_GROUPS);
+    if (status == KVX_OK && (msg->metadata.len == 0 || msg->metadata.len > KVX_MAX_METADATA_SIZE))
+        status =
+            error_set(KVX_ERR_INVALID, "push request: metadata of %zu bytes", msg->metadata.len);
+    if (status == KVX_OK) {
+        req->request_id = msg->request_id;
+        req->num_groups = msg->n_local;
+        req->has_remote = msg->n_remote > 0;
+        req->groups     = calloc(2 * msg->n_local, sizeof(*req->groups));
+        req->metadata   = malloc(msg->metadata.len);
+        if (req->groups == NULL || req->metadata == NULL)
+            status = error_no_memory("a push request");
+    }
+    if (status == KVX_OK) {
+        memcpy(req->metadata, msg->metadata.data, msg->metadata.len);
+        req->metadata_size = msg->metadata.len;
+        status             = groups_copy(msg->local, msg->n_local, req->groups, &total);
+    }
+    if (status == KVX_OK && req->has_remote)
+        status = groups_copy(msg->remote, msg->n_remote, req->groups + req->num_groups, &total);
+    kvx__push_request__free_unpacked(msg, NULL);
+    if (status != KVX_OK)
+        push_request_free(req);
+    return status;
+}
+
+kvx_status_t push_request_encode(uint64_t request_id, const void *metadata, size_t metadata_size,
+                                 const kvx_request_t *request, void **buf_p, size_t *size_p)
+{
+    size_t n             = request->num_local_groups;
+    size_t nr            = request->remote != NULL ? request->num_remote_groups : 0;
+    Kvx__PushRequest msg = KVX__PUSH_REQUEST__INIT;
+    Kvx__Group *groups   = calloc(n + nr, sizeof(*groups));
+    Kvx__Group **local   = calloc(n, sizeof(*local));
+    Kvx__Group **remote  = calloc(nr > 0 ? nr : 1, sizeof(*remote));
+    kvx_status_t status  = KVX_OK;
+    void *buf            = NULL;
+    size_t size;
+
+    if (groups == NULL || local == NULL || remote == NULL) {
+        status = error_no_memory("a push request");
+        goto out;
+    }
+    for (size_t g = 0; g < n + nr; g++) {
+        const kvx_group_ids_t *ids = g < n ? &request->local[g] : &request->remote[g - n];
+
+        kvx__group__init(&groups[g]);
+        groups[g].n_ids = ids->count;
+        groups[g].ids   = (uint64_t *)ids->ids;
+        if (g < n)
+            local[g] = &groups[g];
+        else
+            remote[g - n] = &groups[g];
+    }
+    msg.request_id = request_id;
+    msg.metadata   = (ProtobufCBinaryData){metadata_size, (uint8_t *)metadata};
+    msg.n_local    = n;
+    msg.local      = local;
+    msg.n_remote   = nr;
+    msg.remote     = remote;
+    size           = kvx__push_request__get_packed_size(&msg);
+    if (size > PUSH_MAX_REQUEST_SIZE) {
+        status = error_set(KVX_ERR_INVALID, "push request: %zu bytes is more than %u", size,
+                           PUSH_MAX_REQUEST_SIZE);
+        goto out;
+    }
+    buf = malloc(size > 0 ? size : 1);
+    if (buf == NULL) {
+        status = error_no_memory("a push request");
+        goto out;
+    }
+    kvx__push_request__pack(&msg, buf);
+    *buf_p  = buf;
+    *size_p = size;
+
+out:
+    free(groups);
+    free(local);
+    free(remote);
+    return status;
+}
+
+/* Writes this rank's share of `req` into the decode agent described by `md`: plan from the
+ * decode side's view (it is the one whose blocks are filled), then one put per pair from
+ * this side's memory, a flush, and a notification. */
+static kvx_status_t push_serve_checked(kvx_agent_t *agent, const struct push_request *req,
+                                       kvx_metadata_t *md)
+{
+    kvx_metadata_info_t info;
+    kvx_peer_plan_params_t params;
+    kvx_peer_plan_t *plan         = NULL;
+    struct transport_ep *ep       = NULL;
+    struct transport_rkey **rkeys = NULL;
+    uint64_t *bases               = NULL;
+    kvx_pair_t *swapped           = NULL;
+    struct agent_notify note      = {AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE,
+                                     req->request_id,    agent->tp_rank,       0};
+    kvx_request_t request         = {req->groups, req->num_groups,
+                             req->has_remote ? req->groups + req->num_groups : NULL,
+                             req->has_remote ? req->num_groups : 0};
+    kvx_status_t status;
+
+    kvx_metadata_get_info(md, &info);
+    params = (kvx_peer_plan_params_t){
+        .field_mask = KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP | KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK |
+                      KVX_PEER_PLAN_PARAM_FIELD_REMOTE_TP,
+        .local_tp   = info.tp_size,
+        .local_rank = info.tp_rank,
+        .remote_tp  = agent->tp_size,
+    };
+    status = kvx_peer_plan_create(kvx_metadata_regions(md), agent->regions, &params, &plan);
+    if (status == KVX_OK)
+        status = kvx_peer_plan_request(plan, &request, agent->pairs);
+    if (status == KVX_OK)
+        status = transport_ep_create(agent->transport, info.transport_address.data,
+                                     info.transport_address.size, &ep);
+    if (status == KVX_OK) {
+        rkeys = calloc(info.num_registrations, sizeof(*rkeys));
+        bases = calloc(info.num_registrations, sizeof(*bases));
+        if (rkeys == NULL || bases == NULL)
+            status = error_no_memory("the decode side's keys");
+    }
+    for (size_t s = 0; status == KVX_OK && s < info.num_registrations; s++) {
+        kvx_registration_info_t reg;
+
+        kvx_metadata_registration(md, s, &reg);
+        bases[s] = reg.base;
+        status   = transport_rkey_unpack(ep, reg.remote_key.data, reg.remote_key.size, &rkeys[s]);
+    }
+    for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(agent->pairs); r++) {
+        uint32_t rank;
+        size_t count;
+        const kvx_pair_t *p              = kvx_pairs_read(agent->pairs, r, &rank, &count);
+        struct transport_targets targets = {agent->bases, bases, rkeys};
+
+        if (rank != agent->tp_rank)
+            continue; /* another prefill rank writes that share */
+        /* The plan is the decode side's: its "local" is our destination. */
+        swapped = malloc((count > 0 ? count : 1) * sizeof(*swapped));
+        if (swapped == NULL) {
+            status = error_no_memory("push pairs");
+            break;
+        }
+        for (size_t i = 0; i < count; i++)
+            swapped[i] = (kvx_pair_t){p[i].remote_storage, p[i].local_storage, p[i].remote_offset,
+                                      p[i].local_offset, p[i].len};
+        status = transport_rma(agent->transport, ep, true, swapped, count, &targets,
+                               (int)agent->timeout_ms);
+        free(swapped);
+    }
+    /* The puts were flushed: the data is there before the notification. */
+    if (status == KVX_OK)
+        status = transport_am_send(agent->transport, ep, AGENT_AM_NOTIFY, &note, sizeof(note),
+                                   (int)agent->timeout_ms);
+    for (size_t s = 0; rkeys != NULL && s < info.num_registrations; s++)
+        transport_rkey_destroy(rkeys[s]);
+    free(rkeys);
+    free(bases);
+    transport_ep_destroy(agent->transport, ep);
+    kvx_peer_plan_destroy(plan);
+    return status;
+}
+
+kvx_status_t push_serve(kvx_agent_t *agent, const void *body, size_t size)
+{
+    struct push_request req;
+    kvx_metadata_t *md  = NULL;
+    kvx_status_t status = push_request_decode(body, size, &req);
+
+    if (status != KVX_OK)
+        return status;
+    status =
+        kvx_metadata_unpack(req.metadata, req.metadata_size, agent->regions, KVX_MODE_PUSH, &md);
+    if (status == KVX_OK)
+        status = push_serve_checked(agent, &req, md);
+    kvx_metadata_destroy(md);
+    push_request_free(&req);
+    return status;
+}
