@@ -546,6 +546,31 @@ KVX_API kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms);
 /* Counters of a serving agent: notifications received, and malformed ones dropped. */
 KVX_API uint64_t kvx_agent_notifications(const kvx_agent_t *agent, uint64_t *dropped_p);
 
+/* Called once per held request when it is released: every consumer reported `done`. The
+ * block ids are those given to kvx_hold, valid during the call. Runs inside
+ * kvx_agent_progress. */
+typedef void (*kvx_release_cb_t)(void *arg, uint64_t request_id, const kvx_group_ids_t *groups,
+                                 size_t num_groups);
+
+KVX_API void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t callback,
+                                            void *arg);
+
+/* Prefill side: holds request `request_id`'s blocks (copied) until `consumers` decode ranks
+ * reported `done` for it, then releases them through the callback. Errors: KVX_ERR_INVALID
+ * for a request already held, zero consumers, or more than KVX_MAX_HELD requests. Leases
+ * (release on expiry) come with the next issue. */
+#define KVX_MAX_HELD 65536 /* requests held at once by one agent */
+KVX_API kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id,
+                              const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers);
+
+typedef struct kvx_hold_stats {
+    uint64_t held;     /* requests held now */
+    uint64_t released; /* released after every consumer's done */
+    uint64_t unknown;  /* done for a request not held (unknown or repeated): counted, ignored */
+} kvx_hold_stats_t;
+
+KVX_API void kvx_agent_hold_stats(const kvx_agent_t *agent, kvx_hold_stats_t *stats_p);
+
 /* Decode side: asks the agent listening at `address` ("HOST:PORT") for its metadata, checks
  * it (compatibility hash, then the region table against ours with the TP sizes of both),
  * connects the transport and unpacks the remote keys. Errors name the failing step. */

@@ -37,6 +37,7 @@ static void agent_on_notify(void *arg, const void *data, size_t size)
         return;
     }
     agent->notifications++;
+    hold_table_done(&agent->holds, n.request_id);
 }
 
 /* Maps each storage: the caller's memory, or memory UCX allocates. */
@@ -154,6 +155,7 @@ void kvx_agent_destroy(kvx_agent_t *agent)
         transport_mem_unmap(agent->transport, agent->mems[s]);
     transport_destroy(agent->transport);
     kvx_pairs_destroy(agent->pairs);
+    hold_table_free(&agent->holds);
     kvx_regions_destroy(agent->regions);
     free(agent->metadata);
     free(agent->push_metadata);
@@ -338,4 +340,23 @@ kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms)
         if (events > 0 || waited_ms >= timeout_ms)
             return KVX_OK;
     }
+}
+
+void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t callback, void *arg)
+{
+    agent->holds.callback = callback;
+    agent->holds.arg      = arg;
+}
+
+kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_ids_t *groups,
+                      size_t num_groups, uint32_t consumers)
+{
+    if (agent == NULL)
+        return error_set(KVX_ERR_INVALID, "hold: no agent");
+    return hold_table_add(&agent->holds, request_id, groups, num_groups, consumers);
+}
+
+void kvx_agent_hold_stats(const kvx_agent_t *agent, kvx_hold_stats_t *stats_p)
+{
+    *stats_p = (kvx_hold_stats_t){agent->holds.count, agent->holds.released, agent->holds.unknown};
 }

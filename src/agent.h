@@ -3,6 +3,7 @@
 #ifndef KVX_SRC_AGENT_H
 #define KVX_SRC_AGENT_H
 
+#include "agent_hold.h"
 #include "regions.h"
 #include "transport.h"
 
@@ -42,6 +43,7 @@ struct kvx_agent {
     kvx_pairs_t *pairs; /* reused by every read */
     uint64_t notifications;
     uint64_t dropped;
+    struct hold_table holds;      /* requests held for their consumers */
 };
 
 struct kvx_peer {

@@ -1,0 +1,164 @@
+/* agent_hold.c: requests a prefill agent holds for its consumers. Open addressing with
+ * backward-shift deletion keeps lookups O(1) and the table free of tombstones; the table
+ * grows by doubling up to KVX_MAX_HELD requests. */
+#include "agent_hold.h"
+
+#include "error.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct hold {
+    bool used;
+    uint64_t request_id;
+    uint32_t consumers;      /* still to report done */
+    kvx_group_ids_t *groups; /* copies, released with the hold */
+    size_t num_groups;
+};
+
+static size_t hold_hash(uint64_t id, size_t size)
+{
+    id ^= id >> 33;
+    id *= 0xff51afd7ed558ccdu;
+    id ^= id >> 33;
+    return (size_t)id & (size - 1);
+}
+
+static struct hold *hold_find(struct hold_table *t, uint64_t id)
+{
+    if (t->size == 0)
+        return NULL;
+    for (size_t i = hold_hash(id, t->size);; i = (i + 1) & (t->size - 1)) {
+        if (!t->slots[i].used)
+            return NULL;
+        if (t->slots[i].request_id == id)
+            return &t->slots[i];
+    }
+}
+
+static void hold_insert(struct hold *slots, size_t size, const struct hold *h)
+{
+    size_t i = hold_hash(h->request_id, size);
+
+    while (slots[i].used)
+        i = (i + 1) & (size - 1);
+    slots[i] = *h;
+}
+
+/* Keeps the table at most half full. */
+static kvx_status_t hold_table_grow(struct hold_table *t)
+{
+    size_t size = t->size == 0 ? 64 : t->size * 2;
+    struct hold *slots;
+
+    if ((t->count + 1) * 2 <= t->size)
+        return KVX_OK;
+    slots = calloc(size, sizeof(*slots));
+    if (slots == NULL)
+        return error_no_memory("the hold table");
+    for (size_t i = 0; i < t->size; i++) {
+        if (t->slots[i].used)
+            hold_insert(slots, size, &t->slots[i]);
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->size  = size;
+    return KVX_OK;
+}
+
+static void groups_free(kvx_group_ids_t *groups, size_t n)
+{
+    for (size_t g = 0; groups != NULL && g < n; g++)
+        free((void *)groups[g].ids);
+    free(groups);
+}
+
+kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,
+                            const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers)
+{
+    struct hold h = {true, request_id, consumers, NULL, num_groups};
+    kvx_status_t status;
+
+    if (consumers == 0)
+        return error_set(KVX_ERR_INVALID, "hold %" PRIu64 ": zero consumers", request_id);
+    if (hold_find(t, request_id) != NULL)
+        return error_set(KVX_ERR_INVALID, "hold %" PRIu64 ": already held", request_id);
+    if (t->count >= KVX_MAX_HELD)
+        return error_set(KVX_ERR_INVALID, "hold %" PRIu64 ": %d requests are held already",
+                         request_id, KVX_MAX_HELD);
+    if (num_groups > 0 && groups == NULL)
+        return error_set(KVX_ERR_INVALID, "hold %" PRIu64 ": groups missing", request_id);
+    h.groups = calloc(num_groups > 0 ? num_groups : 1, sizeof(*h.groups));
+    if (h.groups == NULL)
+        return error_no_memory("a hold");
+    for (size_t g = 0; g < num_groups; g++) {
+        uint64_t *ids = malloc((groups[g].count > 0 ? groups[g].count : 1) * sizeof(*ids));
+
+        if (ids == NULL || (groups[g].count > 0 && groups[g].ids == NULL)) {
+            free(ids);
+            groups_free(h.groups, g);
+            return ids == NULL ? error_no_memory("a hold")
+                               : error_set(KVX_ERR_INVALID, "hold: group %zu has no ids", g);
+        }
+        if (groups[g].count > 0)
+            memcpy(ids, groups[g].ids, groups[g].count * sizeof(*ids));
+        h.groups[g] = (kvx_group_ids_t){ids, groups[g].count};
+    }
+    status = hold_table_grow(t);
+    if (status != KVX_OK) {
+        groups_free(h.groups, num_groups);
+        return status;
+    }
+    hold_insert(t->slots, t->size, &h);
+    t->count++;
+    return KVX_OK;
+}
+
+/* Removes slot i, shifting later members of its probe run back so lookups stay correct. */
+static void hold_remove(struct hold_table *t, size_t i)
+{
+    size_t mask = t->size - 1;
+
+    t->slots[i].used = false;
+    for (size_t j = (i + 1) & mask; t->slots[j].used; j = (j + 1) & mask) {
+        size_t home = hold_hash(t->slots[j].request_id, t->size);
+
+        /* Move j into the hole when its home is not between the hole and j (cyclically). */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            t->slots[i]      = t->slots[j];
+            t->slots[j].used = false;
+            i                = j;
+        }
+    }
+    t->count--;
+}
+
+void hold_table_done(struct hold_table *t, uint64_t request_id)
+{
+    struct hold *h = hold_find(t, request_id);
+    struct hold released;
+
+    if (h == NULL) {
+        t->unknown++;
+        return;
+    }
+    if (--h->consumers > 0)
+        return;
+    released = *h;
+    hold_remove(t, (size_t)(h - t->slots));
+    t->released++;
+    if (t->callback != NULL)
+        t->callback(t->arg, released.request_id, released.groups, released.num_groups);
+    groups_free(released.groups, released.num_groups);
+}
+
+void hold_table_free(struct hold_table *t)
+{
+    for (size_t i = 0; i < t->size; i++) {
+        if (t->slots[i].used)
+            groups_free(t->slots[i].groups, t->slots[i].num_groups);
+    }
+    free(t->slots);
+    *t = (struct hold_table){0};
+}

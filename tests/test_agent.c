@@ -1,0 +1,188 @@
+/* test_agent.c: the prefill side's holds, alone (a model check over random holds and dones)
+ * and between two real processes: a request held for two consumers is released after the
+ * second `done` arrives over UCX, once, and a repeated `done` is counted and ignored. */
+#include "agent_hold.h"
+#include "layouts.h"
+#include "prng.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#define MODEL_IDS 512
+
+struct release_log {
+    uint64_t ids[4096];
+    size_t count;
+    uint64_t blocks; /* sum of the first block id of each release, to check the copy */
+};
+
+static void on_release(void *arg, uint64_t request_id, const kvx_group_ids_t *groups,
+                       size_t num_groups)
+{
+    struct release_log *log = arg;
+
+    if (log->count < 4096)
+        log->ids[log->count++] = request_id;
+    if (num_groups > 0 && groups[0].count > 0)
+        log->blocks += groups[0].ids[0];
+}
+
+/* Random holds and dones against a plain array model: released once after the last
+ * consumer, unknown dones counted, the table's count always the model's. */
+static void holds_release_after_the_last_consumer(void **state)
+{
+    uint64_t seed             = prng_seed_from_env(77);
+    struct hold_table table   = {0};
+    struct release_log log    = {0};
+    uint32_t model[MODEL_IDS] = {0}; /* consumers left; 0: not held */
+    uint64_t released         = 0;
+    uint64_t unknown          = 0;
+    size_t held               = 0;
+    struct prng prng;
+
+    (void)state;
+    prng_init(&prng, seed);
+    table.callback = on_release;
+    table.arg      = &log;
+    for (int step = 0; step < 20000; step++) {
+        uint64_t id = prng_range(&prng, 0, MODEL_IDS - 1);
+
+        if (prng_range(&prng, 0, 2) == 0) {
+            uint32_t consumers = (uint32_t)prng_range(&prng, 1, 3);
+            uint64_t block     = id * 10;
+            kvx_group_ids_t g  = {&block, 1};
+            kvx_status_t st    = hold_table_add(&table, id, &g, 1, consumers);
+
+            if ((st == KVX_OK) != (model[id] == 0))
+                fail_msg("seed %llu step %d: hold %llu gave %d", (unsigned long long)seed, step,
+                         (unsigned long long)id, st);
+            if (st == KVX_OK) {
+                model[id] = consumers;
+                held++;
+            }
+        } else {
+            hold_table_done(&table, id);
+            if (model[id] == 0) {
+                unknown++;
+            } else if (--model[id] == 0) {
+                released++;
+                held--;
+                assert_int_equal(log.ids[log.count - 1], id);
+            }
+        }
+        if (table.count != held || table.released != released || table.unknown != unknown)
+            fail_msg("seed %llu step %d: table %zu/%llu/%llu, model %zu/%llu/%llu",
+                     (unsigned long long)seed, step, table.count,
+                     (unsigned long long)table.released, (unsigned long long)table.unknown, held,
+                     (unsigned long long)released, (unsigned long long)unknown);
+    }
+    assert_int_equal(log.count, released);
+    hold_table_free(&table);
+}
+
+static void hold_refuses_bad_requests(void **state)
+{
+    struct hold_table table = {0};
+
+    (void)state;
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 0), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "zero consumers"));
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "already held"));
+    assert_int_equal(hold_table_add(&table, 2, NULL, 3, 1), KVX_ERR_INVALID);
+    hold_table_free(&table);
+}
+
+static const char layout_json[] =
+    "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 65536}], 'views': ["
+    "{'name': 'layers.0.mla', 'kind': 'mla', 'storage': 'kv', 'page': 4096, 'stride': 4096,"
+    " 'num_blocks': 16}]}";
+
+/* The prefill process: holds request 7 for two consumers, serves until it was released and
+ * one repeated done arrived, and exits 0 when the counts say so. */
+static int run_prefill(const char *listen, int ready)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN, .listen = listen};
+    struct release_log log    = {0};
+    uint64_t block            = 5;
+    kvx_group_ids_t group     = {&block, 1};
+    kvx_layout_t *layout;
+    kvx_agent_t *agent;
+    kvx_hold_stats_t stats;
+
+    alarm(30);
+    if (layout_from_quoted(layout_json, &layout) != KVX_OK ||
+        kvx_agent_create(layout, &params, &agent) != KVX_OK)
+        return 10;
+    kvx_layout_destroy(layout);
+    kvx_agent_set_release_callback(agent, on_release, &log);
+    if (kvx_hold(agent, 7, &group, 1, 2) != KVX_OK)
+        return 11;
+    (void)!write(ready, "r", 1);
+    do {
+        kvx_agent_progress(agent, 10);
+        kvx_agent_hold_stats(agent, &stats);
+    } while (stats.released + stats.unknown < 2);
+    kvx_agent_destroy(agent);
+    return stats.held == 0 && stats.released == 1 && stats.unknown == 1 && log.count == 1 &&
+                   log.ids[0] == 7 && log.blocks == 5
+               ? 0
+               : 12;
+}
+
+static void held_request_is_released_after_every_consumer(void **state)
+{
+    char listen[32];
+    int ready[2];
+    int status;
+    char c;
+    pid_t pid;
+    kvx_layout_t *layout;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    uint64_t ids[]        = {5};
+    kvx_group_ids_t group = {ids, 1};
+    kvx_request_t request = {&group, 1, NULL, 0};
+
+    (void)state;
+    snprintf(listen, sizeof(listen), "127.0.0.1:%d", 30000 + (int)(getpid() % 20000));
+    assert_int_equal(pipe(ready), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(run_prefill(listen, ready[1]));
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    assert_int_equal(layout_from_quoted(layout_json, &layout), KVX_OK);
+    assert_int_equal(kvx_agent_create(layout, NULL, &agent), KVX_OK);
+    kvx_layout_destroy(layout);
+    assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
+    /* Two consumers' dones, then a repeated one. */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kvx_read(agent, &peer, 1, 7, &request, NULL), KVX_OK);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    kvx_peer_destroy(peer);
+    kvx_agent_destroy(agent);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(holds_release_after_the_last_consumer),
+        cmocka_unit_test(hold_refuses_bad_requests),
+        cmocka_unit_test(held_request_is_released_after_every_consumer),
+    };
+
+    setenv("UCX_NET_DEVICES", "lo", 1); /* never another interface */
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
