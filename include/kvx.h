@@ -578,7 +578,8 @@ KVX_API kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address,
                                        kvx_peer_t **peer_p);
 KVX_API void kvx_peer_destroy(kvx_peer_t *peer);
 
-/* The transports UCX was given for a peer ("sm,cma,tcp"). */
+/* The transports UCX really uses for a peer, lane by lane with their roles, once a read
+ * wired the endpoint up ("sysv(am) posix cma(rma_bw)"); before that, the list it was given. */
 KVX_API const char *kvx_peer_transports(const kvx_peer_t *peer);
 
 typedef struct kvx_read_stats {

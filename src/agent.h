@@ -43,7 +43,7 @@ struct kvx_agent {
     kvx_pairs_t *pairs; /* reused by every read */
     uint64_t notifications;
     uint64_t dropped;
-    struct hold_table holds;      /* requests held for their consumers */
+    struct hold_table holds; /* requests held for their consumers */
 };
 
 struct kvx_peer {
@@ -55,7 +55,8 @@ struct kvx_peer {
     size_t num_storages;
     uint32_t tp_rank;
     kvx_peer_plan_t *plan;
-    char *address; /* HOST:PORT of its side channel */
+    char *address;        /* HOST:PORT of its side channel */
+    char transports[256]; /* what UCX chose, after the first read */
 };
 
 /* The side channel's request-reply on a fresh REQ socket to `address`: sends the frames,

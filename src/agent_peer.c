@@ -176,7 +176,7 @@ kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer
 
 const char *kvx_peer_transports(const kvx_peer_t *peer)
 {
-    return peer->agent->transports;
+    return peer->transports[0] != '\0' ? peer->transports : peer->agent->transports;
 }
 
 static double now_seconds(void)
@@ -231,6 +231,8 @@ kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_p
         targets = (struct transport_targets){agent->bases, peer->remote_bases, peer->rkeys};
         status  = transport_rma(agent->transport, peer->ep, false, pairs, count, &targets,
                                 (int)agent->timeout_ms);
+        if (status == KVX_OK && peer->transports[0] == '\0') /* lanes are wired up by now */
+            transport_ep_describe(peer->ep, peer->transports, sizeof(peer->transports));
         if (status != KVX_OK) {
             char what[768];
 

@@ -7,6 +7,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -399,4 +400,53 @@ kvx_status_t transport_am_send(struct transport *t, struct transport_ep *ep, uns
         return error_set(KVX_ERR_IO, "transport: the endpoint failed earlier");
     return request_wait(t, ucp_am_send_nbx(ep->ep, id, NULL, 0, data, size, &param),
                         "sending an active message", timeout_ms);
+}
+
+/* Parses ucp_ep_print_info's lane lines, "lane[0]:  3:cma/memory.0 md[3] -> md[3]/cma/...
+ * rma_bw#0 am", into "cma(rma_bw,am)": UCX 1.13 has no query for an endpoint's transports. */
+void transport_ep_describe(struct transport_ep *ep, char *buf, size_t size)
+{
+    char *text   = NULL;
+    size_t len   = 0;
+    size_t used  = 0;
+    FILE *stream = open_memstream(&text, &len);
+    char *line;
+    char *save;
+
+    buf[0] = '\0';
+    if (stream == NULL)
+        return;
+    ucp_ep_print_info(ep->ep, stream);
+    fclose(stream);
+    for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        char *lane = strstr(line, "lane[");
+        char *tl;
+        char *slash;
+        char *arrow;
+        char roles[128] = "";
+
+        if (lane == NULL || (tl = strchr(lane, ':')) == NULL ||
+            (tl = strchr(tl + 1, ':')) == NULL || (slash = strchr(tl, '/')) == NULL)
+            continue;
+        tl++;
+        *slash = '\0';
+        if ((arrow = strstr(slash + 1, "-> ")) != NULL &&
+            (arrow = strchr(arrow + 3, ' ')) != NULL) {
+            for (char *w = strtok_r(arrow, " ", &arrow); w != NULL;
+                 w       = strtok_r(NULL, " ", &arrow)) {
+                char *hash = strchr(w, '#');
+                size_t r   = strlen(roles);
+
+                if (hash != NULL)
+                    *hash = '\0';
+                snprintf(roles + r, sizeof(roles) - r, "%s%s", r > 0 ? "," : "", w);
+            }
+        }
+        used += (size_t)snprintf(buf + used, used < size ? size - used : 0, "%s%s%s%s%s",
+                                 used > 0 ? " " : "", tl, roles[0] != '\0' ? "(" : "", roles,
+                                 roles[0] != '\0' ? ")" : "");
+        if (used >= size)
+            break;
+    }
+    free(text);
 }

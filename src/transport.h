@@ -64,6 +64,10 @@ kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
 kvx_status_t transport_am_send(struct transport *t, struct transport_ep *ep, unsigned id,
                                const void *data, size_t size, int timeout_ms);
 
+/* Describes the transports UCX really chose for `ep`, lane by lane, with each lane's role
+ * ("sysv(am) posix cma(rma_bw)"): the configured list is only what UCX may choose from. */
+void transport_ep_describe(struct transport_ep *ep, char *buf, size_t size);
+
 /* Progresses the worker once; returns the number of events it handled. */
 unsigned transport_progress(struct transport *t);
 

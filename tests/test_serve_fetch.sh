@@ -79,6 +79,7 @@ sed 's/"num_blocks": 2048/"num_blocks": 64/; s/"size": 3297116160/"size": 103034
   "$src/layouts/models/deepseek-v4.1.json" >"$tmp/v41.json"
 serve "$tmp/v41.json" --malloc
 check "pull DeepSeek-V4.1-style slab, every group, verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3,5,60;2:7-9'
+check "fetch reports the transport UCX really uses for RMA" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' | grep -qE 'over .*\(([a-z_]+,)*rma_bw'"
 check "push DeepSeek-V4.1-style slab: P writes, every byte verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3,5,60;2:7-9' --push
 check "push into malloc'd storage, verified" fetch_verified "$tmp/v41.json" '0:40-47;1:0;2:63' --push --malloc
 check "wrong seed is a mismatch, not a pass" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' --verify --fill 41 | grep -q '^MISMATCH: local storage 0 byte '"

@@ -142,9 +142,8 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *peer, bool push, kvx_grou
     double total_seconds       = 0;
     unsigned rng               = DEMO_SEED;
 
-    printf("\n%s %zu requests %s the prefill process at %s over %s:\n",
-           push ? "push:" : "pull:", n_requests, push ? "written by" : "read from", address,
-           kvx_peer_transports(peer));
+    printf("\n%s %zu requests %s the prefill process at %s:\n",
+           push ? "push:" : "pull:", n_requests, push ? "written by" : "read from", address);
     for (size_t i = 0; i < n_requests; i++) {
         uint64_t blocks = demo_request_blocks[i] < capacity ? demo_request_blocks[i] : capacity;
         kvx_request_t request;
@@ -175,9 +174,10 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *peer, bool push, kvx_grou
         total_seconds += stats.seconds;
     }
     printf("total: %" PRIu64 " descriptors -> %" PRIu64 " after coalescing, %.1f MB in %.2f ms,"
-           " %.2f GB/s (2 noisy cores: read the figure as an order of magnitude)\n",
+           " %.2f GB/s over %s (2 noisy cores: read the figure as an order of magnitude)\n",
            total_descriptors, total_posted, (double)total_bytes / 1e6, total_seconds * 1e3,
-           total_seconds > 0 ? (double)total_bytes / total_seconds / 1e9 : 0.0);
+           total_seconds > 0 ? (double)total_bytes / total_seconds / 1e9 : 0.0,
+           kvx_peer_transports(peer));
     return true;
 }
 
