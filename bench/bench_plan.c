@@ -2,6 +2,7 @@
  * one peer, on the Llama-3-8B and DeepSeek-V4-Flash layout files at 1k, 16k and 128k tokens,
  * with scattered and with consecutive block ids. Uses only kvx.h; run by hand, never by ctest
  * (STYLE.md 6). bench/plan_numpy.py checks its pairs against NumPy and compares the speed. */
+#include "bench_common.h"
 #include "bench_layout.h"
 
 #include "kvx.h"
@@ -87,22 +88,6 @@ struct bench_table {
     uint64_t capacity;     /* smallest num_blocks of any region */
     uint64_t scale;
 };
-
-static uint64_t clock_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
-}
-
-static int stats_compare(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a;
-    uint64_t y = *(const uint64_t *)b;
-
-    return x < y ? -1 : x > y;
-}
 
 /* Sorts the n samples (ns) and summarises them: median (mean of the middle two for an even
  * count), nearest-rank p90. */
@@ -547,47 +532,6 @@ static double clock_overhead_ns(void)
     }
     qsort(samples, 1001, sizeof(*samples), stats_compare);
     return (double)samples[500];
-}
-
-/* The "model name" of /proc/cpuinfo, or "unknown". */
-static void cpu_model_read(char *buf, size_t size)
-{
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-
-    snprintf(buf, size, "unknown");
-    if (f == NULL)
-        return;
-    while (fgets(line, sizeof(line), f) != NULL) {
-        char *colon = strchr(line, ':');
-
-        if (strncmp(line, "model name", 10) != 0 || colon == NULL)
-            continue;
-        colon++;
-        while (*colon == ' ' || *colon == '\t')
-            colon++;
-        colon[strcspn(colon, "\n")] = '\0';
-        snprintf(buf, size, "%s", colon);
-        break;
-    }
-    fclose(f);
-}
-
-/* Prints s as a JSON string: quotes, backslashes and control bytes escaped. */
-static void json_string_print(const char *s)
-{
-    putchar('"');
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char)*s;
-
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
 }
 
 /* Descriptors (before coalescing) per second at the median. */

@@ -1,6 +1,7 @@
 /* bench_register.c: times kvx_regions_register on a generated 1,265-view layout shaped like a
  * large production model, plus loading that layout from JSON and one 1,024-block request.
  * Uses only kvx.h; run by hand (`make bench`), never by ctest (STYLE.md 6). */
+#include "bench_common.h"
 #include "bench_layout.h"
 
 #include "kvx.h"
@@ -54,22 +55,6 @@ struct bench_ctx {
 };
 
 typedef kvx_status_t (*bench_once_fn)(struct bench_ctx *ctx, uint64_t *ns_p);
-
-static uint64_t clock_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
-}
-
-static int stats_compare(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a;
-    uint64_t y = *(const uint64_t *)b;
-
-    return x < y ? -1 : x > y;
-}
 
 /* Runs `once` BENCH_WARMUPS times untimed, then ctx->iters times, and summarises the
  * samples: median (mean of the middle two for an even count), nearest-rank p90. */
@@ -136,47 +121,6 @@ static kvx_status_t request_once(struct bench_ctx *ctx, uint64_t *ns_p)
 
     *ns_p = end - start;
     return status;
-}
-
-/* The "model name" of /proc/cpuinfo, or "unknown". */
-static void cpu_model_read(char *buf, size_t size)
-{
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-
-    snprintf(buf, size, "unknown");
-    if (f == NULL)
-        return;
-    while (fgets(line, sizeof(line), f) != NULL) {
-        char *colon = strchr(line, ':');
-
-        if (strncmp(line, "model name", 10) != 0 || colon == NULL)
-            continue;
-        colon++;
-        while (*colon == ' ' || *colon == '\t')
-            colon++;
-        colon[strcspn(colon, "\n")] = '\0';
-        snprintf(buf, size, "%s", colon);
-        break;
-    }
-    fclose(f);
-}
-
-/* Prints s as a JSON string: quotes, backslashes and control bytes escaped. */
-static void json_string_print(const char *s)
-{
-    putchar('"');
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char)*s;
-
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
 }
 
 static void json_stats_print(const char *key, const struct bench_stats *s)
