@@ -88,6 +88,16 @@ check "wrong seed is a mismatch, not a pass" bash -c "'$kvx' fetch '$tmp/v41.jso
 check "hash mismatch is named" bash -c "'$kvx' fetch '$src/layouts/examples/example1-packed-mla-slab.json' --peer $addr --blocks '0:1' 2>&1 | grep -q 'incompatible peer: model_id: local \"\", remote \"deepseek-v4.1-style\"'"
 sed 's/"page": 32768/"page": 16384/' "$tmp/v41.json" >"$tmp/v41-narrow.json"
 check "table mismatch is named" bash -c "'$kvx' fetch '$tmp/v41-narrow.json' --peer $addr --blocks '0:1;1:1;2:1' 2>&1 | grep -q \"peer $addr: \""
+# Garbage on the side channel: random bytes on a raw TCP connection, and a ZeroMQ-looking
+# greeting followed by junk. ZeroMQ drops such peers; P must keep serving.
+garbage() {
+  local host=${addr%:*} port=${addr#*:}
+  { head -c 4096 /dev/urandom; } 2>/dev/null >"/dev/tcp/$host/$port"
+  { printf '\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f\x03\x00NULL'; head -c 600 /dev/urandom; } \
+    2>/dev/null >"/dev/tcp/$host/$port"
+  return 0
+}
+check "garbage on the side channel is survived" garbage
 check "P still serves after refusals" fetch_verified "$tmp/v41.json" '0:0-3;1:0;2:0'
 check "peer not listening: an error within the timeout" bash -c "! timeout 20 '$kvx' fetch '$tmp/v41.json' --peer 127.0.0.1:1 --blocks '0:1' --timeout 500 2>&1 | grep -q verified"
 check "block id beyond capacity fails before any transfer" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:64;1:0;2:0' 2>&1 | grep -q 'out of range'"
