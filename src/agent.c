@@ -124,16 +124,24 @@ out:
     return status;
 }
 
+kvx_status_t agent_endpoint(const char *address, const char *what, char *endpoint, size_t size)
+{
+    if (strchr(address, ':') == NULL || strlen(address) + sizeof("tcp://") > size)
+        return error_set(KVX_ERR_INVALID, "%s: \"%.64s\" is not HOST:PORT", what, address);
+    snprintf(endpoint, size, "tcp://%s", address);
+    return KVX_OK;
+}
+
 /* Binds the side channel at "HOST:PORT". */
 static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
 {
     int64_t max_request = AGENT_MAX_REQUEST;
     int linger          = 0;
     char endpoint[300];
+    kvx_status_t status = agent_endpoint(listen, "listen", endpoint, sizeof(endpoint));
 
-    if (strchr(listen, ':') == NULL || strlen(listen) > 255)
-        return error_set(KVX_ERR_INVALID, "listen: \"%.64s\" is not HOST:PORT", listen);
-    snprintf(endpoint, sizeof(endpoint), "tcp://%s", listen);
+    if (status != KVX_OK)
+        return status;
     agent->router = zmq_socket(agent->zmq, ZMQ_ROUTER);
     if (agent->router == NULL ||
         zmq_setsockopt(agent->router, ZMQ_MAXMSGSIZE, &max_request, sizeof(max_request)) != 0 ||

@@ -59,6 +59,9 @@ struct kvx_peer {
     char transports[256]; /* what UCX chose, after the first read */
 };
 
+/* "tcp://HOST:PORT" for a side-channel address "HOST:PORT"; `what` names it in errors. */
+kvx_status_t agent_endpoint(const char *address, const char *what, char *endpoint, size_t size);
+
 /* The side channel's request-reply on a fresh REQ socket to `address`: sends the frames,
  * returns the one reply frame (malloc'd) or an error after the agent's timeout. */
 kvx_status_t agent_side_request(kvx_agent_t *agent, const char *address, const void *const *frames,

@@ -43,12 +43,12 @@ kvx_status_t agent_side_request(kvx_agent_t *agent, const char *address, const v
     zmq_msg_t reply;
     bool sent = true;
 
-    if (strchr(address, ':') == NULL || strlen(address) > 255) {
+    status = agent_endpoint(address, "peer", endpoint, sizeof(endpoint));
+    if (status != KVX_OK) {
         if (socket != NULL)
             zmq_close(socket);
-        return error_set(KVX_ERR_INVALID, "peer: \"%.64s\" is not HOST:PORT", address);
+        return status;
     }
-    snprintf(endpoint, sizeof(endpoint), "tcp://%s", address);
     if (socket == NULL ||
         zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
         zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof(timeout)) != 0 ||
