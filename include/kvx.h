@@ -37,7 +37,8 @@ typedef enum kvx_status {
     KVX_INPROGRESS       = 1,    /* a posted transfer has not completed yet */
     KVX_ERR_INVALID      = -1,   /* bad argument or input (layout, request); nothing changed */
     KVX_ERR_OUT_OF_RANGE = -2,   /* a block or descriptor id beyond its region's capacity */
-    KVX_ERR_IO           = -3,   /* a file could not be read */
+    KVX_ERR_IO           = -3,   /* a file could not be read, or a peer failed */
+    KVX_ERR_CANCELED     = -4,   /* a transfer was cancelled before it completed */
     KVX_ERR_NO_MEMORY    = -200, /* an allocation failed */
     KVX_ERR_INTERNAL     = -201, /* a broken invariant inside kvx: a bug, please report */
 } kvx_status_t;
@@ -588,6 +589,42 @@ typedef struct kvx_read_stats {
     uint64_t bytes;
     double seconds; /* from the first post to the last completion */
 } kvx_read_stats_t;
+
+typedef struct kvx_xfer kvx_xfer_t;
+
+/* Called exactly once when a posted transfer completes or fails, from kvx_agent_progress()
+ * or kvx_xfer_wait(), never inside kvx_read_post(). */
+typedef void (*kvx_xfer_cb_t)(void *arg, kvx_xfer_t *xfer, kvx_status_t status);
+
+/* Posts a pull of one request (as kvx_read, without waiting) and returns its handle: the
+ * agent's progress completes it, sends the `done` notifications once every get completed,
+ * and calls `callback` (may be NULL). A transfer that misses the agent's deadline, or whose
+ * gets fail, fails as a whole: the peers it was reading from are closed (their pending gets
+ * cancelled; connect again to use them) and kvx_xfer_failed_blocks() lists the block ids not
+ * loaded. On error nothing was posted and the callback never fires. */
+KVX_API kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                                   uint64_t request_id, const kvx_request_t *request,
+                                   kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p);
+
+/* KVX_INPROGRESS, KVX_OK, or the error of a failed transfer (message in kvx_xfer_error). */
+KVX_API kvx_status_t kvx_xfer_status(const kvx_xfer_t *xfer);
+KVX_API const char *kvx_xfer_error(const kvx_xfer_t *xfer);
+
+/* The local block ids (per group, as posted) that a failed transfer did not load: all of
+ * them, since a failed transfer is never partly reported as done. Empty unless failed. */
+KVX_API void kvx_xfer_failed_blocks(const kvx_xfer_t *xfer, const kvx_group_ids_t **groups_p,
+                                    size_t *num_groups_p);
+
+/* Progresses the agent until the transfer completed or failed; returns its final status. */
+KVX_API kvx_status_t kvx_xfer_wait(kvx_xfer_t *xfer);
+
+/* Bytes, descriptors and time of a completed transfer. */
+KVX_API void kvx_xfer_stats(const kvx_xfer_t *xfer, kvx_read_stats_t *stats_p);
+
+/* Releases a transfer; one still in progress is cancelled first (its peers are closed, and
+ * its callback fires with KVX_ERR_CANCELED). Destroy transfers before the peers and agent
+ * they use. NULL-safe. */
+KVX_API void kvx_xfer_destroy(kvx_xfer_t *xfer);
 
 /* Pulls one request from the prefill ranks in `peers` (one per remote TP rank this rank
  * reads from, in any order): plans it, gets every pair, and once all data is here sends a

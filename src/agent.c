@@ -332,6 +332,7 @@ kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms)
         /* UCX first: notifications must not wait behind the side channel. */
         while (transport_progress(agent->transport) > 0)
             events++;
+        agent_xfers_progress(agent);
         /* Polls of a few ms keep the transport progressing while the side channel is quiet
          * without spinning; UCX's wakeup descriptor would make it exact (not used yet). */
         if (agent->router != NULL) {

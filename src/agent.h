@@ -44,6 +44,7 @@ struct kvx_agent {
     uint64_t notifications;
     uint64_t dropped;
     struct hold_table holds; /* requests held for their consumers */
+    struct kvx_xfer *xfers;  /* posted transfers in flight, a list for O(1) removal */
 };
 
 struct kvx_peer {
@@ -58,6 +59,13 @@ struct kvx_peer {
     char *address;        /* HOST:PORT of its side channel */
     char transports[256]; /* what UCX chose, after the first read */
 };
+
+/* Completes or fails the posted transfers whose operations finished or whose deadline
+ * passed (agent_xfer.c); called by kvx_agent_progress. */
+void agent_xfers_progress(kvx_agent_t *agent);
+
+/* The peer among `peers` that is remote TP rank `rank`, or NULL. */
+kvx_peer_t *agent_peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t rank);
 
 /* "tcp://HOST:PORT" for a side-channel address "HOST:PORT"; `what` names it in errors. */
 kvx_status_t agent_endpoint(const char *address, const char *what, char *endpoint, size_t size);

@@ -187,90 +187,6 @@ static double now_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* The peer among `peers` that is remote TP rank `rank`, or NULL. */
-static kvx_peer_t *peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t rank)
-{
-    for (size_t i = 0; i < num_peers; i++) {
-        if (peers[i]->tp_rank == rank)
-            return peers[i];
-    }
-    return NULL;
-}
-
-kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
-                      uint64_t request_id, const kvx_request_t *request, kvx_read_stats_t *stats_p)
-{
-    struct agent_notify note = {AGENT_NOTIFY_MAGIC,
-                                AGENT_NOTIFY_VERSION,
-                                AGENT_NOTIFY_DONE,
-                                0,
-                                agent != NULL ? agent->tp_rank : 0,
-                                0};
-    kvx_pairs_stats_t stats;
-    kvx_status_t status;
-    double start;
-
-    if (agent == NULL || peers == NULL || num_peers == 0 || request == NULL)
-        return error_set(KVX_ERR_INVALID, "read: agent, peers and request are required");
-    status = kvx_peer_plan_request(peers[0]->plan, request, agent->pairs);
-    if (status != KVX_OK)
-        return status;
-    start = now_seconds();
-    for (size_t r = 0; r < kvx_pairs_num_reads(agent->pairs); r++) {
-        uint32_t rank;
-        size_t count;
-        const kvx_pair_t *pairs = kvx_pairs_read(agent->pairs, r, &rank, &count);
-        kvx_peer_t *peer        = peer_of_rank(peers, num_peers, rank);
-        struct transport_targets targets;
-
-        if (peer == NULL)
-            return error_set(KVX_ERR_INVALID,
-                             "read: the request needs remote rank %" PRIu32
-                             ", which is not among the %zu peers",
-                             rank, num_peers);
-        targets = (struct transport_targets){agent->bases, peer->remote_bases, peer->rkeys};
-        status  = transport_rma(agent->transport, peer->ep, false, pairs, count, &targets,
-                                (int)agent->timeout_ms);
-        if (status == KVX_OK && peer->transports[0] == '\0') /* lanes are wired up by now */
-            transport_ep_describe(peer->ep, peer->transports, sizeof(peer->transports));
-        if (status != KVX_OK) {
-            char what[768];
-
-            snprintf(what, sizeof(what), "%s", kvx_errmsg());
-            return error_set(status, "read %" PRIu64 " from remote rank %" PRIu32 ": %s",
-                             request_id, rank, what);
-        }
-    }
-    /* Every get has completed: only now may the prefill side learn it can free the blocks. */
-    note.request_id = request_id;
-    for (size_t r = 0; r < kvx_pairs_num_reads(agent->pairs); r++) {
-        uint32_t rank;
-        kvx_peer_t *peer;
-
-        kvx_pairs_read(agent->pairs, r, &rank, NULL);
-        peer   = peer_of_rank(peers, num_peers, rank);
-        status = transport_am_send(agent->transport, peer->ep, AGENT_AM_NOTIFY, &note, sizeof(note),
-                                   (int)agent->timeout_ms);
-        if (status != KVX_OK)
-            return status;
-    }
-    for (size_t i = 0; i < kvx_peer_plan_num_notifies(peers[0]->plan); i++) {
-        kvx_peer_t *peer =
-            peer_of_rank(peers, num_peers, kvx_peer_plan_notify_rank(peers[0]->plan, i));
-
-        if (peer != NULL &&
-            (status = transport_am_send(agent->transport, peer->ep, AGENT_AM_NOTIFY, &note,
-                                        sizeof(note), (int)agent->timeout_ms)) != KVX_OK)
-            return status;
-    }
-    if (stats_p != NULL) {
-        kvx_pairs_stats(agent->pairs, &stats);
-        *stats_p = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes,
-                                      now_seconds() - start};
-    }
-    return KVX_OK;
-}
-
 kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                        uint64_t request_id, const kvx_request_t *request, kvx_read_stats_t *stats_p)
 {
@@ -295,7 +211,7 @@ kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
         size_t reply_size;
 
         kvx_pairs_read(agent->pairs, r, &rank, NULL);
-        peer = peer_of_rank(peers, num_peers, rank);
+        peer = agent_peer_of_rank(peers, num_peers, rank);
         if (peer == NULL) {
             status = error_set(KVX_ERR_INVALID,
                                "write: the request needs remote rank %" PRIu32

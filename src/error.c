@@ -44,6 +44,8 @@ const char *kvx_status_str(kvx_status_t status)
         return "out of range";
     case KVX_ERR_IO:
         return "input/output error";
+    case KVX_ERR_CANCELED:
+        return "canceled";
     case KVX_ERR_NO_MEMORY:
         return "out of memory";
     case KVX_ERR_INTERNAL:

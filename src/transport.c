@@ -24,6 +24,9 @@ struct transport {
     ucp_context_h context;
     ucp_worker_h worker;
     struct am_slot am[TRANSPORT_AM_IDS];
+    void **orphans; /* memory a late completion may still write: freed after the worker */
+    size_t num_orphans;
+    size_t max_orphans;
 };
 
 struct transport_mem {
@@ -38,9 +41,8 @@ struct transport_mem {
 struct transport_ep {
     struct transport *t;
     ucp_ep_h ep;
-    size_t completed;         /* callbacks of the current batch */
-    ucs_status_t first_error; /* of the current batch */
-    bool failed;              /* a batch timed out or failed: no further operations */
+    struct transport_op op; /* the blocking batch of transport_rma */
+    bool failed;            /* a batch timed out or failed: no further operations */
 };
 
 struct transport_rkey {
@@ -100,9 +102,38 @@ void transport_destroy(struct transport *t)
 {
     if (t == NULL)
         return;
-    ucp_worker_destroy(t->worker);
+    ucp_worker_destroy(t->worker); /* after this, no completion callback can run */
+    for (size_t i = 0; i < t->num_orphans; i++)
+        free(t->orphans[i]);
+    free(t->orphans);
     ucp_cleanup(t->context);
     free(t);
+}
+
+/* Frees `memory` now, or, when operations that complete into it are still pending (a peer
+ * that stopped answering), keeps it until the worker is destroyed. */
+static void transport_free_later(struct transport *t, void *memory, bool pending)
+{
+    if (!pending) {
+        free(memory);
+        return;
+    }
+    if (t->num_orphans == t->max_orphans) {
+        size_t max   = t->max_orphans == 0 ? 8 : t->max_orphans * 2;
+        void **grown = realloc(t->orphans, max * sizeof(*grown));
+
+        if (grown == NULL)
+            return; /* leaked rather than freed under a pending completion */
+        t->orphans     = grown;
+        t->max_orphans = max;
+    }
+    t->orphans[t->num_orphans++] = memory;
+}
+
+void transport_op_release(struct transport *t, struct transport_op *op)
+{
+    if (op != NULL)
+        transport_free_later(t, op, transport_op_pending(op));
 }
 
 unsigned transport_progress(struct transport *t)
@@ -254,9 +285,10 @@ void transport_ep_destroy(struct transport *t, struct transport_ep *ep)
 
     if (ep == NULL)
         return;
-    /* A forced close cancels what is outstanding, so no callback reaches a freed ep. */
+    /* A forced close cancels what is outstanding; what a dead peer leaves pending anyway
+     * keeps its completion counter (in ep) alive until the worker goes. */
     request_wait(t, ucp_ep_close_nbx(ep->ep, &param), "closing an endpoint", 1000);
-    free(ep);
+    transport_free_later(t, ep, transport_op_pending(&ep->op));
 }
 
 kvx_status_t transport_rkey_unpack(struct transport_ep *ep, const void *buf, size_t size,
@@ -290,32 +322,27 @@ void transport_rkey_destroy(struct transport_rkey *rkey)
 
 static void rma_completed(void *request, ucs_status_t status, void *user_data)
 {
-    struct transport_ep *ep = user_data;
+    struct transport_op *op = user_data;
 
-    ep->completed++;
-    if (status != UCS_OK && ep->first_error == UCS_OK)
-        ep->first_error = status;
+    op->completed++;
+    if (status != UCS_OK && op->first_error == 0)
+        op->first_error = status;
     ucp_request_free(request);
 }
 
-kvx_status_t transport_rma(struct transport *t, struct transport_ep *ep, bool put,
-                           const kvx_pair_t *pairs, size_t count,
-                           const struct transport_targets *targets, int timeout_ms)
+kvx_status_t transport_rma_post(struct transport_ep *ep, bool put, const kvx_pair_t *pairs,
+                                size_t count, const struct transport_targets *targets,
+                                struct transport_op *op)
 {
     ucp_request_param_t param = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send      = rma_completed,
-        .user_data    = ep,
+        .user_data    = op,
     };
-    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
-    size_t pending    = 0;
-    ucs_status_t st   = UCS_OK;
 
     if (ep->failed)
         return error_set(KVX_ERR_IO, "transport: the endpoint failed earlier");
-    ep->completed   = 0;
-    ep->first_error = UCS_OK;
-    for (size_t i = 0; i < count && st == UCS_OK; i++) {
+    for (size_t i = 0; i < count; i++) {
         const kvx_pair_t *p = &pairs[i];
         void *local         = (char *)targets->local_bases[p->local_storage] + p->local_offset;
         uint64_t remote     = targets->remote_bases[p->remote_storage] + p->remote_offset;
@@ -323,38 +350,57 @@ kvx_status_t transport_rma(struct transport *t, struct transport_ep *ep, bool pu
         ucs_status_ptr_t sp = put ? ucp_put_nbx(ep->ep, local, p->len, remote, rkey, &param)
                                   : ucp_get_nbx(ep->ep, local, p->len, remote, rkey, &param);
 
-        if (UCS_PTR_IS_ERR(sp))
-            st = UCS_PTR_STATUS(sp);
-        else if (sp != NULL)
-            pending++; /* NULL: completed in place, no callback comes */
+        if (UCS_PTR_IS_ERR(sp)) {
+            ep->failed = true;
+            return ucs_error(put ? "posting a put" : "posting a get", UCS_PTR_STATUS(sp));
+        }
+        if (sp != NULL)
+            op->posted++; /* NULL: completed in place, no callback comes */
     }
-    while (ep->completed < pending) {
+    return KVX_OK;
+}
+
+kvx_status_t transport_op_status(const struct transport_op *op, const char *what)
+{
+    return op->first_error == 0 ? KVX_OK : ucs_error(what, (ucs_status_t)op->first_error);
+}
+
+kvx_status_t transport_rma(struct transport *t, struct transport_ep *ep, bool put,
+                           const kvx_pair_t *pairs, size_t count,
+                           const struct transport_targets *targets, int timeout_ms)
+{
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    kvx_status_t status;
+
+    if (ep->failed)
+        return error_set(KVX_ERR_IO, "transport: the endpoint failed earlier");
+    ep->op = (struct transport_op){0};
+    status = transport_rma_post(ep, put, pairs, count, targets, &ep->op);
+    while (transport_op_pending(&ep->op)) {
         if (ucp_worker_progress(t->worker) == 0 && now_ms() > deadline) {
             ep->failed = true;
             return error_set(KVX_ERR_IO,
                              "transport: %zu of %zu operations still pending after"
                              " %d ms",
-                             pending - ep->completed, pending, timeout_ms);
+                             ep->op.posted - ep->op.completed, ep->op.posted, timeout_ms);
         }
     }
-    if (st == UCS_OK)
-        st = ep->first_error;
-    if (st != UCS_OK) {
+    if (status == KVX_OK)
+        status = transport_op_status(&ep->op, put ? "put" : "get");
+    if (status != KVX_OK) {
         ep->failed = true;
-        return ucs_error(put ? "put" : "get", st);
+        return status;
     }
     /* Gets are complete once their callbacks ran; puts are visible at the target only after
      * a flush, which is what lets a notification follow the data. */
     if (put) {
         ucp_request_param_t flush = {.op_attr_mask = 0};
-        kvx_status_t status =
-            request_wait(t, ucp_ep_flush_nbx(ep->ep, &flush), "flushing puts", timeout_ms);
 
+        status = request_wait(t, ucp_ep_flush_nbx(ep->ep, &flush), "flushing puts", timeout_ms);
         if (status != KVX_OK)
             ep->failed = true;
-        return status;
     }
-    return KVX_OK;
+    return status;
 }
 
 static ucs_status_t am_received(void *arg, const void *header, size_t header_length, void *data,

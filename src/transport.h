@@ -49,10 +49,37 @@ struct transport_targets {
     struct transport_rkey *const *rkeys;
 };
 
+/* Completion counting of one batch of operations. It must live until every posted
+ * operation completed (transport_op_pending() is false), or until the endpoint it was
+ * posted on is destroyed, which cancels what is pending. */
+struct transport_op {
+    size_t posted; /* operations whose completion callback is still to come or came */
+    size_t completed;
+    int first_error; /* 0, or the UCX status of the first failure */
+};
+
+/* Posts one get (or put) per pair without waiting. Even on error some operations may be
+ * pending: wait for them (or destroy the endpoint) before releasing `op`. */
+kvx_status_t transport_rma_post(struct transport_ep *ep, bool put, const kvx_pair_t *pairs,
+                                size_t count, const struct transport_targets *targets,
+                                struct transport_op *op);
+
+static inline bool transport_op_pending(const struct transport_op *op)
+{
+    return op->completed < op->posted;
+}
+
+/* Releases a heap-allocated `op`: now, or when the transport is destroyed if some of its
+ * operations are still pending (their completions must find it). */
+void transport_op_release(struct transport *t, struct transport_op *op);
+
+/* KVX_OK when every operation of `op` succeeded, else an error naming the first failure. */
+kvx_status_t transport_op_status(const struct transport_op *op, const char *what);
+
 /* Posts one get (or put) per pair, progresses until every one completed, then flushes the
  * endpoint, so the data is complete at the target when this returns KVX_OK. Fails with
- * the first failed completion, or KVX_ERR_IO after `timeout_ms` (pending operations are
- * then cancelled before return). */
+ * the first failed completion, or KVX_ERR_IO after `timeout_ms`; the endpoint is failed for
+ * good then, and destroying it cancels what is pending. */
 kvx_status_t transport_rma(struct transport *t, struct transport_ep *ep, bool put,
                            const kvx_pair_t *pairs, size_t count,
                            const struct transport_targets *targets, int timeout_ms);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -175,12 +176,116 @@ static void held_request_is_released_after_every_consumer(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* A prefill process that serves until killed; reports readiness on `ready`. Its storage is
+ * its own memory (as an engine's), read through CMA: shared-memory segments UCX allocates
+ * would outlive the process and stay readable. */
+static int run_server(const char *listen, int ready)
+{
+    void *storage             = aligned_alloc(4096, 65536);
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
+                                               KVX_AGENT_PARAM_FIELD_STORAGE_BASES,
+                                 .listen        = listen,
+                                 .storage_bases = &storage};
+    kvx_layout_t *layout;
+    kvx_agent_t *agent;
+
+    alarm(30);
+    if (layout_from_quoted(layout_json, &layout) != KVX_OK ||
+        kvx_agent_create(layout, &params, &agent) != KVX_OK)
+        return 10;
+    kvx_layout_destroy(layout);
+    (void)!write(ready, "r", 1);
+    for (;;)
+        kvx_agent_progress(agent, 10);
+}
+
+struct callback_log {
+    int calls;
+    kvx_status_t status;
+};
+
+static void on_xfer(void *arg, kvx_xfer_t *xfer, kvx_status_t status)
+{
+    struct callback_log *log = arg;
+
+    (void)xfer;
+    log->calls++;
+    log->status = status;
+}
+
+/* A posted read completes through progress with one callback; after the prefill process is
+ * killed, the next read fails as a whole, reporting its block ids, and never hangs. */
+static void posted_reads_complete_once_and_fail_whole(void **state)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                 .timeout_ms = 2000};
+    uint64_t ids[]            = {3, 4, 9};
+    kvx_group_ids_t group     = {ids, 3};
+    kvx_request_t request     = {&group, 1, NULL, 0};
+    struct callback_log log   = {0};
+    const kvx_group_ids_t *failed;
+    size_t num_failed;
+    char listen[32];
+    int ready[2];
+    char c;
+    pid_t pid;
+    kvx_layout_t *layout;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_xfer_t *xfer;
+    kvx_status_t status;
+
+    (void)state;
+    snprintf(listen, sizeof(listen), "127.0.0.1:%d", 30000 + (int)((getpid() + 7) % 20000));
+    assert_int_equal(pipe(ready), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(run_server(listen, ready[1]));
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    assert_int_equal(layout_from_quoted(layout_json, &layout), KVX_OK);
+    assert_int_equal(kvx_agent_create(layout, &params, &agent), KVX_OK);
+    kvx_layout_destroy(layout);
+    assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
+
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 1, &request, on_xfer, &log, &xfer), KVX_OK);
+    assert_int_equal(log.calls, 0); /* never inside the post */
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
+    assert_int_equal(log.calls, 1);
+    assert_int_equal(log.status, KVX_OK);
+    kvx_xfer_failed_blocks(xfer, &failed, &num_failed);
+    assert_int_equal(num_failed, 0);
+    kvx_xfer_destroy(xfer);
+    assert_int_equal(log.calls, 1);
+
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    log    = (struct callback_log){0};
+    status = kvx_read_post(agent, &peer, 1, 2, &request, on_xfer, &log, &xfer);
+    if (status == KVX_OK) {
+        status = kvx_xfer_wait(xfer);
+        assert_int_equal(log.calls, 1);
+        assert_int_equal(log.status, status);
+        kvx_xfer_failed_blocks(xfer, &failed, &num_failed);
+        assert_int_equal(num_failed, 1);
+        assert_int_equal(failed[0].count, 3);
+        assert_memory_equal(failed[0].ids, ids, sizeof(ids));
+        kvx_xfer_destroy(xfer);
+    }
+    assert_int_not_equal(status, KVX_OK); /* a dead peer fails: at post or at completion */
+    assert_int_equal(kvx_read(agent, &peer, 1, 3, &request, NULL), KVX_ERR_IO);
+    assert_non_null(strstr(kvx_errmsg(), "connect again"));
+    kvx_peer_destroy(peer);
+    kvx_agent_destroy(agent);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(holds_release_after_the_last_consumer),
         cmocka_unit_test(hold_refuses_bad_requests),
         cmocka_unit_test(held_request_is_released_after_every_consumer),
+        cmocka_unit_test(posted_reads_complete_once_and_fail_whole),
     };
 
     setenv("UCX_NET_DEVICES", "lo", 1); /* never another interface */

@@ -1,0 +1,326 @@
+/* agent_xfer.c: posted pulls: post every get at once, then let the agent's progress complete
+ * them, notify after the data, fail them whole at their deadline, and call back once. The
+ * blocking kvx_read is a post and a wait. */
+#include "agent.h"
+
+#include "error.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct kvx_xfer {
+    kvx_agent_t *agent;
+    uint64_t request_id;
+    struct transport_op *op; /* every get of the transfer; outlives x if a peer died */
+    double start;            /* seconds, CLOCK_MONOTONIC */
+    double deadline;
+    kvx_peer_t **peers; /* read from (first num_reads), then only notified */
+    size_t num_reads;
+    size_t num_peers;
+    kvx_group_ids_t *groups; /* the local ids, reported when the transfer fails */
+    size_t num_groups;
+    kvx_read_stats_t stats;
+    kvx_status_t status;
+    char error[512];
+    kvx_xfer_cb_t callback;
+    void *arg;
+    struct kvx_xfer *prev; /* in the agent's list while in flight */
+    struct kvx_xfer *next;
+};
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+kvx_peer_t *agent_peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t rank)
+{
+    for (size_t i = 0; i < num_peers; i++) {
+        if (peers[i]->tp_rank == rank)
+            return peers[i];
+    }
+    return NULL;
+}
+
+static void xfer_unlink(kvx_xfer_t *x)
+{
+    kvx_agent_t *agent = x->agent;
+
+    if (x->prev != NULL)
+        x->prev->next = x->next;
+    else if (agent->xfers == x)
+        agent->xfers = x->next;
+    if (x->next != NULL)
+        x->next->prev = x->prev;
+    x->prev = x->next = NULL;
+}
+
+/* Closes the endpoints of the peers read from: UCX cancels their pending gets, whose
+ * callbacks run now, so nothing refers to `x` afterwards. The peers are dead until
+ * reconnected. */
+static void xfer_close_peers(kvx_xfer_t *x)
+{
+    for (size_t i = 0; i < x->num_reads; i++) {
+        kvx_peer_t *peer = x->peers[i];
+
+        if (peer->ep != NULL) {
+            transport_ep_destroy(x->agent->transport, peer->ep);
+            peer->ep = NULL;
+        }
+    }
+}
+
+/* Ends a transfer with `status` and fires its callback, once. */
+static void xfer_finish(kvx_xfer_t *x, kvx_status_t status)
+{
+    x->status = status;
+    if (status != KVX_OK)
+        snprintf(x->error, sizeof(x->error), "%s", kvx_errmsg());
+    xfer_unlink(x);
+    if (x->callback != NULL)
+        x->callback(x->arg, x, status);
+}
+
+/* Every get completed: notify each rank read from and each rank only notified, now that
+ * the data is here, and complete. */
+static void xfer_complete(kvx_xfer_t *x)
+{
+    struct agent_notify note = {AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE,
+                                x->request_id,      x->agent->tp_rank,    0};
+    kvx_status_t status      = transport_op_status(x->op, "get");
+
+    x->stats.seconds = now_seconds() - x->start;
+    for (size_t i = 0; i < x->num_reads && status == KVX_OK; i++) {
+        kvx_peer_t *peer = x->peers[i];
+
+        if (peer->transports[0] == '\0') /* wired up by now: say what UCX chose */
+            transport_ep_describe(peer->ep, peer->transports, sizeof(peer->transports));
+    }
+    for (size_t i = 0; i < x->num_peers && status == KVX_OK; i++)
+        status = transport_am_send(x->agent->transport, x->peers[i]->ep, AGENT_AM_NOTIFY, &note,
+                                   sizeof(note), (int)x->agent->timeout_ms);
+    if (status != KVX_OK) {
+        char what[400];
+
+        snprintf(what, sizeof(what), "%s", kvx_errmsg());
+        status = error_set(status, "read %" PRIu64 ": %s", x->request_id, what);
+        xfer_close_peers(x);
+    }
+    xfer_finish(x, status);
+}
+
+void agent_xfers_progress(kvx_agent_t *agent)
+{
+    kvx_xfer_t *x = agent->xfers;
+
+    while (x != NULL) {
+        kvx_xfer_t *next = x->next; /* x may leave the list */
+
+        if (!transport_op_pending(x->op)) {
+            xfer_complete(x);
+        } else if (now_seconds() > x->deadline) {
+            error_set(KVX_ERR_IO,
+                      "read %" PRIu64 ": %zu of %zu gets still pending at the %" PRIu32
+                      " ms deadline; the peers read from are closed",
+                      x->request_id, x->op->posted - x->op->completed, x->op->posted,
+                      agent->timeout_ms);
+            xfer_close_peers(x);
+            xfer_finish(x, KVX_ERR_IO);
+        }
+        x = next;
+    }
+}
+
+/* Copies the request's local ids, to report them if the transfer fails. */
+static kvx_status_t xfer_groups_copy(kvx_xfer_t *x, const kvx_request_t *request)
+{
+    x->groups = calloc(request->num_local_groups, sizeof(*x->groups));
+    if (x->groups == NULL)
+        return error_no_memory("a transfer");
+    x->num_groups = request->num_local_groups;
+    for (size_t g = 0; g < x->num_groups; g++) {
+        size_t n      = request->local[g].count;
+        uint64_t *ids = malloc((n > 0 ? n : 1) * sizeof(*ids));
+
+        if (ids == NULL)
+            return error_no_memory("a transfer");
+        if (n > 0)
+            memcpy(ids, request->local[g].ids, n * sizeof(*ids));
+        x->groups[g] = (kvx_group_ids_t){ids, n};
+    }
+    return KVX_OK;
+}
+
+static void xfer_free(kvx_xfer_t *x)
+{
+    transport_op_release(x->agent->transport, x->op);
+    for (size_t g = 0; x->groups != NULL && g < x->num_groups; g++)
+        free((void *)x->groups[g].ids);
+    free(x->groups);
+    free(x->peers);
+    free(x);
+}
+
+/* The peers of a planned request: each read rank's, then the notify-only ranks' we know. */
+static kvx_status_t xfer_peers_find(kvx_xfer_t *x, kvx_peer_t *const *peers, size_t num_peers)
+{
+    const kvx_pairs_t *pairs    = x->agent->pairs;
+    const kvx_peer_plan_t *plan = peers[0]->plan;
+    size_t reads                = kvx_pairs_num_reads(pairs);
+    size_t notifies             = kvx_peer_plan_num_notifies(plan);
+
+    x->peers = calloc(reads + notifies + 1, sizeof(*x->peers));
+    if (x->peers == NULL)
+        return error_no_memory("a transfer");
+    for (size_t r = 0; r < reads; r++) {
+        uint32_t rank;
+        kvx_peer_t *peer;
+
+        kvx_pairs_read(pairs, r, &rank, NULL);
+        peer = agent_peer_of_rank(peers, num_peers, rank);
+        if (peer == NULL)
+            return error_set(KVX_ERR_INVALID,
+                             "read: the request needs remote rank %" PRIu32
+                             ", which is not among the %zu peers",
+                             rank, num_peers);
+        if (peer->ep == NULL)
+            return error_set(KVX_ERR_IO,
+                             "read: peer %s (rank %" PRIu32 ") failed earlier;"
+                             " connect again",
+                             peer->address, rank);
+        x->peers[x->num_peers++] = peer;
+    }
+    x->num_reads = x->num_peers;
+    for (size_t i = 0; i < notifies; i++) {
+        kvx_peer_t *peer = agent_peer_of_rank(peers, num_peers, kvx_peer_plan_notify_rank(plan, i));
+
+        if (peer != NULL && peer->ep != NULL)
+            x->peers[x->num_peers++] = peer;
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                           uint64_t request_id, const kvx_request_t *request,
+                           kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p)
+{
+    kvx_pairs_stats_t stats;
+    kvx_xfer_t *x;
+    kvx_status_t status;
+
+    if (agent == NULL || peers == NULL || num_peers == 0 || request == NULL || xfer_p == NULL)
+        return error_set(KVX_ERR_INVALID, "read: agent, peers, request and result are required");
+    status = kvx_peer_plan_request(peers[0]->plan, request, agent->pairs);
+    if (status != KVX_OK)
+        return status;
+    x = calloc(1, sizeof(*x));
+    if (x == NULL)
+        return error_no_memory("a transfer");
+    *x     = (kvx_xfer_t){.agent      = agent,
+                          .request_id = request_id,
+                          .status     = KVX_INPROGRESS,
+                          .callback   = callback,
+                          .arg        = arg,
+                          .op         = calloc(1, sizeof(*x->op))};
+    status = x->op != NULL ? xfer_peers_find(x, peers, num_peers) : error_no_memory("a transfer");
+    if (status == KVX_OK)
+        status = xfer_groups_copy(x, request);
+    if (status != KVX_OK) {
+        xfer_free(x);
+        return status;
+    }
+    kvx_pairs_stats(agent->pairs, &stats);
+    x->stats    = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes, 0};
+    x->start    = now_seconds();
+    x->deadline = x->start + agent->timeout_ms / 1e3;
+    for (size_t r = 0; r < x->num_reads; r++) {
+        size_t count;
+        const kvx_pair_t *pairs          = kvx_pairs_read(agent->pairs, r, NULL, &count);
+        kvx_peer_t *peer                 = x->peers[r];
+        struct transport_targets targets = {agent->bases, peer->remote_bases, peer->rkeys};
+
+        status = transport_rma_post(peer->ep, false, pairs, count, &targets, x->op);
+        if (status != KVX_OK) {
+            /* Some gets may be in flight: closing the peers cancels them before x goes. */
+            xfer_close_peers(x);
+            xfer_free(x);
+            return status;
+        }
+    }
+    x->next = agent->xfers;
+    if (agent->xfers != NULL)
+        agent->xfers->prev = x;
+    agent->xfers = x;
+    *xfer_p      = x;
+    return KVX_OK;
+}
+
+kvx_status_t kvx_xfer_status(const kvx_xfer_t *xfer)
+{
+    return xfer->status;
+}
+
+const char *kvx_xfer_error(const kvx_xfer_t *xfer)
+{
+    return xfer->error;
+}
+
+void kvx_xfer_failed_blocks(const kvx_xfer_t *xfer, const kvx_group_ids_t **groups_p,
+                            size_t *num_groups_p)
+{
+    bool failed   = xfer->status != KVX_OK && xfer->status != KVX_INPROGRESS;
+    *groups_p     = failed ? xfer->groups : NULL;
+    *num_groups_p = failed ? xfer->num_groups : 0;
+}
+
+void kvx_xfer_stats(const kvx_xfer_t *xfer, kvx_read_stats_t *stats_p)
+{
+    *stats_p = xfer->stats;
+}
+
+kvx_status_t kvx_xfer_wait(kvx_xfer_t *xfer)
+{
+    while (xfer->status == KVX_INPROGRESS) {
+        while (transport_progress(xfer->agent->transport) > 0)
+            ;
+        agent_xfers_progress(xfer->agent);
+    }
+    if (xfer->status != KVX_OK)
+        error_set(xfer->status, "%s", xfer->error);
+    return xfer->status;
+}
+
+void kvx_xfer_destroy(kvx_xfer_t *xfer)
+{
+    if (xfer == NULL)
+        return;
+    if (xfer->status == KVX_INPROGRESS) {
+        error_set(KVX_ERR_CANCELED, "read %" PRIu64 ": cancelled; the peers read from are closed",
+                  xfer->request_id);
+        xfer_close_peers(xfer);
+        xfer_finish(xfer, KVX_ERR_CANCELED);
+    }
+    xfer_free(xfer);
+}
+
+kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                      uint64_t request_id, const kvx_request_t *request, kvx_read_stats_t *stats_p)
+{
+    kvx_xfer_t *xfer;
+    kvx_status_t status =
+        kvx_read_post(agent, peers, num_peers, request_id, request, NULL, NULL, &xfer);
+
+    if (status != KVX_OK)
+        return status;
+    status = kvx_xfer_wait(xfer);
+    if (status == KVX_OK && stats_p != NULL)
+        kvx_xfer_stats(xfer, stats_p);
+    kvx_xfer_destroy(xfer);
+    return status;
+}
