@@ -70,6 +70,7 @@ for f in "$src"/layouts/examples/*.json; do
   grep -q '"group": 1' "$f" && blocks='0:0-1;1:1'
   check "pull $name, every byte verified" fetch_verified "$f" "$blocks"
   check "pull $name into malloc'd storage" fetch_verified "$f" "$blocks" --malloc
+  check "push $name, every byte verified" fetch_verified "$f" "$blocks" --push
   stop_server
 done
 
@@ -101,6 +102,14 @@ check "garbage on the side channel is survived" garbage
 check "P still serves after refusals" fetch_verified "$tmp/v41.json" '0:0-3;1:0;2:0'
 check "peer not listening: an error within the timeout" bash -c "! timeout 20 '$kvx' fetch '$tmp/v41.json' --peer 127.0.0.1:1 --blocks '0:1' --timeout 500 2>&1 | grep -q verified"
 check "block id beyond capacity fails before any transfer" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:64;1:0;2:0' 2>&1 | grep -q 'out of range'"
+
+# A DeepSeek-V4-Flash-style packed slab scaled to 32 blocks (about 50 MB): whole rows.
+sed 's/"num_blocks": 2048/"num_blocks": 32/; s/"size": 3297116160/"size": 51517440/' \
+  "$src/layouts/models/deepseek-v4-flash.json" >"$tmp/v4f.json"
+serve "$tmp/v4f.json"
+check "pull DeepSeek-V4-Flash-style rows, verified" fetch_verified "$tmp/v4f.json" '0:0-9,20,31'
+check "push DeepSeek-V4-Flash-style rows, verified" fetch_verified "$tmp/v4f.json" '0:3,5-7' --push
+stop_server
 
 # Heterogeneous TP and block sizes, on a Llama-style attn cache (32 blocks a layer) and a
 # DeepSeek-V3-style MLA cache (16 blocks a layer). Each prefill rank fills a pattern of its
@@ -149,6 +158,8 @@ stop_server
 
 # kvx demo (what make demo runs): two processes, a batch of requests, every byte verified.
 check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && tail -n 1 '$tmp/demo' | grep -qx verified && [[ \$(grep -c ', verified\$' '$tmp/demo') -eq 16 ]]"
+
+check "kvx demo --p-tp 2 --d-tp 2: four processes, every byte verified" bash -c "'$kvx' demo --p-tp 2 --d-tp 2 >'$tmp/demo2' 2>&1 && tail -n 1 '$tmp/demo2' | grep -qx verified"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

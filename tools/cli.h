@@ -19,8 +19,9 @@ bool cli_is_help(const char *arg);
 /* Parses a decimal option value up to `max`; prints the error and returns false otherwise. */
 bool cli_parse_number(const char *option, const char *text, uint64_t max, uint64_t *value_p);
 
-/* kvx demo's transfer run (demo.c): NULL for the built-in layout. */
-int demo_run(const char *layout_path);
+/* kvx demo's transfer run (demo.c): NULL for the built-in layout; TP sizes of the prefill
+ * and decode sides, 1..8 each. */
+int demo_run(const char *layout_path, uint32_t p_tp, uint32_t d_tp);
 
 /* kvx serve and kvx fetch (serve_fetch.c). */
 int command_serve(int argc, char **argv);

@@ -17,6 +17,7 @@
 #define DEMO_LAYOUT "deepseek-v4.1-demo"
 #define DEMO_SEED   2026
 #define DEMO_PORTS  50 /* ports tried from a pid-derived start */
+#define DEMO_MAX_TP 8  /* ranks on either side */
 
 /* Requests of the batch, in blocks per group (64-token blocks: 1k to 16k tokens). */
 static const uint64_t demo_request_blocks[] = {16, 64, 256, 32, 128, 8, 200, 256};
@@ -35,11 +36,14 @@ static kvx_status_t demo_layout_load(const char *path, kvx_layout_t **layout_p)
 
 /* The prefill process: serves until its parent sends SIGTERM. Reports its port, or 0 when
  * it could not start, on `ready`. */
-static int demo_prefill(const kvx_layout_t *layout, int ready)
+static int demo_prefill(const kvx_layout_t *layout, int ready, uint32_t rank, uint32_t tp)
 {
     kvx_agent_params_t params = {.field_mask =
-                                     KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_NAME,
-                                 .name = "kvx demo prefill"};
+                                     KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_NAME |
+                                     KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE,
+                                 .name    = "kvx demo prefill",
+                                 .tp_rank = rank,
+                                 .tp_size = tp};
     kvx_agent_t *agent        = NULL;
     uint32_t port             = 0;
     char listen[32];
@@ -66,7 +70,7 @@ static int demo_prefill(const kvx_layout_t *layout, int ready)
 
         if (base == NULL)
             break;
-        pattern_fill(base, size, DEMO_SEED, 0, s);
+        pattern_fill(base, size, DEMO_SEED, rank, s);
     }
     (void)!write(ready, &port, sizeof(port));
     for (;;) {
@@ -101,14 +105,15 @@ static bool demo_verify(const kvx_agent_t *agent)
 
     for (size_t r = 0; r < kvx_pairs_num_reads(pairs); r++) {
         size_t count;
-        const kvx_pair_t *p = kvx_pairs_read(pairs, r, NULL, &count);
+        uint32_t rank;
+        const kvx_pair_t *p = kvx_pairs_read(pairs, r, &rank, &count);
 
         for (size_t i = 0; i < count; i++) {
             const uint8_t *local =
                 (const uint8_t *)kvx_agent_storage(agent, p[i].local_storage, NULL) +
                 p[i].local_offset;
 
-            if (pattern_check(local, p[i].len, DEMO_SEED, 0, p[i].remote_storage,
+            if (pattern_check(local, p[i].len, DEMO_SEED, rank, p[i].remote_storage,
                               p[i].remote_offset) < p[i].len)
                 return false;
         }
@@ -131,8 +136,8 @@ static void demo_storages_zero(kvx_agent_t *agent)
 
 /* One batch of requests, pulled or pushed, each checked; prints a line per request and a
  * total. False (with the error printed) when a transfer fails or a byte differs. */
-static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *peer, bool push, kvx_group_ids_t *groups,
-                       size_t num_groups, uint64_t capacity, const char *address)
+static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers, bool push,
+                       kvx_group_ids_t *groups, size_t num_groups, uint64_t capacity)
 {
     const size_t n_requests = sizeof(demo_request_blocks) / sizeof(demo_request_blocks[0]);
     uint64_t ids[256];
@@ -142,8 +147,8 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *peer, bool push, kvx_grou
     double total_seconds       = 0;
     unsigned rng               = DEMO_SEED;
 
-    printf("\n%s %zu requests %s the prefill process at %s:\n",
-           push ? "push:" : "pull:", n_requests, push ? "written by" : "read from", address);
+    printf("\n%s %zu requests %s %zu prefill process%s:\n", push ? "push:" : "pull:", n_requests,
+           push ? "written by" : "read from", num_peers, num_peers > 1 ? "es" : "");
     for (size_t i = 0; i < n_requests; i++) {
         uint64_t blocks = demo_request_blocks[i] < capacity ? demo_request_blocks[i] : capacity;
         kvx_request_t request;
@@ -152,8 +157,8 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *peer, bool push, kvx_grou
 
         demo_request_fill(groups, num_groups, ids, blocks, capacity, &rng);
         request = (kvx_request_t){groups, num_groups, NULL, 0};
-        status  = push ? kvx_write(agent, &peer, 1, i + 1, &request, &stats)
-                       : kvx_read(agent, &peer, 1, i + 1, &request, &stats);
+        status  = push ? kvx_write(agent, peers, num_peers, i + 1, &request, &stats)
+                       : kvx_read(agent, peers, num_peers, i + 1, &request, &stats);
         if (status != KVX_OK) {
             cli_fail(status);
             return false;
@@ -177,28 +182,38 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *peer, bool push, kvx_grou
            " %.2f GB/s over %s (2 noisy cores: read the figure as an order of magnitude)\n",
            total_descriptors, total_posted, (double)total_bytes / 1e6, total_seconds * 1e3,
            total_seconds > 0 ? (double)total_bytes / total_seconds / 1e9 : 0.0,
-           kvx_peer_transports(peer));
+           kvx_peer_transports(peers[0]));
     return true;
 }
 
-/* The decode side: connect, pull the batch, check every byte. */
-static int demo_decode(const kvx_layout_t *layout, uint32_t port)
+/* A decode rank: connect to every prefill rank, pull then push the batch, check every byte.
+ * Only a verbose rank prints its table and lines. */
+static int demo_decode(const kvx_layout_t *layout, const uint32_t *ports, size_t num_ports,
+                       uint32_t rank, uint32_t tp)
 {
-    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_NAME,
-                                 .name       = "kvx demo decode"};
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_NAME |
+                                               KVX_AGENT_PARAM_FIELD_TP_RANK |
+                                               KVX_AGENT_PARAM_FIELD_TP_SIZE,
+                                 .name    = "kvx demo decode",
+                                 .tp_rank = rank,
+                                 .tp_size = tp};
     kvx_agent_t *agent        = NULL;
-    kvx_peer_t *peer          = NULL;
+    kvx_peer_t *peers[DEMO_MAX_TP];
+    size_t num_peers = 0;
     kvx_group_ids_t groups[8];
-    char address[32];
     size_t num_groups;
     uint64_t capacity;
     kvx_status_t status;
     int ret = EXIT_BAD_INPUT;
 
-    snprintf(address, sizeof(address), "127.0.0.1:%" PRIu32, port);
     status = kvx_agent_create(layout, &params, &agent);
-    if (status == KVX_OK)
-        status = kvx_agent_connect(agent, address, &peer);
+    for (size_t i = 0; status == KVX_OK && i < num_ports; i++) {
+        char address[32];
+
+        snprintf(address, sizeof(address), "127.0.0.1:%" PRIu32, ports[i]);
+        status = kvx_agent_connect(agent, address, &peers[num_peers]);
+        num_peers += status == KVX_OK;
+    }
     if (status != KVX_OK) {
         ret = cli_fail(status);
         goto out;
@@ -223,56 +238,84 @@ static int demo_decode(const kvx_layout_t *layout, uint32_t port)
     }
     for (int push = 0; push < 2; push++) {
         demo_storages_zero(agent); /* so a verified batch proves its own bytes */
-        if (!demo_batch(agent, peer, push == 1, groups, num_groups, capacity, address))
+        if (!demo_batch(agent, peers, num_peers, push == 1, groups, num_groups, capacity))
             goto out;
     }
-    printf("verified\n");
     ret = 0;
 
 out:
-    kvx_peer_destroy(peer);
+    for (size_t i = 0; i < num_peers; i++)
+        kvx_peer_destroy(peers[i]);
     kvx_agent_destroy(agent);
     return ret;
 }
 
-int demo_run(const char *layout_path)
+int demo_run(const char *layout_path, uint32_t p_tp, uint32_t d_tp)
 {
     kvx_layout_t *layout = NULL;
     kvx_status_t status  = demo_layout_load(layout_path, &layout);
-    uint32_t port        = 0;
-    int ready[2];
+    pid_t prefill[DEMO_MAX_TP];
+    pid_t decode[DEMO_MAX_TP];
+    uint32_t ports[DEMO_MAX_TP];
+    size_t started = 0;
+    int ret        = 0;
     int child_status;
-    int ret;
-    pid_t pid;
 
     if (status != KVX_OK)
         return cli_fail(status);
     if (getenv("UCX_NET_DEVICES") == NULL)
         setenv("UCX_NET_DEVICES", "lo", 1); /* the demo stays on loopback */
-    if (pipe(ready) != 0) {
-        kvx_layout_destroy(layout);
-        fprintf(stderr, "kvx: error: demo: cannot create a pipe\n");
-        return EXIT_INTERNAL;
-    }
     fflush(stdout);
-    pid = fork();
-    if (pid == 0) {
+    for (uint32_t r = 0; r < p_tp && ret == 0; r++) {
+        int ready[2];
+
+        if (pipe(ready) != 0) {
+            ret = EXIT_INTERNAL;
+            break;
+        }
+        prefill[r] = fork();
+        if (prefill[r] == 0) {
+            close(ready[0]);
+            _exit(demo_prefill(layout, ready[1], r, p_tp));
+        }
+        close(ready[1]);
+        if (prefill[r] > 0)
+            started++;
+        if (prefill[r] < 0 || read(ready[0], &ports[r], sizeof(ports[r])) != sizeof(ports[r]) ||
+            ports[r] == 0) {
+            fprintf(stderr, "kvx: error: demo: prefill rank %" PRIu32 " did not start\n", r);
+            ret = EXIT_INTERNAL;
+        }
         close(ready[0]);
-        _exit(demo_prefill(layout, ready[1]));
     }
-    close(ready[1]);
-    if (pid < 0 || read(ready[0], &port, sizeof(port)) != sizeof(port) || port == 0) {
-        fprintf(stderr, "kvx: error: demo: the prefill process did not start\n");
-        ret = EXIT_INTERNAL;
-    } else {
-        printf("prefill process %d serves on 127.0.0.1:%" PRIu32 "; this process decodes\n\n",
-               (int)pid, port);
-        ret = demo_decode(layout, port);
+    if (ret == 0) {
+        printf("%" PRIu32 " prefill process%s (TP %" PRIu32 ") serve on 127.0.0.1:%" PRIu32
+               "%s; %" PRIu32 " decode process%s (TP %" PRIu32 ")%s\n\n",
+               p_tp, p_tp > 1 ? "es" : "", p_tp, ports[0], p_tp > 1 ? ".." : "", d_tp,
+               d_tp > 1 ? "es" : "", d_tp, d_tp > 1 ? "; rank 0 prints" : "");
+        /* Decode ranks 1.. run quietly in processes of their own; this one is rank 0. */
+        for (uint32_t r = 1; r < d_tp; r++) {
+            fflush(stdout);
+            decode[r] = fork();
+            if (decode[r] == 0)
+                _exit(freopen("/dev/null", "w", stdout) != NULL
+                          ? demo_decode(layout, ports, p_tp, r, d_tp)
+                          : EXIT_INTERNAL);
+        }
+        ret = demo_decode(layout, ports, p_tp, 0, d_tp);
+        for (uint32_t r = 1; r < d_tp; r++) {
+            if (decode[r] < 0 || waitpid(decode[r], &child_status, 0) != decode[r] ||
+                !WIFEXITED(child_status) || WEXITSTATUS(child_status) != 0) {
+                fprintf(stderr, "kvx: error: demo: decode rank %" PRIu32 " failed\n", r);
+                ret = ret != 0 ? ret : EXIT_BAD_INPUT;
+            }
+        }
+        if (ret == 0)
+            printf("verified\n");
     }
-    close(ready[0]);
-    if (pid > 0) {
-        kill(pid, SIGTERM);
-        waitpid(pid, &child_status, 0);
+    for (size_t r = 0; r < started; r++) {
+        kill(prefill[r], SIGTERM);
+        waitpid(prefill[r], &child_status, 0);
     }
     kvx_layout_destroy(layout);
     return ret;

@@ -68,7 +68,7 @@ static const char usage_compat[] =
     "Exit status 0 when compatible, 2 when not.\n";
 
 static const char usage_demo[] =
-    "usage: kvx demo [--layout FILE] [--tables]\n"
+    "usage: kvx demo [--layout FILE] [--p-tp N] [--d-tp N] [--tables]\n"
     "\n"
     "The main job on a built-in default: starts a prefill process and a decode process on\n"
     "loopback with the DeepSeek-V4.1-style layout (layouts/models/deepseek-v4.1-demo.json,\n"
@@ -77,6 +77,8 @@ static const char usage_demo[] =
     "before and after coalescing, GB/s, the transports and a final 'verified' line.\n"
     "\n"
     "  --layout FILE   run it on another layout\n"
+    "  --p-tp N        N prefill ranks (processes), 1..8; default 1\n"
+    "  --d-tp N        N decode ranks (processes), 1..8; default 1\n"
     "  --tables        print the region tables of the built-in model layouts instead\n";
 
 /* Prints `kvx: error: MESSAGE` and returns the exit status for `status`. */
@@ -432,6 +434,8 @@ static int print_builtin_tables(void)
 static int command_demo(int argc, char **argv)
 {
     const char *layout = NULL;
+    uint64_t p_tp      = 1;
+    uint64_t d_tp      = 1;
 
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) {
@@ -442,10 +446,16 @@ static int command_demo(int argc, char **argv)
             return print_builtin_tables();
         if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc)
             layout = argv[++i];
-        else
+        else if (strcmp(argv[i], "--p-tp") == 0 && i + 1 < argc) {
+            if (!cli_parse_number("--p-tp", argv[++i], 8, &p_tp) || p_tp < 1)
+                return EXIT_BAD_INPUT;
+        } else if (strcmp(argv[i], "--d-tp") == 0 && i + 1 < argc) {
+            if (!cli_parse_number("--d-tp", argv[++i], 8, &d_tp) || d_tp < 1)
+                return EXIT_BAD_INPUT;
+        } else
             return cli_usage_error("demo: unknown argument", usage_demo);
     }
-    return demo_run(layout);
+    return demo_run(layout, (uint32_t)p_tp, (uint32_t)d_tp);
 }
 
 static int command_help(int argc, char **argv)
