@@ -510,6 +510,7 @@ enum {
     KVX_AGENT_PARAM_FIELD_TP_SIZE       = 1u << 5,
     KVX_AGENT_PARAM_FIELD_STORAGE_BASES = 1u << 6,
     KVX_AGENT_PARAM_FIELD_TIMEOUT_MS    = 1u << 7,
+    KVX_AGENT_PARAM_FIELD_LEASE_MS      = 1u << 8,
 };
 
 typedef struct kvx_agent_params {
@@ -525,6 +526,8 @@ typedef struct kvx_agent_params {
                                    of the layout, registered as is; default: kvx allocates
                                    every storage through UCX */
     uint32_t timeout_ms;        /* _TIMEOUT_MS: handshake and transfer deadline; default 10000 */
+    uint32_t lease_ms;          /* _LEASE_MS: how long kvx_hold keeps blocks with neither a done
+                                   nor a heartbeat; default 30000 */
 } kvx_agent_params_t;
 
 /* Registers `layout`, creates the transport, maps every storage once (the caller's memory or
@@ -557,9 +560,9 @@ KVX_API void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t
                                             void *arg);
 
 /* Prefill side: holds request `request_id`'s blocks (copied) until `consumers` decode ranks
- * reported `done` for it, then releases them through the callback. Errors: KVX_ERR_INVALID
- * for a request already held, zero consumers, or more than KVX_MAX_HELD requests. Leases
- * (release on expiry) come with the next issue. */
+ * reported `done` for it, or until its lease (the agent's lease_ms) expires without being
+ * extended by a heartbeat, then releases them through the callback. Errors: KVX_ERR_INVALID
+ * for a request already held, zero consumers, or more than KVX_MAX_HELD requests. */
 #define KVX_MAX_HELD 65536 /* requests held at once by one agent */
 KVX_API kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id,
                               const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers);
@@ -568,7 +571,14 @@ typedef struct kvx_hold_stats {
     uint64_t held;     /* requests held now */
     uint64_t released; /* released after every consumer's done */
     uint64_t unknown;  /* done for a request not held (unknown or repeated): counted, ignored */
+    uint64_t expired;  /* released when the lease expired */
 } kvx_hold_stats_t;
+
+/* Decode side: tells each prefill rank in `peers` that the requests `request_ids` are still
+ * wanted, extending their leases to max(old, now + 2/3 lease). At most 65,536 ids. Send it
+ * more often than every 2/3 lease (the engines use a sixth: every 5 s for 30 s leases). */
+KVX_API kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                                   const uint64_t *request_ids, size_t count);
 
 KVX_API void kvx_agent_hold_stats(const kvx_agent_t *agent, kvx_hold_stats_t *stats_p);
 

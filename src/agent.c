@@ -14,30 +14,54 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Bytes a side-channel message may have: ZeroMQ drops a peer that sends more, so a stranger
  * cannot make a listener buffer more than a push request needs. */
 #define AGENT_MAX_REQUEST        PUSH_MAX_REQUEST_SIZE
 #define AGENT_DEFAULT_TIMEOUT_MS 10000
+#define AGENT_DEFAULT_LEASE_MS   30000
 #define AGENT_POLL_MS            5 /* longest wait on the side channel before the transport progresses */
 
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* A notification from a decode agent: `done` for one request, or a heartbeat listing the
+ * requests it still wants. Anything malformed is counted and dropped. */
 static void agent_on_notify(void *arg, const void *data, size_t size)
 {
     kvx_agent_t *agent = arg;
     struct agent_notify n;
 
-    if (size != sizeof(n)) {
+    if (size < sizeof(n)) {
         agent->dropped++;
         return;
     }
     memcpy(&n, data, sizeof(n));
-    if (n.magic != AGENT_NOTIFY_MAGIC || n.version != AGENT_NOTIFY_VERSION ||
-        n.kind != AGENT_NOTIFY_DONE) {
+    if (n.magic != AGENT_NOTIFY_MAGIC || n.version != AGENT_NOTIFY_VERSION) {
         agent->dropped++;
-        return;
+    } else if (n.kind == AGENT_NOTIFY_DONE && size == sizeof(n)) {
+        agent->notifications++;
+        hold_table_done(&agent->holds, n.request_id);
+    } else if (n.kind == AGENT_NOTIFY_HEARTBEAT && n.request_id <= AGENT_HEARTBEAT_MAX &&
+               size == sizeof(n) + n.request_id * sizeof(uint64_t)) {
+        uint64_t now = now_ms();
+
+        agent->notifications++;
+        for (uint64_t i = 0; i < n.request_id; i++) {
+            uint64_t id;
+
+            memcpy(&id, (const char *)data + sizeof(n) + i * sizeof(id), sizeof(id));
+            hold_table_extend(&agent->holds, id, now);
+        }
+    } else {
+        agent->dropped++;
     }
-    agent->notifications++;
-    hold_table_done(&agent->holds, n.request_id);
 }
 
 /* Maps each storage: the caller's memory, or memory UCX allocates. */
@@ -179,7 +203,8 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
     const uint64_t known = KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TRANSPORTS |
                            KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_ENGINE_ID |
                            KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE |
-                           KVX_AGENT_PARAM_FIELD_STORAGE_BASES | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS;
+                           KVX_AGENT_PARAM_FIELD_STORAGE_BASES | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                           KVX_AGENT_PARAM_FIELD_LEASE_MS;
     uint64_t mask = params != NULL ? params->field_mask : 0;
     const char *tls =
         (mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) ? params->transports : TRANSPORT_DEFAULT_TLS;
@@ -196,6 +221,8 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
     agent->tp_size = (mask & KVX_AGENT_PARAM_FIELD_TP_SIZE) ? params->tp_size : 1;
     agent->timeout_ms =
         (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : AGENT_DEFAULT_TIMEOUT_MS;
+    agent->holds.lease_ms =
+        (mask & KVX_AGENT_PARAM_FIELD_LEASE_MS) ? params->lease_ms : AGENT_DEFAULT_LEASE_MS;
     agent->transports = strdup(tls);
     agent->zmq        = zmq_ctx_new();
     if (agent->transports == NULL || agent->zmq == NULL) {
@@ -333,6 +360,7 @@ kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms)
         while (transport_progress(agent->transport) > 0)
             events++;
         agent_xfers_progress(agent);
+        events += hold_table_expire(&agent->holds, now_ms());
         /* Polls of a few ms keep the transport progressing while the side channel is quiet
          * without spinning; UCX's wakeup descriptor would make it exact (not used yet). */
         if (agent->router != NULL) {
@@ -362,10 +390,11 @@ kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_i
 {
     if (agent == NULL)
         return error_set(KVX_ERR_INVALID, "hold: no agent");
-    return hold_table_add(&agent->holds, request_id, groups, num_groups, consumers);
+    return hold_table_add(&agent->holds, request_id, groups, num_groups, consumers, now_ms());
 }
 
 void kvx_agent_hold_stats(const kvx_agent_t *agent, kvx_hold_stats_t *stats_p)
 {
-    *stats_p = (kvx_hold_stats_t){agent->holds.count, agent->holds.released, agent->holds.unknown};
+    *stats_p = (kvx_hold_stats_t){agent->holds.count, agent->holds.released, agent->holds.unknown,
+                                  agent->holds.expired};
 }

@@ -13,6 +13,8 @@
 #define AGENT_NOTIFY_MAGIC     0x4b565844u /* "KVXD" */
 #define AGENT_NOTIFY_VERSION   1
 #define AGENT_NOTIFY_DONE      1
+#define AGENT_NOTIFY_HEARTBEAT 2     /* followed by its request ids, count in request_id */
+#define AGENT_HEARTBEAT_MAX    65536 /* request ids in one heartbeat */
 
 /* A notification on the wire: fixed size, little-endian like every kvx host. */
 struct agent_notify {

@@ -1,6 +1,7 @@
 /* agent_hold.c: requests a prefill agent holds for its consumers. Open addressing with
  * backward-shift deletion keeps lookups O(1) and the table free of tombstones; the table
- * grows by doubling up to KVX_MAX_HELD requests. */
+ * grows by doubling up to KVX_MAX_HELD requests. Leases sit in a min-heap with lazy
+ * deletion: a released or extended hold leaves a stale entry, skipped when it surfaces. */
 #include "agent_hold.h"
 
 #include "error.h"
@@ -13,6 +14,7 @@ struct hold {
     bool used;
     uint64_t request_id;
     uint32_t consumers;      /* still to report done */
+    uint64_t expiry_ms;      /* lease end; the heap entry with this expiry is the live one */
     kvx_group_ids_t *groups; /* copies, released with the hold */
     size_t num_groups;
 };
@@ -67,6 +69,60 @@ static kvx_status_t hold_table_grow(struct hold_table *t)
     return KVX_OK;
 }
 
+static bool lease_before(const struct lease *a, const struct lease *b)
+{
+    return a->expiry_ms < b->expiry_ms;
+}
+
+static void heap_swap(struct lease *a, struct lease *b)
+{
+    struct lease t = *a;
+
+    *a = *b;
+    *b = t;
+}
+
+static void heap_pop(struct hold_table *t)
+{
+    size_t i = 0;
+
+    t->heap[0] = t->heap[--t->heap_count];
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+
+        if (l < t->heap_count && lease_before(&t->heap[l], &t->heap[m]))
+            m = l;
+        if (r < t->heap_count && lease_before(&t->heap[r], &t->heap[m]))
+            m = r;
+        if (m == i)
+            break;
+        heap_swap(&t->heap[i], &t->heap[m]);
+        i = m;
+    }
+}
+
+static kvx_status_t heap_push(struct hold_table *t, uint64_t request_id, uint64_t expiry_ms)
+{
+    size_t i;
+
+    if (t->heap_count == t->heap_max) {
+        size_t max          = t->heap_max == 0 ? 64 : t->heap_max * 2;
+        struct lease *grown = realloc(t->heap, max * sizeof(*grown));
+
+        if (grown == NULL)
+            return error_no_memory("the lease heap");
+        t->heap     = grown;
+        t->heap_max = max;
+    }
+    i          = t->heap_count++;
+    t->heap[i] = (struct lease){expiry_ms, request_id};
+    while (i > 0 && lease_before(&t->heap[i], &t->heap[(i - 1) / 2])) {
+        heap_swap(&t->heap[i], &t->heap[(i - 1) / 2]);
+        i = (i - 1) / 2;
+    }
+    return KVX_OK;
+}
+
 static void groups_free(kvx_group_ids_t *groups, size_t n)
 {
     for (size_t g = 0; groups != NULL && g < n; g++)
@@ -75,9 +131,10 @@ static void groups_free(kvx_group_ids_t *groups, size_t n)
 }
 
 kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,
-                            const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers)
+                            const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers,
+                            uint64_t now_ms)
 {
-    struct hold h = {true, request_id, consumers, NULL, num_groups};
+    struct hold h = {true, request_id, consumers, now_ms + t->lease_ms, NULL, num_groups};
     kvx_status_t status;
 
     if (consumers == 0)
@@ -106,6 +163,8 @@ kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,
         h.groups[g] = (kvx_group_ids_t){ids, groups[g].count};
     }
     status = hold_table_grow(t);
+    if (status == KVX_OK)
+        status = heap_push(t, request_id, h.expiry_ms);
     if (status != KVX_OK) {
         groups_free(h.groups, num_groups);
         return status;
@@ -134,10 +193,20 @@ static void hold_remove(struct hold_table *t, size_t i)
     t->count--;
 }
 
+/* Removes hold h and hands its blocks back through the callback. */
+static void hold_release(struct hold_table *t, struct hold *h)
+{
+    struct hold released = *h;
+
+    hold_remove(t, (size_t)(h - t->slots));
+    if (t->callback != NULL)
+        t->callback(t->arg, released.request_id, released.groups, released.num_groups);
+    groups_free(released.groups, released.num_groups);
+}
+
 void hold_table_done(struct hold_table *t, uint64_t request_id)
 {
     struct hold *h = hold_find(t, request_id);
-    struct hold released;
 
     if (h == NULL) {
         t->unknown++;
@@ -145,12 +214,51 @@ void hold_table_done(struct hold_table *t, uint64_t request_id)
     }
     if (--h->consumers > 0)
         return;
-    released = *h;
-    hold_remove(t, (size_t)(h - t->slots));
     t->released++;
-    if (t->callback != NULL)
-        t->callback(t->arg, released.request_id, released.groups, released.num_groups);
-    groups_free(released.groups, released.num_groups);
+    hold_release(t, h);
+}
+
+/* Rebuilds the heap from the live holds once stale entries outnumber them, so the heap
+ * stays within a constant factor of the holds however often leases are extended. */
+static void heap_compact(struct hold_table *t)
+{
+    if (t->heap_count < 2 * t->count + 64)
+        return;
+    t->heap_count = 0;
+    for (size_t i = 0; i < t->size; i++) {
+        if (t->slots[i].used)
+            heap_push(t, t->slots[i].request_id, t->slots[i].expiry_ms); /* fits: no growth */
+    }
+}
+
+void hold_table_extend(struct hold_table *t, uint64_t request_id, uint64_t now_ms)
+{
+    struct hold *h  = hold_find(t, request_id);
+    uint64_t expiry = now_ms + t->lease_ms * 2 / 3;
+
+    if (h == NULL || expiry <= h->expiry_ms)
+        return;
+    heap_compact(t);
+    if (heap_push(t, request_id, expiry) == KVX_OK) /* else the old lease stands */
+        h->expiry_ms = expiry;
+}
+
+size_t hold_table_expire(struct hold_table *t, uint64_t now_ms)
+{
+    size_t expired = 0;
+
+    while (t->heap_count > 0 && t->heap[0].expiry_ms <= now_ms) {
+        struct lease top = t->heap[0];
+        struct hold *h   = hold_find(t, top.request_id);
+
+        heap_pop(t);
+        if (h != NULL && h->expiry_ms == top.expiry_ms) { /* the live lease, not a stale one */
+            t->expired++;
+            expired++;
+            hold_release(t, h);
+        }
+    }
+    return expired;
 }
 
 void hold_table_free(struct hold_table *t)
@@ -160,5 +268,6 @@ void hold_table_free(struct hold_table *t)
             groups_free(t->slots[i].groups, t->slots[i].num_groups);
     }
     free(t->slots);
-    *t = (struct hold_table){0};
+    free(t->heap);
+    *t = (struct hold_table){.lease_ms = t->lease_ms};
 }

@@ -240,3 +240,39 @@ kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
         ;
     return status;
 }
+
+kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                           const uint64_t *request_ids, size_t count)
+{
+    struct agent_notify head = {AGENT_NOTIFY_MAGIC,
+                                AGENT_NOTIFY_VERSION,
+                                AGENT_NOTIFY_HEARTBEAT,
+                                count,
+                                agent != NULL ? agent->tp_rank : 0,
+                                0};
+    size_t size              = sizeof(head) + count * sizeof(uint64_t);
+    kvx_status_t status      = KVX_OK;
+    char *message;
+
+    if (agent == NULL || (peers == NULL && num_peers > 0) || (request_ids == NULL && count > 0))
+        return error_set(KVX_ERR_INVALID, "heartbeat: agent, peers and ids are required");
+    if (count > AGENT_HEARTBEAT_MAX)
+        return error_set(KVX_ERR_INVALID, "heartbeat: %zu ids is more than %d", count,
+                         AGENT_HEARTBEAT_MAX);
+    message = malloc(size);
+    if (message == NULL)
+        return error_no_memory("a heartbeat");
+    memcpy(message, &head, sizeof(head));
+    if (count > 0)
+        memcpy(message + sizeof(head), request_ids, count * sizeof(uint64_t));
+    for (size_t i = 0; i < num_peers && status == KVX_OK; i++) {
+        if (peers[i]->ep == NULL)
+            status = error_set(KVX_ERR_IO, "heartbeat: peer %s failed earlier; connect again",
+                               peers[i]->address);
+        else
+            status = transport_am_send(agent->transport, peers[i]->ep, AGENT_AM_NOTIFY, message,
+                                       size, (int)agent->timeout_ms);
+    }
+    free(message);
+    return status;
+}

@@ -12,8 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -60,7 +62,7 @@ static void holds_release_after_the_last_consumer(void **state)
             uint32_t consumers = (uint32_t)prng_range(&prng, 1, 3);
             uint64_t block     = id * 10;
             kvx_group_ids_t g  = {&block, 1};
-            kvx_status_t st    = hold_table_add(&table, id, &g, 1, consumers);
+            kvx_status_t st    = hold_table_add(&table, id, &g, 1, consumers, 0);
 
             if ((st == KVX_OK) != (model[id] == 0))
                 fail_msg("seed %llu step %d: hold %llu gave %d", (unsigned long long)seed, step,
@@ -94,12 +96,52 @@ static void hold_refuses_bad_requests(void **state)
     struct hold_table table = {0};
 
     (void)state;
-    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 0), KVX_ERR_INVALID);
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 0, 0), KVX_ERR_INVALID);
     assert_non_null(strstr(kvx_errmsg(), "zero consumers"));
-    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1), KVX_OK);
-    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1), KVX_ERR_INVALID);
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1, 0), KVX_ERR_INVALID);
     assert_non_null(strstr(kvx_errmsg(), "already held"));
-    assert_int_equal(hold_table_add(&table, 2, NULL, 3, 1), KVX_ERR_INVALID);
+    assert_int_equal(hold_table_add(&table, 2, NULL, 3, 1, 0), KVX_ERR_INVALID);
+    hold_table_free(&table);
+}
+
+/* Leases on a clock the test drives: a hold expires at its lease, once; a heartbeat moves
+ * it to max(old, now + 2/3 lease); stale heap entries of released or extended holds are
+ * skipped; a done before the lease wins. */
+static void leases_expire_unless_extended(void **state)
+{
+    struct hold_table table = {.lease_ms = 900};
+    struct release_log log  = {0};
+
+    (void)state;
+    table.callback = on_release;
+    table.arg      = &log;
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 2, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 3, NULL, 0, 2, 100), KVX_OK);
+    hold_table_extend(&table, 1, 100);  /* 100 + 600 < 900: unchanged */
+    hold_table_extend(&table, 1, 500);  /* 500 + 600 = 1100 */
+    hold_table_extend(&table, 99, 500); /* not held: ignored */
+    hold_table_done(&table, 3);
+    hold_table_done(&table, 3); /* released by its consumers, not by its lease */
+    assert_int_equal(hold_table_expire(&table, 899), 0);
+    assert_int_equal(hold_table_expire(&table, 900), 1); /* request 2 */
+    assert_int_equal(log.ids[log.count - 1], 2);
+    assert_int_equal(hold_table_expire(&table, 1099), 0); /* 1's stale 900 entry skipped */
+    assert_int_equal(hold_table_expire(&table, 1100), 1);
+    assert_int_equal(log.ids[log.count - 1], 1);
+    assert_int_equal(table.expired, 2);
+    assert_int_equal(table.released, 1);
+    assert_int_equal(table.count, 0);
+    assert_int_equal(hold_table_expire(&table, 5000), 0);
+
+    /* Many heartbeats keep the heap bounded by the live holds. */
+    assert_int_equal(hold_table_add(&table, 7, NULL, 0, 1, 6000), KVX_OK);
+    for (uint64_t t = 6000; t < 106000; t += 10)
+        hold_table_extend(&table, 7, t);
+    assert_true(table.heap_count <= 2 * table.count + 64);
+    assert_int_equal(hold_table_expire(&table, 106000), 0);
+    assert_int_equal(hold_table_expire(&table, 106590), 1);
     hold_table_free(&table);
 }
 
@@ -279,13 +321,106 @@ static void posted_reads_complete_once_and_fail_whole(void **state)
     kvx_agent_destroy(agent);
 }
 
+/* A prefill process with 300 ms leases: once the decode side says it connected, it holds
+ * requests 1 and 2. Request 2 expires on its own; request 1 lives while heartbeats come and
+ * expires after they stop. Exits 0 when the release times say so. */
+static int run_lease_server(const char *listen, int ready, int go)
+{
+    kvx_agent_params_t params = {.field_mask =
+                                     KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_LEASE_MS,
+                                 .listen   = listen,
+                                 .lease_ms = 300};
+    struct release_log log    = {0};
+    kvx_layout_t *layout;
+    kvx_agent_t *agent;
+    kvx_hold_stats_t stats;
+    struct timespec start;
+    struct timespec now;
+    double released_at[3] = {0};
+    char c;
+
+    alarm(30);
+    if (layout_from_quoted(layout_json, &layout) != KVX_OK ||
+        kvx_agent_create(layout, &params, &agent) != KVX_OK)
+        return 10;
+    kvx_layout_destroy(layout);
+    kvx_agent_set_release_callback(agent, on_release, &log);
+    (void)!write(ready, "r", 1);
+    while (read(go, &c, 1) != 1) /* serve the connect meanwhile: go is non-blocking */
+        kvx_agent_progress(agent, 5);
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    if (kvx_hold(agent, 1, NULL, 0, 1) != KVX_OK || kvx_hold(agent, 2, NULL, 0, 1) != KVX_OK)
+        return 11;
+    (void)!write(ready, "h", 1);
+    do {
+        size_t before = log.count;
+
+        kvx_agent_progress(agent, 5);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        for (size_t i = before; i < log.count; i++)
+            released_at[log.ids[i] % 3] =
+                (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) * 1e-9;
+        kvx_agent_hold_stats(agent, &stats);
+    } while (stats.held > 0);
+    kvx_agent_destroy(agent);
+    /* 2: at its lease. 1: heartbeats for 1 s kept it, then at most a lease after. */
+    return stats.expired == 2 && released_at[2] > 0.25 && released_at[2] < 0.9 &&
+                   released_at[1] > 1.0 && released_at[1] < 2.5
+               ? 0
+               : 12;
+}
+
+static void heartbeats_extend_leases_and_silence_expires_them(void **state)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                 .timeout_ms = 2000};
+    char listen[32];
+    int ready[2];
+    int go[2];
+    int status;
+    char c;
+    pid_t pid;
+    kvx_layout_t *layout;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    const uint64_t wanted[] = {1};
+
+    (void)state;
+    snprintf(listen, sizeof(listen), "127.0.0.1:%d", 30000 + (int)((getpid() + 13) % 20000));
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(fcntl(go[0], F_SETFL, O_NONBLOCK), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(run_lease_server(listen, ready[1], go[0]));
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    assert_int_equal(layout_from_quoted(layout_json, &layout), KVX_OK);
+    assert_int_equal(kvx_agent_create(layout, &params, &agent), KVX_OK);
+    kvx_layout_destroy(layout);
+    assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
+    assert_int_equal(write(go[1], "g", 1), 1);
+    assert_int_equal(read(ready[0], &c, 1), 1); /* held */
+    for (int i = 0; i < 10; i++) { /* every 100 ms for 1 s: well within 2/3 of 300 ms */
+        assert_int_equal(kvx_heartbeat(agent, &peer, 1, wanted, 1), KVX_OK);
+        nanosleep(&(struct timespec){0, 100000000}, NULL);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    kvx_peer_destroy(peer);
+    kvx_agent_destroy(agent);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(holds_release_after_the_last_consumer),
         cmocka_unit_test(hold_refuses_bad_requests),
+        cmocka_unit_test(leases_expire_unless_extended),
         cmocka_unit_test(held_request_is_released_after_every_consumer),
         cmocka_unit_test(posted_reads_complete_once_and_fail_whole),
+        cmocka_unit_test(heartbeats_extend_leases_and_silence_expires_them),
     };
 
     setenv("UCX_NET_DEVICES", "lo", 1); /* never another interface */
