@@ -5,6 +5,7 @@
 
 #include "agent_push.h"
 
+#include "clock.h"
 #include "error.h"
 
 #include <zmq.h>
@@ -22,14 +23,6 @@
 #define AGENT_DEFAULT_TIMEOUT_MS 10000
 #define AGENT_DEFAULT_LEASE_MS   30000
 #define AGENT_POLL_MS            5 /* longest wait on the side channel before the transport progresses */
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* A notification from a decode agent: `done` for one request, or a heartbeat listing the
  * requests it still wants. Anything malformed is counted and dropped. */
@@ -50,7 +43,7 @@ static void agent_on_notify(void *arg, const void *data, size_t size)
         hold_table_done(&agent->holds, n.request_id);
     } else if (n.kind == AGENT_NOTIFY_HEARTBEAT && n.request_id <= AGENT_HEARTBEAT_MAX &&
                size == sizeof(n) + n.request_id * sizeof(uint64_t)) {
-        uint64_t now = now_ms();
+        uint64_t now = clock_ms();
 
         agent->notifications++;
         for (uint64_t i = 0; i < n.request_id; i++) {
@@ -360,7 +353,7 @@ kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms)
         while (transport_progress(agent->transport) > 0)
             events++;
         agent_xfers_progress(agent);
-        events += hold_table_expire(&agent->holds, now_ms());
+        events += hold_table_expire(&agent->holds, clock_ms());
         /* Polls of a few ms keep the transport progressing while the side channel is quiet
          * without spinning; UCX's wakeup descriptor would make it exact (not used yet). */
         if (agent->router != NULL) {
@@ -390,7 +383,7 @@ kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_i
 {
     if (agent == NULL)
         return error_set(KVX_ERR_INVALID, "hold: no agent");
-    return hold_table_add(&agent->holds, request_id, groups, num_groups, consumers, now_ms());
+    return hold_table_add(&agent->holds, request_id, groups, num_groups, consumers, clock_ms());
 }
 
 void kvx_agent_hold_stats(const kvx_agent_t *agent, kvx_hold_stats_t *stats_p)

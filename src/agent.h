@@ -66,6 +66,10 @@ struct kvx_peer {
  * passed (agent_xfer.c); called by kvx_agent_progress. */
 void agent_xfers_progress(kvx_agent_t *agent);
 
+/* Connects the transport to `peer` (its metadata decoded) and unpacks its remote keys, for
+ * reading from it or, in push mode, writing into it. */
+kvx_status_t agent_peer_transport_connect(kvx_peer_t *peer);
+
 /* The peer among `peers` that is remote TP rank `rank`, or NULL. */
 kvx_peer_t *agent_peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t rank);
 

@@ -5,6 +5,7 @@
 
 #include "agent_push.h"
 
+#include "clock.h"
 #include "error.h"
 
 #include <zmq.h>
@@ -94,8 +95,7 @@ kvx_status_t agent_side_request(kvx_agent_t *agent, const char *address, const v
     return status;
 }
 
-/* Connects the transport to the peer and unpacks its remote keys. */
-static kvx_status_t peer_transport_connect(kvx_peer_t *peer)
+kvx_status_t agent_peer_transport_connect(kvx_peer_t *peer)
 {
     kvx_metadata_info_t info;
     kvx_registration_info_t reg;
@@ -161,7 +161,7 @@ kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer
                                       &peer->plan);
     }
     if (status == KVX_OK)
-        status = peer_transport_connect(peer);
+        status = agent_peer_transport_connect(peer);
     if (status != KVX_OK) {
         /* Name the peer: the step's message says what, this says who. */
         char what[768];
@@ -177,14 +177,6 @@ kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer
 const char *kvx_peer_transports(const kvx_peer_t *peer)
 {
     return peer->transports[0] != '\0' ? peer->transports : peer->agent->transports;
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
@@ -203,7 +195,7 @@ kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
     if (status == KVX_OK)
         status = push_request_encode(request_id, agent->push_metadata, agent->push_metadata_size,
                                      request, &body, &size);
-    start = now_seconds();
+    start = clock_seconds();
     for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(agent->pairs); r++) {
         uint32_t rank;
         kvx_peer_t *peer;
@@ -233,7 +225,7 @@ kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
     if (status == KVX_OK && stats_p != NULL) {
         kvx_pairs_stats(agent->pairs, &stats);
         *stats_p = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes,
-                                      now_seconds() - start};
+                                      clock_seconds() - start};
     }
     /* Notifications the writers sent after their data are ours to count. */
     while (transport_progress(agent->transport) > 0)

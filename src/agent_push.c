@@ -146,27 +146,22 @@ out:
     return status;
 }
 
-/* Writes this rank's share of `req` into the decode agent described by `md`: plan from the
+/* Writes this rank's share of `req` into the decode agent `peer` stands for: plan from the
  * decode side's view (it is the one whose blocks are filled), then one put per pair from
  * this side's memory, a flush, and a notification. */
 static kvx_status_t push_serve_checked(kvx_agent_t *agent, const struct push_request *req,
-                                       kvx_metadata_t *md)
+                                       kvx_peer_t *peer)
 {
-    kvx_metadata_info_t info;
-    kvx_peer_plan_params_t params;
-    kvx_peer_plan_t *plan         = NULL;
-    struct transport_ep *ep       = NULL;
-    struct transport_rkey **rkeys = NULL;
-    uint64_t *bases               = NULL;
-    kvx_pair_t *swapped           = NULL;
-    struct agent_notify note      = {AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE,
-                                     req->request_id,    agent->tp_rank,       0};
-    kvx_request_t request         = {req->groups, req->num_groups,
+    struct agent_notify note = {AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE,
+                                req->request_id,    agent->tp_rank,       0};
+    kvx_request_t request    = {req->groups, req->num_groups,
                              req->has_remote ? req->groups + req->num_groups : NULL,
                              req->has_remote ? req->num_groups : 0};
+    kvx_metadata_info_t info;
+    kvx_peer_plan_params_t params;
     kvx_status_t status;
 
-    kvx_metadata_get_info(md, &info);
+    kvx_metadata_get_info(peer->metadata, &info);
     params = (kvx_peer_plan_params_t){
         .field_mask = KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP | KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK |
                       KVX_PEER_PLAN_PARAM_FIELD_REMOTE_TP,
@@ -174,30 +169,18 @@ static kvx_status_t push_serve_checked(kvx_agent_t *agent, const struct push_req
         .local_rank = info.tp_rank,
         .remote_tp  = agent->tp_size,
     };
-    status = kvx_peer_plan_create(kvx_metadata_regions(md), agent->regions, &params, &plan);
+    status = kvx_peer_plan_create(kvx_metadata_regions(peer->metadata), agent->regions, &params,
+                                  &peer->plan);
     if (status == KVX_OK)
-        status = kvx_peer_plan_request(plan, &request, agent->pairs);
+        status = kvx_peer_plan_request(peer->plan, &request, agent->pairs);
     if (status == KVX_OK)
-        status = transport_ep_create(agent->transport, info.transport_address.data,
-                                     info.transport_address.size, &ep);
-    if (status == KVX_OK) {
-        rkeys = calloc(info.num_registrations, sizeof(*rkeys));
-        bases = calloc(info.num_registrations, sizeof(*bases));
-        if (rkeys == NULL || bases == NULL)
-            status = error_no_memory("the decode side's keys");
-    }
-    for (size_t s = 0; status == KVX_OK && s < info.num_registrations; s++) {
-        kvx_registration_info_t reg;
-
-        kvx_metadata_registration(md, s, &reg);
-        bases[s] = reg.base;
-        status   = transport_rkey_unpack(ep, reg.remote_key.data, reg.remote_key.size, &rkeys[s]);
-    }
+        status = agent_peer_transport_connect(peer);
     for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(agent->pairs); r++) {
         uint32_t rank;
         size_t count;
         const kvx_pair_t *p              = kvx_pairs_read(agent->pairs, r, &rank, &count);
-        struct transport_targets targets = {agent->bases, bases, rkeys};
+        struct transport_targets targets = {agent->bases, peer->remote_bases, peer->rkeys};
+        kvx_pair_t *swapped;
 
         if (rank != agent->tp_rank)
             continue; /* another prefill rank writes that share */
@@ -210,36 +193,37 @@ static kvx_status_t push_serve_checked(kvx_agent_t *agent, const struct push_req
         for (size_t i = 0; i < count; i++)
             swapped[i] = (kvx_pair_t){p[i].remote_storage, p[i].local_storage, p[i].remote_offset,
                                       p[i].local_offset, p[i].len};
-        status = transport_rma(agent->transport, ep, true, swapped, count, &targets,
+        status = transport_rma(agent->transport, peer->ep, true, swapped, count, &targets,
                                (int)agent->timeout_ms);
         free(swapped);
     }
     /* The puts were flushed: the data is there before the notification. */
     if (status == KVX_OK)
-        status = transport_am_send(agent->transport, ep, AGENT_AM_NOTIFY, &note, sizeof(note),
+        status = transport_am_send(agent->transport, peer->ep, AGENT_AM_NOTIFY, &note, sizeof(note),
                                    (int)agent->timeout_ms);
-    for (size_t s = 0; rkeys != NULL && s < info.num_registrations; s++)
-        transport_rkey_destroy(rkeys[s]);
-    free(rkeys);
-    free(bases);
-    transport_ep_destroy(agent->transport, ep);
-    kvx_peer_plan_destroy(plan);
     return status;
 }
 
 kvx_status_t push_serve(kvx_agent_t *agent, const void *body, size_t size)
 {
     struct push_request req;
-    kvx_metadata_t *md  = NULL;
+    kvx_peer_t *peer;
     kvx_status_t status = push_request_decode(body, size, &req);
 
     if (status != KVX_OK)
         return status;
-    status =
-        kvx_metadata_unpack(req.metadata, req.metadata_size, agent->regions, KVX_MODE_PUSH, &md);
+    /* The decode agent as a peer of ours, for this request: its endpoint, keys and plan. */
+    peer = calloc(1, sizeof(*peer));
+    if (peer == NULL) {
+        push_request_free(&req);
+        return error_no_memory("a push peer");
+    }
+    peer->agent = agent;
+    status = kvx_metadata_unpack(req.metadata, req.metadata_size, agent->regions, KVX_MODE_PUSH,
+                                 &peer->metadata);
     if (status == KVX_OK)
-        status = push_serve_checked(agent, &req, md);
-    kvx_metadata_destroy(md);
+        status = push_serve_checked(agent, &req, peer);
+    kvx_peer_destroy(peer);
     push_request_free(&req);
     return status;
 }

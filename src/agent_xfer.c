@@ -3,6 +3,7 @@
  * blocking kvx_read is a post and a wait. */
 #include "agent.h"
 
+#include "clock.h"
 #include "error.h"
 
 #include <inttypes.h>
@@ -30,14 +31,6 @@ struct kvx_xfer {
     struct kvx_xfer *prev; /* in the agent's list while in flight */
     struct kvx_xfer *next;
 };
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 kvx_peer_t *agent_peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t rank)
 {
@@ -95,7 +88,7 @@ static void xfer_complete(kvx_xfer_t *x)
                                 x->request_id,      x->agent->tp_rank,    0};
     kvx_status_t status      = transport_op_status(x->op, "get");
 
-    x->stats.seconds = now_seconds() - x->start;
+    x->stats.seconds = clock_seconds() - x->start;
     for (size_t i = 0; i < x->num_reads && status == KVX_OK; i++) {
         kvx_peer_t *peer = x->peers[i];
 
@@ -124,7 +117,7 @@ void agent_xfers_progress(kvx_agent_t *agent)
 
         if (!transport_op_pending(x->op)) {
             xfer_complete(x);
-        } else if (now_seconds() > x->deadline) {
+        } else if (clock_seconds() > x->deadline) {
             error_set(KVX_ERR_IO,
                       "read %" PRIu64 ": %zu of %zu gets still pending at the %" PRIu32
                       " ms deadline; the peers read from are closed",
@@ -237,7 +230,7 @@ kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
     }
     kvx_pairs_stats(agent->pairs, &stats);
     x->stats    = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes, 0};
-    x->start    = now_seconds();
+    x->start    = clock_seconds();
     x->deadline = x->start + agent->timeout_ms / 1e3;
     for (size_t r = 0; r < x->num_reads; r++) {
         size_t count;

@@ -3,6 +3,7 @@
  * nothing of requests, leases or layouts. */
 #include "transport.h"
 
+#include "clock.h"
 #include "error.h"
 
 #include <ucp/api/ucp.h>
@@ -52,14 +53,6 @@ struct transport_rkey {
 static kvx_status_t ucs_error(const char *what, ucs_status_t status)
 {
     return error_set(KVX_ERR_IO, "transport: %s: %s", what, ucs_status_string(status));
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 kvx_status_t transport_create(const char *tls, struct transport **transport_p)
@@ -145,7 +138,7 @@ unsigned transport_progress(struct transport *t)
 static kvx_status_t request_wait(struct transport *t, ucs_status_ptr_t request, const char *what,
                                  int timeout_ms)
 {
-    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = clock_ms() + (uint64_t)timeout_ms;
     ucs_status_t st;
 
     if (request == NULL)
@@ -153,7 +146,7 @@ static kvx_status_t request_wait(struct transport *t, ucs_status_ptr_t request, 
     if (UCS_PTR_IS_ERR(request))
         return ucs_error(what, UCS_PTR_STATUS(request));
     while ((st = ucp_request_check_status(request)) == UCS_INPROGRESS) {
-        if (ucp_worker_progress(t->worker) == 0 && now_ms() > deadline) {
+        if (ucp_worker_progress(t->worker) == 0 && clock_ms() > deadline) {
             ucp_request_cancel(t->worker, request);
             while (ucp_request_check_status(request) == UCS_INPROGRESS)
                 ucp_worker_progress(t->worker);
@@ -369,7 +362,7 @@ kvx_status_t transport_rma(struct transport *t, struct transport_ep *ep, bool pu
                            const kvx_pair_t *pairs, size_t count,
                            const struct transport_targets *targets, int timeout_ms)
 {
-    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = clock_ms() + (uint64_t)timeout_ms;
     kvx_status_t status;
 
     if (ep->failed)
@@ -377,7 +370,7 @@ kvx_status_t transport_rma(struct transport *t, struct transport_ep *ep, bool pu
     ep->op = (struct transport_op){0};
     status = transport_rma_post(ep, put, pairs, count, targets, &ep->op);
     while (transport_op_pending(&ep->op)) {
-        if (ucp_worker_progress(t->worker) == 0 && now_ms() > deadline) {
+        if (ucp_worker_progress(t->worker) == 0 && clock_ms() > deadline) {
             ep->failed = true;
             return error_set(KVX_ERR_IO,
                              "transport: %zu of %zu operations still pending after"

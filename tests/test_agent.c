@@ -150,6 +150,18 @@ static const char layout_json[] =
     "{'name': 'layers.0.mla', 'kind': 'mla', 'storage': 'kv', 'page': 4096, 'stride': 4096,"
     " 'num_blocks': 16}]}";
 
+/* An agent on the test layout. */
+static kvx_status_t agent_start(const kvx_agent_params_t *params, kvx_agent_t **agent_p)
+{
+    kvx_layout_t *layout = NULL;
+    kvx_status_t status  = layout_from_quoted(layout_json, &layout);
+
+    if (status == KVX_OK)
+        status = kvx_agent_create(layout, params, agent_p);
+    kvx_layout_destroy(layout);
+    return status;
+}
+
 /* The prefill process: holds request 7 for two consumers, serves until it was released and
  * one repeated done arrived, and exits 0 when the counts say so. */
 static int run_prefill(const char *listen, int ready)
@@ -158,15 +170,12 @@ static int run_prefill(const char *listen, int ready)
     struct release_log log    = {0};
     uint64_t block            = 5;
     kvx_group_ids_t group     = {&block, 1};
-    kvx_layout_t *layout;
     kvx_agent_t *agent;
     kvx_hold_stats_t stats;
 
     alarm(30);
-    if (layout_from_quoted(layout_json, &layout) != KVX_OK ||
-        kvx_agent_create(layout, &params, &agent) != KVX_OK)
+    if (agent_start(&params, &agent) != KVX_OK)
         return 10;
-    kvx_layout_destroy(layout);
     kvx_agent_set_release_callback(agent, on_release, &log);
     if (kvx_hold(agent, 7, &group, 1, 2) != KVX_OK)
         return 11;
@@ -189,7 +198,6 @@ static void held_request_is_released_after_every_consumer(void **state)
     int status;
     char c;
     pid_t pid;
-    kvx_layout_t *layout;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     uint64_t ids[]        = {5};
@@ -204,9 +212,7 @@ static void held_request_is_released_after_every_consumer(void **state)
     if (pid == 0)
         _exit(run_prefill(listen, ready[1]));
     assert_int_equal(read(ready[0], &c, 1), 1);
-    assert_int_equal(layout_from_quoted(layout_json, &layout), KVX_OK);
-    assert_int_equal(kvx_agent_create(layout, NULL, &agent), KVX_OK);
-    kvx_layout_destroy(layout);
+    assert_int_equal(agent_start(NULL, &agent), KVX_OK);
     assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
     /* Two consumers' dones, then a repeated one. */
     for (int i = 0; i < 3; i++)
@@ -228,14 +234,11 @@ static int run_server(const char *listen, int ready)
                                                KVX_AGENT_PARAM_FIELD_STORAGE_BASES,
                                  .listen        = listen,
                                  .storage_bases = &storage};
-    kvx_layout_t *layout;
     kvx_agent_t *agent;
 
     alarm(30);
-    if (layout_from_quoted(layout_json, &layout) != KVX_OK ||
-        kvx_agent_create(layout, &params, &agent) != KVX_OK)
+    if (agent_start(&params, &agent) != KVX_OK)
         return 10;
-    kvx_layout_destroy(layout);
     (void)!write(ready, "r", 1);
     for (;;)
         kvx_agent_progress(agent, 10);
@@ -271,7 +274,6 @@ static void posted_reads_complete_once_and_fail_whole(void **state)
     int ready[2];
     char c;
     pid_t pid;
-    kvx_layout_t *layout;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     kvx_xfer_t *xfer;
@@ -285,9 +287,7 @@ static void posted_reads_complete_once_and_fail_whole(void **state)
     if (pid == 0)
         _exit(run_server(listen, ready[1]));
     assert_int_equal(read(ready[0], &c, 1), 1);
-    assert_int_equal(layout_from_quoted(layout_json, &layout), KVX_OK);
-    assert_int_equal(kvx_agent_create(layout, &params, &agent), KVX_OK);
-    kvx_layout_destroy(layout);
+    assert_int_equal(agent_start(&params, &agent), KVX_OK);
     assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
 
     assert_int_equal(kvx_read_post(agent, &peer, 1, 1, &request, on_xfer, &log, &xfer), KVX_OK);
@@ -331,7 +331,6 @@ static int run_lease_server(const char *listen, int ready, int go)
                                  .listen   = listen,
                                  .lease_ms = 300};
     struct release_log log    = {0};
-    kvx_layout_t *layout;
     kvx_agent_t *agent;
     kvx_hold_stats_t stats;
     struct timespec start;
@@ -340,10 +339,8 @@ static int run_lease_server(const char *listen, int ready, int go)
     char c;
 
     alarm(30);
-    if (layout_from_quoted(layout_json, &layout) != KVX_OK ||
-        kvx_agent_create(layout, &params, &agent) != KVX_OK)
+    if (agent_start(&params, &agent) != KVX_OK)
         return 10;
-    kvx_layout_destroy(layout);
     kvx_agent_set_release_callback(agent, on_release, &log);
     (void)!write(ready, "r", 1);
     while (read(go, &c, 1) != 1) /* serve the connect meanwhile: go is non-blocking */
@@ -380,7 +377,6 @@ static void heartbeats_extend_leases_and_silence_expires_them(void **state)
     int status;
     char c;
     pid_t pid;
-    kvx_layout_t *layout;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     const uint64_t wanted[] = {1};
@@ -395,9 +391,7 @@ static void heartbeats_extend_leases_and_silence_expires_them(void **state)
     if (pid == 0)
         _exit(run_lease_server(listen, ready[1], go[0]));
     assert_int_equal(read(ready[0], &c, 1), 1);
-    assert_int_equal(layout_from_quoted(layout_json, &layout), KVX_OK);
-    assert_int_equal(kvx_agent_create(layout, &params, &agent), KVX_OK);
-    kvx_layout_destroy(layout);
+    assert_int_equal(agent_start(&params, &agent), KVX_OK);
     assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
     assert_int_equal(write(go[1], "g", 1), 1);
     assert_int_equal(read(ready[0], &c, 1), 1); /* held */

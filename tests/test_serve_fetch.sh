@@ -96,10 +96,10 @@ garbage() {
   { head -c 4096 /dev/urandom; } 2>/dev/null >"/dev/tcp/$host/$port"
   { printf '\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f\x03\x00NULL'; head -c 600 /dev/urandom; } \
     2>/dev/null >"/dev/tcp/$host/$port"
-  return 0
+  return 0 # sending is all: the check that matters is that P serves afterwards
 }
-check "garbage on the side channel is survived" garbage
-check "P still serves after refusals" fetch_verified "$tmp/v41.json" '0:0-3;1:0;2:0'
+garbage
+check "P still serves after refusals and garbage" fetch_verified "$tmp/v41.json" '0:0-3;1:0;2:0'
 check "peer not listening: an error within the timeout" bash -c "! timeout 20 '$kvx' fetch '$tmp/v41.json' --peer 127.0.0.1:1 --blocks '0:1' --timeout 500 2>&1 | grep -q verified"
 check "block id beyond capacity fails before any transfer" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:64;1:0;2:0' 2>&1 | grep -q 'out of range'"
 

@@ -5,6 +5,7 @@
 #include "cli.h"
 #include "pattern.h"
 #include "plan_print.h"
+#include "verify.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -99,41 +100,6 @@ static void demo_request_fill(kvx_group_ids_t *groups, size_t num_groups, uint64
         groups[g] = (kvx_group_ids_t){ids, blocks};
 }
 
-static bool demo_verify(const kvx_agent_t *agent)
-{
-    const kvx_pairs_t *pairs = kvx_agent_last_pairs(agent);
-
-    for (size_t r = 0; r < kvx_pairs_num_reads(pairs); r++) {
-        size_t count;
-        uint32_t rank;
-        const kvx_pair_t *p = kvx_pairs_read(pairs, r, &rank, &count);
-
-        for (size_t i = 0; i < count; i++) {
-            const uint8_t *local =
-                (const uint8_t *)kvx_agent_storage(agent, p[i].local_storage, NULL) +
-                p[i].local_offset;
-
-            if (pattern_check(local, p[i].len, DEMO_SEED, rank, p[i].remote_storage,
-                              p[i].remote_offset) < p[i].len)
-                return false;
-        }
-    }
-    return true;
-}
-
-/* Zeroes the decode side's storages (and touches every page before the transfers). */
-static void demo_storages_zero(kvx_agent_t *agent)
-{
-    for (size_t s = 0;; s++) {
-        uint64_t size;
-        void *base = kvx_agent_storage(agent, s, &size);
-
-        if (base == NULL)
-            break;
-        memset(base, 0, size);
-    }
-}
-
 /* One batch of requests, pulled or pushed, each checked; prints a line per request and a
  * total. False (with the error printed) when a transfer fails or a byte differs. */
 static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers, bool push,
@@ -146,6 +112,7 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
     uint64_t total_posted      = 0;
     double total_seconds       = 0;
     unsigned rng               = DEMO_SEED;
+    char verdict[256];
 
     printf("\n%s %zu requests %s %zu prefill process%s:\n", push ? "push:" : "pull:", n_requests,
            push ? "written by" : "read from", num_peers, num_peers > 1 ? "es" : "");
@@ -155,6 +122,7 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
         kvx_read_stats_t stats;
         kvx_status_t status;
 
+        storages_zero(agent); /* so a verified request proves its own bytes, and only those */
         demo_request_fill(groups, num_groups, ids, blocks, capacity, &rng);
         request = (kvx_request_t){groups, num_groups, NULL, 0};
         status  = push ? kvx_write(agent, peers, num_peers, i + 1, &request, &stats)
@@ -163,9 +131,8 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
             cli_fail(status);
             return false;
         }
-        if (!demo_verify(agent)) {
-            fprintf(stderr, "kvx: error: request %zu: transferred bytes differ from the source\n",
-                    i + 1);
+        if (!verify_last_transfer(agent, DEMO_SEED, verdict, sizeof(verdict))) {
+            fprintf(stderr, "kvx: error: request %zu: %s\n", i + 1, verdict);
             return false;
         }
         printf("  request %zu: %4" PRIu64 " blocks per group, %6" PRIu64 " descriptors -> %5" PRIu64
@@ -237,7 +204,6 @@ static int demo_decode(const kvx_layout_t *layout, const uint32_t *ports, size_t
         plan_print_table(stdout, regions);
     }
     for (int push = 0; push < 2; push++) {
-        demo_storages_zero(agent); /* so a verified batch proves its own bytes */
         if (!demo_batch(agent, peers, num_peers, push == 1, groups, num_groups, capacity))
             goto out;
     }

@@ -1,0 +1,142 @@
+/* verify.c: checks a finished transfer the way `kvx fetch --verify` and `kvx demo` do: every
+ * transferred byte against the prefill rank's pattern, and every other byte still zero. */
+#include "verify.h"
+
+#include "pattern.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void storages_zero(kvx_agent_t *agent)
+{
+    for (size_t s = 0;; s++) {
+        uint64_t size;
+        void *base = kvx_agent_storage(agent, s, &size);
+
+        if (base == NULL)
+            break;
+        memset(base, 0, size);
+    }
+}
+
+struct local_range {
+    uint32_t storage;
+    uint64_t offset;
+    uint64_t len;
+};
+
+static int local_range_compare(const void *a, const void *b)
+{
+    const struct local_range *x = a;
+    const struct local_range *y = b;
+
+    if (x->storage != y->storage)
+        return x->storage < y->storage ? -1 : 1;
+    return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* The first non-zero byte of `len` bytes at `p`, or len. */
+static uint64_t first_nonzero(const uint8_t *p, uint64_t len)
+{
+    for (uint64_t i = 0; i < len; i++) {
+        if (p[i] != 0)
+            return i;
+    }
+    return len;
+}
+
+/* Every byte the request did not name must still be zero (fetch zeroed the storages first):
+ * a transfer that wrote outside its blocks is caught. */
+static bool verify_untouched(const kvx_agent_t *agent, char *verdict, size_t size)
+{
+    const kvx_pairs_t *pairs = kvx_agent_last_pairs(agent);
+    struct local_range *ranges;
+    size_t n = 0;
+    bool ok  = true;
+
+    for (size_t r = 0; r < kvx_pairs_num_reads(pairs); r++) {
+        size_t count;
+
+        kvx_pairs_read(pairs, r, NULL, &count);
+        n += count;
+    }
+    ranges = calloc(n + 1, sizeof(*ranges));
+    if (ranges == NULL) {
+        snprintf(verdict, size, "not verified: out of memory");
+        return false;
+    }
+    n = 0;
+    for (size_t r = 0; r < kvx_pairs_num_reads(pairs); r++) {
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(pairs, r, NULL, &count);
+
+        for (size_t i = 0; i < count; i++)
+            ranges[n++] = (struct local_range){p[i].local_storage, p[i].local_offset, p[i].len};
+    }
+    qsort(ranges, n, sizeof(*ranges), local_range_compare);
+    for (uint32_t s = 0; ok; s++) {
+        uint64_t storage_size;
+        const uint8_t *base = kvx_agent_storage(agent, s, &storage_size);
+        uint64_t at         = 0; /* first byte not yet checked */
+        size_t i            = 0;
+
+        if (base == NULL)
+            break;
+        while (i < n && ranges[i].storage < s)
+            i++;
+        for (;; i++) {
+            uint64_t end = i < n && ranges[i].storage == s ? ranges[i].offset : storage_size;
+            uint64_t bad = end > at ? first_nonzero(base + at, end - at) : 0;
+
+            if (end > at && bad < end - at) {
+                snprintf(verdict, size,
+                         "MISMATCH: local storage %" PRIu32 " byte %" PRIu64
+                         " was written but is outside the request",
+                         s, at + bad);
+                ok = false;
+                break;
+            }
+            if (!(i < n && ranges[i].storage == s))
+                break;
+            if (ranges[i].offset + ranges[i].len > at)
+                at = ranges[i].offset + ranges[i].len;
+        }
+    }
+    free(ranges);
+    if (ok)
+        snprintf(verdict, size, "verified");
+    return ok;
+}
+
+/* Checks every transferred byte against the pattern of the prefill side's storage, then
+ * that nothing else was written. */
+bool verify_last_transfer(const kvx_agent_t *agent, uint64_t seed, char *verdict, size_t size)
+{
+    const kvx_pairs_t *pairs = kvx_agent_last_pairs(agent);
+
+    for (size_t r = 0; r < kvx_pairs_num_reads(pairs); r++) {
+        uint32_t rank;
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(pairs, r, &rank, &count);
+
+        for (size_t i = 0; i < count; i++) {
+            const uint8_t *local =
+                (const uint8_t *)kvx_agent_storage(agent, p[i].local_storage, NULL) +
+                p[i].local_offset;
+            uint64_t bad =
+                pattern_check(local, p[i].len, seed, rank, p[i].remote_storage, p[i].remote_offset);
+
+            if (bad < p[i].len) {
+                snprintf(verdict, size,
+                         "MISMATCH: local storage %" PRIu32 " byte %" PRIu64
+                         " differs from remote rank %" PRIu32 " storage %" PRIu32 " byte %" PRIu64,
+                         p[i].local_storage, p[i].local_offset + bad, rank, p[i].remote_storage,
+                         p[i].remote_offset + bad);
+                return false;
+            }
+        }
+    }
+    return verify_untouched(agent, verdict, size);
+}
