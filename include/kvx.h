@@ -543,6 +543,10 @@ KVX_API void kvx_agent_destroy(kvx_agent_t *agent);
 KVX_API const kvx_regions_t *kvx_agent_regions(const kvx_agent_t *agent);
 KVX_API void *kvx_agent_storage(const kvx_agent_t *agent, size_t index, uint64_t *size_p);
 
+/* The "HOST:PORT" the side channel is bound to, with the real port when the agent was asked
+ * to listen on port 0; NULL for an agent that does not listen. */
+KVX_API const char *kvx_agent_listen_address(const kvx_agent_t *agent);
+
 /* Serves the side channel (metadata requests) and progresses the transport (notifications)
  * for up to `timeout_ms`; returns after the first event or the timeout. */
 KVX_API kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms);

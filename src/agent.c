@@ -149,23 +149,36 @@ kvx_status_t agent_endpoint(const char *address, const char *what, char *endpoin
     return KVX_OK;
 }
 
-/* Binds the side channel at "HOST:PORT". */
+/* Binds the side channel at "HOST:PORT"; port 0 lets the kernel choose a free one, which
+ * kvx_agent_listen_address reports (tests and tools use it to never collide). */
 static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
 {
     int64_t max_request = AGENT_MAX_REQUEST;
     int linger          = 0;
     char endpoint[300];
+    size_t bound_size   = sizeof(endpoint);
     kvx_status_t status = agent_endpoint(listen, "listen", endpoint, sizeof(endpoint));
+    size_t length       = strlen(endpoint);
 
     if (status != KVX_OK)
         return status;
+    if (length > 2 && strcmp(endpoint + length - 2, ":0") == 0)
+        strcpy(endpoint + length - 1, "*"); /* ZeroMQ's spelling of "any free port" */
     agent->router = zmq_socket(agent->zmq, ZMQ_ROUTER);
     if (agent->router == NULL ||
         zmq_setsockopt(agent->router, ZMQ_MAXMSGSIZE, &max_request, sizeof(max_request)) != 0 ||
         zmq_setsockopt(agent->router, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
-        zmq_bind(agent->router, endpoint) != 0)
+        zmq_bind(agent->router, endpoint) != 0 ||
+        zmq_getsockopt(agent->router, ZMQ_LAST_ENDPOINT, endpoint, &bound_size) != 0)
         return error_set(KVX_ERR_IO, "listen %s: %s", listen, zmq_strerror(zmq_errno()));
+    snprintf(agent->listen_address, sizeof(agent->listen_address), "%s",
+             endpoint + strlen("tcp://"));
     return KVX_OK;
+}
+
+const char *kvx_agent_listen_address(const kvx_agent_t *agent)
+{
+    return agent->router != NULL ? agent->listen_address : NULL;
 }
 
 void kvx_agent_destroy(kvx_agent_t *agent)

@@ -36,9 +36,10 @@ struct kvx_agent {
     uint32_t tp_rank;
     uint32_t tp_size;
     uint32_t timeout_ms;
-    void *zmq;      /* ZeroMQ context */
-    void *router;   /* the listening side channel, or NULL */
-    void *metadata; /* this agent's packed metadata, served to peers */
+    void *zmq;                /* ZeroMQ context */
+    void *router;             /* the listening side channel, or NULL */
+    char listen_address[300]; /* "HOST:PORT" it is bound to (the real port when given 0) */
+    void *metadata;           /* this agent's packed metadata, served to peers */
     size_t metadata_size;
     void *push_metadata; /* the same in push mode, sent with push requests */
     size_t push_metadata_size;

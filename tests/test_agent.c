@@ -162,24 +162,65 @@ static kvx_status_t agent_start(const kvx_agent_params_t *params, kvx_agent_t **
     return status;
 }
 
+/* A child prefill process reports that it serves by writing the address it listens on (a
+ * free port the kernel picked) as ADDRESS_SIZE bytes. */
+#define ADDRESS_SIZE 64
+
+static void report_serving(int ready, const kvx_agent_t *agent)
+{
+    char address[ADDRESS_SIZE] = {0};
+
+    snprintf(address, sizeof(address), "%s", kvx_agent_listen_address(agent));
+    (void)!write(ready, address, sizeof(address));
+}
+
+/* Forks a prefill process running `serve(ready, go)` and waits until it serves; `address`
+ * receives where. The parent closes its end of `ready` so that a child that fails to start
+ * ends the wait with an error instead of a hang. `go` may be -1; `ready_p` may be NULL. */
+static pid_t start_prefill(int (*serve)(int ready, int go), int go, char address[ADDRESS_SIZE],
+                           int *ready_p)
+{
+    int ready[2];
+    pid_t pid;
+
+    assert_int_equal(pipe(ready), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(ready[0]);
+        _exit(serve(ready[1], go));
+    }
+    close(ready[1]);
+    assert_int_equal(read(ready[0], address, ADDRESS_SIZE), ADDRESS_SIZE);
+    address[ADDRESS_SIZE - 1] = '\0';
+    if (ready_p != NULL)
+        *ready_p = ready[0]; /* the child says more on it */
+    else
+        close(ready[0]);
+    return pid;
+}
+
+static const kvx_agent_params_t listen_params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN,
+                                                 .listen     = "127.0.0.1:0"};
+
 /* The prefill process: holds request 7 for two consumers, serves until it was released and
  * one repeated done arrived, and exits 0 when the counts say so. */
-static int run_prefill(const char *listen, int ready)
+static int run_prefill(int ready, int go)
 {
-    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN, .listen = listen};
-    struct release_log log    = {0};
-    uint64_t block            = 5;
-    kvx_group_ids_t group     = {&block, 1};
+    struct release_log log = {0};
+    uint64_t block         = 5;
+    kvx_group_ids_t group  = {&block, 1};
     kvx_agent_t *agent;
     kvx_hold_stats_t stats;
 
+    (void)go;
     alarm(30);
-    if (agent_start(&params, &agent) != KVX_OK)
+    if (agent_start(&listen_params, &agent) != KVX_OK)
         return 10;
     kvx_agent_set_release_callback(agent, on_release, &log);
     if (kvx_hold(agent, 7, &group, 1, 2) != KVX_OK)
         return 11;
-    (void)!write(ready, "r", 1);
+    report_serving(ready, agent);
     do {
         kvx_agent_progress(agent, 10);
         kvx_agent_hold_stats(agent, &stats);
@@ -193,25 +234,16 @@ static int run_prefill(const char *listen, int ready)
 
 static void held_request_is_released_after_every_consumer(void **state)
 {
-    char listen[32];
-    int ready[2];
+    char listen[ADDRESS_SIZE];
     int status;
-    char c;
-    pid_t pid;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     uint64_t ids[]        = {5};
     kvx_group_ids_t group = {ids, 1};
     kvx_request_t request = {&group, 1, NULL, 0};
+    pid_t pid             = start_prefill(run_prefill, -1, listen, NULL);
 
     (void)state;
-    snprintf(listen, sizeof(listen), "127.0.0.1:%d", 30000 + (int)(getpid() % 20000));
-    assert_int_equal(pipe(ready), 0);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0)
-        _exit(run_prefill(listen, ready[1]));
-    assert_int_equal(read(ready[0], &c, 1), 1);
     assert_int_equal(agent_start(NULL, &agent), KVX_OK);
     assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
     /* Two consumers' dones, then a repeated one. */
@@ -227,19 +259,20 @@ static void held_request_is_released_after_every_consumer(void **state)
 /* A prefill process that serves until killed; reports readiness on `ready`. Its storage is
  * its own memory (as an engine's), read through CMA: shared-memory segments UCX allocates
  * would outlive the process and stay readable. */
-static int run_server(const char *listen, int ready)
+static int run_server(int ready, int go)
 {
     void *storage             = aligned_alloc(4096, 65536);
     kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
                                                KVX_AGENT_PARAM_FIELD_STORAGE_BASES,
-                                 .listen        = listen,
+                                 .listen        = "127.0.0.1:0",
                                  .storage_bases = &storage};
     kvx_agent_t *agent;
 
+    (void)go;
     alarm(30);
     if (agent_start(&params, &agent) != KVX_OK)
         return 10;
-    (void)!write(ready, "r", 1);
+    report_serving(ready, agent);
     for (;;)
         kvx_agent_progress(agent, 10);
 }
@@ -270,23 +303,14 @@ static void posted_reads_complete_once_and_fail_whole(void **state)
     struct callback_log log   = {0};
     const kvx_group_ids_t *failed;
     size_t num_failed;
-    char listen[32];
-    int ready[2];
-    char c;
-    pid_t pid;
+    char listen[ADDRESS_SIZE];
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     kvx_xfer_t *xfer;
     kvx_status_t status;
+    pid_t pid = start_prefill(run_server, -1, listen, NULL);
 
     (void)state;
-    snprintf(listen, sizeof(listen), "127.0.0.1:%d", 30000 + (int)((getpid() + 7) % 20000));
-    assert_int_equal(pipe(ready), 0);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0)
-        _exit(run_server(listen, ready[1]));
-    assert_int_equal(read(ready[0], &c, 1), 1);
     assert_int_equal(agent_start(&params, &agent), KVX_OK);
     assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
 
@@ -324,11 +348,11 @@ static void posted_reads_complete_once_and_fail_whole(void **state)
 /* A prefill process with 300 ms leases: once the decode side says it connected, it holds
  * requests 1 and 2. Request 2 expires on its own; request 1 lives while heartbeats come and
  * expires after they stop. Exits 0 when the release times say so. */
-static int run_lease_server(const char *listen, int ready, int go)
+static int run_lease_server(int ready, int go)
 {
     kvx_agent_params_t params = {.field_mask =
                                      KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_LEASE_MS,
-                                 .listen   = listen,
+                                 .listen   = "127.0.0.1:0",
                                  .lease_ms = 300};
     struct release_log log    = {0};
     kvx_agent_t *agent;
@@ -342,7 +366,7 @@ static int run_lease_server(const char *listen, int ready, int go)
     if (agent_start(&params, &agent) != KVX_OK)
         return 10;
     kvx_agent_set_release_callback(agent, on_release, &log);
-    (void)!write(ready, "r", 1);
+    report_serving(ready, agent);
     while (read(go, &c, 1) != 1) /* serve the connect meanwhile: go is non-blocking */
         kvx_agent_progress(agent, 5);
     clock_gettime(CLOCK_MONOTONIC, &start);
@@ -371,8 +395,8 @@ static void heartbeats_extend_leases_and_silence_expires_them(void **state)
 {
     kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
                                  .timeout_ms = 2000};
-    char listen[32];
-    int ready[2];
+    char listen[ADDRESS_SIZE];
+    int ready;
     int go[2];
     int status;
     char c;
@@ -382,19 +406,14 @@ static void heartbeats_extend_leases_and_silence_expires_them(void **state)
     const uint64_t wanted[] = {1};
 
     (void)state;
-    snprintf(listen, sizeof(listen), "127.0.0.1:%d", 30000 + (int)((getpid() + 13) % 20000));
-    assert_int_equal(pipe(ready), 0);
     assert_int_equal(pipe(go), 0);
     assert_int_equal(fcntl(go[0], F_SETFL, O_NONBLOCK), 0);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0)
-        _exit(run_lease_server(listen, ready[1], go[0]));
-    assert_int_equal(read(ready[0], &c, 1), 1);
+    pid = start_prefill(run_lease_server, go[0], listen, &ready);
     assert_int_equal(agent_start(&params, &agent), KVX_OK);
     assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
     assert_int_equal(write(go[1], "g", 1), 1);
-    assert_int_equal(read(ready[0], &c, 1), 1); /* held */
+    assert_int_equal(read(ready, &c, 1), 1); /* held */
+    close(ready);
     for (int i = 0; i < 10; i++) { /* every 100 ms for 1 s: well within 2/3 of 300 ms */
         assert_int_equal(kvx_heartbeat(agent, &peer, 1, wanted, 1), KVX_OK);
         nanosleep(&(struct timespec){0, 100000000}, NULL);
@@ -418,5 +437,6 @@ int main(void)
     };
 
     setenv("UCX_NET_DEVICES", "lo", 1); /* never another interface */
+    alarm(300);                         /* a hang fails the run instead of stalling CI */
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

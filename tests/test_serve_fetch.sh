@@ -29,20 +29,21 @@ check() {
   fi
 }
 
-port=$((20000 + (RANDOM % 20000)))
-# serve LAYOUT [OPTIONS...]: starts P on a fresh port and waits until it serves; sets $addr.
+port=0
+# serve LAYOUT [OPTIONS...]: starts P on a free port the kernel picks (never one in use) and
+# waits until it serves; sets $addr from its "serving ... on HOST:PORT:" line.
 serve() {
   local layout=$1
   shift
-  port=$((port + 1))
-  addr=127.0.0.1:$port
-  "$kvx" serve "$layout" --listen "$addr" --fill 42 "$@" >"$tmp/serve.$port" 2>&1 &
+  port=$((port + 1)) # numbers the server's log file
+  "$kvx" serve "$layout" --listen 127.0.0.1:0 --fill 42 "$@" >"$tmp/serve.$port" 2>&1 &
   servers+=($!)
   for _ in $(seq 100); do
-    grep -q '^serving' "$tmp/serve.$port" 2>/dev/null && return 0
+    addr=$(sed -n 's/^serving .* on \([0-9.]*:[0-9]*\): .*/\1/p' "$tmp/serve.$port" 2>/dev/null)
+    [ -n "$addr" ] && return 0
     sleep 0.1
   done
-  echo "server on $addr did not start: $(cat "$tmp/serve.$port")"
+  echo "server did not start: $(cat "$tmp/serve.$port")"
   return 1
 }
 

@@ -17,8 +17,7 @@
 
 #define DEMO_LAYOUT "deepseek-v4.1-demo"
 #define DEMO_SEED   2026
-#define DEMO_PORTS  50 /* ports tried from a pid-derived start */
-#define DEMO_MAX_TP 8  /* ranks on either side */
+#define DEMO_MAX_TP 8 /* ranks on either side */
 
 /* Requests of the batch, in blocks per group (64-token blocks: 1k to 16k tokens). */
 static const uint64_t demo_request_blocks[] = {16, 64, 256, 32, 128, 8, 200, 256};
@@ -47,24 +46,19 @@ static int demo_prefill(const kvx_layout_t *layout, int ready, uint32_t rank, ui
                                  .tp_size = tp};
     kvx_agent_t *agent        = NULL;
     uint32_t port             = 0;
-    char listen[32];
+    kvx_status_t status;
     sigset_t stop;
 
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigprocmask(SIG_BLOCK, &stop, NULL);
-    for (uint32_t i = 0; i < DEMO_PORTS && agent == NULL; i++) {
-        port = 20000 + ((uint32_t)getpid() * 7 + i) % 40000;
-        snprintf(listen, sizeof(listen), "127.0.0.1:%" PRIu32, port);
-        params.listen = listen;
-        if (kvx_agent_create(layout, &params, &agent) != KVX_OK)
-            agent = NULL;
-    }
-    if (agent == NULL) {
-        port = 0;
+    params.listen = "127.0.0.1:0"; /* a free port the kernel picks */
+    status        = kvx_agent_create(layout, &params, &agent);
+    if (status != KVX_OK) {
         (void)!write(ready, &port, sizeof(port));
-        return cli_fail(KVX_ERR_IO);
+        return cli_fail(status);
     }
+    port = (uint32_t)strtoul(strrchr(kvx_agent_listen_address(agent), ':') + 1, NULL, 10);
     for (size_t s = 0;; s++) {
         uint64_t size;
         void *base = kvx_agent_storage(agent, s, &size);

@@ -19,7 +19,8 @@ static const char usage_serve[] =
     "A prefill worker: allocates the layout's storages (through UCX, or with malloc when\n"
     "--malloc is given), fills every byte with a pattern of (SEED, storage, offset), and\n"
     "serves its metadata on the side channel at HOST:PORT until SIGINT or SIGTERM. Decode\n"
-    "workers (kvx fetch) then read from it and notify it.\n"
+    "workers (kvx fetch) then read from it and notify it. Port 0 takes a free port; the\n"
+    "\"serving ... on HOST:PORT\" line names the one bound.\n"
     "\n"
     "  --fill SEED         the pattern's seed; default 1\n"
     "  --transports LIST   UCX transports; default sm,cma,tcp\n"
@@ -237,7 +238,7 @@ int command_serve(int argc, char **argv)
     signal(SIGTERM, on_stop_signal);
     printf("serving %s on %s: rank %" PRIu64 " of %" PRIu64 ", %zu regions, %" PRIu64
            " bytes filled with seed %" PRIu64 "\n",
-           a.layout, a.listen, a.tp_rank, a.tp_size, kvx_regions_count(kvx_agent_regions(agent)),
+           a.layout, kvx_agent_listen_address(agent), a.tp_rank, a.tp_size, kvx_regions_count(kvx_agent_regions(agent)),
            bytes, a.seed);
     fflush(stdout);
     while (!stop_requested) {
