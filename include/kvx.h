@@ -511,6 +511,8 @@ enum {
     KVX_AGENT_PARAM_FIELD_STORAGE_BASES = 1u << 6,
     KVX_AGENT_PARAM_FIELD_TIMEOUT_MS    = 1u << 7,
     KVX_AGENT_PARAM_FIELD_LEASE_MS      = 1u << 8,
+    KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS  = 1u << 9,
+    KVX_AGENT_PARAM_FIELD_PEER_TTL_MS   = 1u << 10,
 };
 
 typedef struct kvx_agent_params {
@@ -528,6 +530,11 @@ typedef struct kvx_agent_params {
     uint32_t timeout_ms;        /* _TIMEOUT_MS: handshake and transfer deadline; default 10000 */
     uint32_t lease_ms;          /* _LEASE_MS: how long kvx_hold keeps blocks with neither a done
                                    nor a heartbeat; default 30000 */
+    uint32_t heartbeat_ms;      /* _HEARTBEAT_MS: decode side: how often progress heartbeats
+                                   each prefill peer; a peer that answers none for three
+                                   intervals is dead; default 5000 */
+    uint32_t peer_ttl_ms;       /* _PEER_TTL_MS: decode side: a peer with nothing in flight and
+                                   nothing wanted for this long is dropped; default 3600000 */
 } kvx_agent_params_t;
 
 /* Registers `layout`, creates the transport, maps every storage once (the caller's memory or
@@ -551,8 +558,51 @@ KVX_API const char *kvx_agent_listen_address(const kvx_agent_t *agent);
  * for up to `timeout_ms`; returns after the first event or the timeout. */
 KVX_API kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms);
 
-/* Counters of a serving agent: notifications received, and malformed ones dropped. */
-KVX_API uint64_t kvx_agent_notifications(const kvx_agent_t *agent, uint64_t *dropped_p);
+/* A histogram with power-of-two buckets: bucket 0 counts values <= 1, bucket i values in
+ * (2^(i-1), 2^i], and the last one everything larger. */
+#define KVX_HISTOGRAM_BUCKETS 40
+typedef struct kvx_histogram {
+    uint64_t count;
+    double sum;
+    uint64_t buckets[KVX_HISTOGRAM_BUCKETS];
+} kvx_histogram_t;
+
+/* Everything an agent counted since it was created, on either side. */
+typedef struct kvx_agent_stats {
+    /* decode side: transfers it read (pull) or asked to be written (push) */
+    uint64_t transfers;            /* completed */
+    uint64_t transfers_failed;     /* failed, cancelled or past their deadline */
+    uint64_t bytes;                /* of completed transfers */
+    uint64_t notifications_failed; /* done notifications that could not be sent */
+    uint64_t heartbeats_sent;
+    uint64_t heartbeats_missed;           /* heartbeats a peer did not answer in time */
+    uint64_t peers_dead;                  /* declared dead: transport error, silence or restart */
+    uint64_t peers_idle;                  /* dropped after the idle TTL */
+    kvx_histogram_t transfer_us;          /* post to completion, microseconds */
+    kvx_histogram_t post_us;              /* planning and posting, microseconds */
+    kvx_histogram_t transfer_bytes;       /* bytes per transfer */
+    kvx_histogram_t transfer_descriptors; /* descriptors posted per transfer */
+    /* prefill side */
+    uint64_t notifications;         /* done and heartbeat notifications received */
+    uint64_t notifications_dropped; /* malformed: counted, ignored */
+    uint64_t held;                  /* requests held now */
+    uint64_t released;              /* after every consumer's done */
+    uint64_t done_unknown;          /* done for a request not held: unknown or repeated */
+    uint64_t leases_expired;
+} kvx_agent_stats_t;
+
+KVX_API void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p);
+
+/* `stats` in the Prometheus text exposition format (version 0.0.4), every metric labelled
+ * agent="`agent_name`": malloc'd, NUL-terminated; free() it. */
+KVX_API kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *stats,
+                                                const char *agent_name, char **text_p);
+
+/* One line per state change (peer connected, dead, restarted, dropped when idle; transfer
+ * failed; lease expired), never per block; runs inside the call that changed the state. */
+typedef void (*kvx_log_cb_t)(void *arg, const char *line);
+
+KVX_API void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void *arg);
 
 /* Called once per held request when it is released: every consumer reported `done`. The
  * block ids are those given to kvx_hold, valid during the call. Runs inside
@@ -578,13 +628,22 @@ typedef struct kvx_hold_stats {
     uint64_t expired;  /* released when the lease expired */
 } kvx_hold_stats_t;
 
-/* Decode side: tells each prefill rank in `peers` that the requests `request_ids` are still
- * wanted, extending their leases to max(old, now + 2/3 lease). At most 65,536 ids. Send it
- * more often than every 2/3 lease (the engines use a sixth: every 5 s for 30 s leases). */
+/* Decode side: tells each prefill rank in `peers` now that the requests `request_ids` are
+ * still wanted, extending their leases to max(old, now + 2/3 lease). At most 65,536 ids.
+ * kvx_agent_progress does the same on its own every heartbeat_ms for the ids kvx_want
+ * registered; this call is for engines that keep their own list. */
 KVX_API kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                                    const uint64_t *request_ids, size_t count);
 
 KVX_API void kvx_agent_hold_stats(const kvx_agent_t *agent, kvx_hold_stats_t *stats_p);
+
+/* Decode side: request `request_id` is wanted from each of `peers`: progress's heartbeats
+ * carry it (keeping its lease alive on the prefill side) until a transfer of it completes or
+ * kvx_unwant (an abort) removes it. */
+KVX_API kvx_status_t kvx_want(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                              uint64_t request_id);
+KVX_API void kvx_unwant(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                        uint64_t request_id);
 
 /* Decode side: asks the agent listening at `address` ("HOST:PORT") for its metadata, checks
  * it (compatibility hash, then the region table against ours with the TP sizes of both),
@@ -592,6 +651,16 @@ KVX_API void kvx_agent_hold_stats(const kvx_agent_t *agent, kvx_hold_stats_t *st
 KVX_API kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address,
                                        kvx_peer_t **peer_p);
 KVX_API void kvx_peer_destroy(kvx_peer_t *peer);
+
+/* NULL while the peer is usable; otherwise why it is not: dead (a transport error, no
+ * heartbeat answer for three intervals, or a restart: another instance answers at its
+ * address) or dropped after the idle TTL. Every transfer in flight with a dead peer failed
+ * with that reason. */
+KVX_API const char *kvx_peer_down_reason(const kvx_peer_t *peer);
+
+/* Handshakes again with the peer's address and replaces the connection in place (the handle
+ * stays valid): after it went down, or to pick up a prefill process that restarted. */
+KVX_API kvx_status_t kvx_peer_reconnect(kvx_peer_t *peer);
 
 /* The transports UCX really uses for a peer, lane by lane with their roles, once a read
  * wired the endpoint up ("sysv(am) posix cma(rma_bw)"); before that, the list it was given. */

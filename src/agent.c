@@ -12,49 +12,82 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Bytes a side-channel message may have: ZeroMQ drops a peer that sends more, so a stranger
  * cannot make a listener buffer more than a push request needs. */
-#define AGENT_MAX_REQUEST        PUSH_MAX_REQUEST_SIZE
-#define AGENT_DEFAULT_TIMEOUT_MS 10000
-#define AGENT_DEFAULT_LEASE_MS   30000
-#define AGENT_POLL_MS            5 /* longest wait on the side channel before the transport progresses */
+#define AGENT_MAX_REQUEST          PUSH_MAX_REQUEST_SIZE
+#define AGENT_DEFAULT_TIMEOUT_MS   10000
+#define AGENT_DEFAULT_LEASE_MS     30000
+#define AGENT_DEFAULT_HEARTBEAT_MS 5000
+#define AGENT_DEFAULT_PEER_TTL_MS  3600000
+#define AGENT_POLL_MS              5 /* longest wait on the side channel before the transport progresses */
 
-/* A notification from a decode agent: `done` for one request, or a heartbeat listing the
- * requests it still wants. Anything malformed is counted and dropped. */
+/* A notification from a decode agent: `done` for one request. Anything malformed is counted
+ * and dropped. */
 static void agent_on_notify(void *arg, const void *data, size_t size)
 {
     kvx_agent_t *agent = arg;
     struct agent_notify n;
 
     if (size < sizeof(n)) {
-        agent->dropped++;
+        agent->stats.notifications_dropped++;
         return;
     }
     memcpy(&n, data, sizeof(n));
     if (n.magic != AGENT_NOTIFY_MAGIC || n.version != AGENT_NOTIFY_VERSION) {
-        agent->dropped++;
+        agent->stats.notifications_dropped++;
     } else if (n.kind == AGENT_NOTIFY_DONE && size == sizeof(n)) {
-        agent->notifications++;
+        agent->stats.notifications++;
         hold_table_done(&agent->holds, n.request_id);
-    } else if (n.kind == AGENT_NOTIFY_HEARTBEAT && n.request_id <= AGENT_HEARTBEAT_MAX &&
-               size == sizeof(n) + n.request_id * sizeof(uint64_t)) {
-        uint64_t now = clock_ms();
-
-        agent->notifications++;
-        for (uint64_t i = 0; i < n.request_id; i++) {
-            uint64_t id;
-
-            memcpy(&id, (const char *)data + sizeof(n) + i * sizeof(id), sizeof(id));
-            hold_table_extend(&agent->holds, id, now);
-        }
     } else {
-        agent->dropped++;
+        agent->stats.notifications_dropped++;
     }
+}
+
+void agent_log(kvx_agent_t *agent, const char *format, ...)
+{
+    char line[700];
+    va_list args;
+
+    if (agent->log == NULL)
+        return;
+    va_start(args, format);
+    vsnprintf(line, sizeof(line), format, args);
+    va_end(args);
+    agent->log(agent->log_arg, line);
+}
+
+void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void *arg)
+{
+    agent->log     = callback;
+    agent->log_arg = arg;
+}
+
+static void agent_on_expired(void *arg, uint64_t request_id)
+{
+    agent_log(arg, "request %" PRIu64 ": lease expired, its blocks released", request_id);
+}
+
+/* A random instance number: a prefill agent restarted at the same address answers
+ * heartbeats with another, which is how decode agents notice. Never 0 ("not known yet"). */
+static uint64_t agent_instance(void)
+{
+    uint64_t instance = 0;
+    FILE *random      = fopen("/dev/urandom", "rb");
+
+    if (random != NULL) {
+        if (fread(&instance, sizeof(instance), 1, random) != 1)
+            instance = 0;
+        fclose(random);
+    }
+    instance ^= (uint64_t)getpid() << 32 ^ clock_ms();
+    return instance != 0 ? instance : 1;
 }
 
 /* Maps each storage: the caller's memory, or memory UCX allocates. */
@@ -185,6 +218,8 @@ void kvx_agent_destroy(kvx_agent_t *agent)
 {
     if (agent == NULL)
         return;
+    while (agent->peers != NULL)
+        kvx_peer_destroy(agent->peers); /* their sockets must close before the context */
     if (agent->router != NULL)
         zmq_close(agent->router);
     if (agent->zmq != NULL)
@@ -198,6 +233,7 @@ void kvx_agent_destroy(kvx_agent_t *agent)
     free(agent->metadata);
     free(agent->push_metadata);
     free(agent->transports);
+    free(agent->engine_id);
     free(agent->mems);
     free(agent->bases);
     free(agent);
@@ -210,7 +246,8 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
                            KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_ENGINE_ID |
                            KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE |
                            KVX_AGENT_PARAM_FIELD_STORAGE_BASES | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
-                           KVX_AGENT_PARAM_FIELD_LEASE_MS;
+                           KVX_AGENT_PARAM_FIELD_LEASE_MS | KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS |
+                           KVX_AGENT_PARAM_FIELD_PEER_TTL_MS;
     uint64_t mask = params != NULL ? params->field_mask : 0;
     const char *tls =
         (mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) ? params->transports : TRANSPORT_DEFAULT_TLS;
@@ -229,10 +266,24 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
         (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : AGENT_DEFAULT_TIMEOUT_MS;
     agent->holds.lease_ms =
         (mask & KVX_AGENT_PARAM_FIELD_LEASE_MS) ? params->lease_ms : AGENT_DEFAULT_LEASE_MS;
+    agent->heartbeat_ms      = (mask & KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS) ? params->heartbeat_ms
+                                                                           : AGENT_DEFAULT_HEARTBEAT_MS;
+    agent->peer_ttl_ms       = (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms
+                                                                          : AGENT_DEFAULT_PEER_TTL_MS;
+    agent->instance          = agent_instance();
+    agent->holds.on_expired  = agent_on_expired;
+    agent->holds.expired_arg = agent;
+    agent->engine_id  = strdup((mask & KVX_AGENT_PARAM_FIELD_ENGINE_ID) && params->engine_id != NULL
+                                   ? params->engine_id
+                                   : "");
     agent->transports = strdup(tls);
     agent->zmq        = zmq_ctx_new();
-    if (agent->transports == NULL || agent->zmq == NULL) {
+    if (agent->transports == NULL || agent->zmq == NULL || agent->engine_id == NULL) {
         status = error_no_memory("an agent");
+        goto err;
+    }
+    if (agent->heartbeat_ms == 0 || agent->peer_ttl_ms == 0) {
+        status = error_set(KVX_ERR_INVALID, "agent: heartbeat_ms and peer_ttl_ms must be > 0");
         goto err;
     }
     if (agent->tp_size < 1 || agent->tp_size > KVX_MAX_TP || agent->tp_rank >= agent->tp_size) {
@@ -277,11 +328,13 @@ void *kvx_agent_storage(const kvx_agent_t *agent, size_t index, uint64_t *size_p
     return agent->bases[index];
 }
 
-uint64_t kvx_agent_notifications(const kvx_agent_t *agent, uint64_t *dropped_p)
+void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p)
 {
-    if (dropped_p != NULL)
-        *dropped_p = agent->dropped;
-    return agent->notifications;
+    *stats_p                = agent->stats;
+    stats_p->held           = agent->holds.count;
+    stats_p->released       = agent->holds.released;
+    stats_p->done_unknown   = agent->holds.unknown;
+    stats_p->leases_expired = agent->holds.expired;
 }
 
 const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent)
@@ -293,6 +346,29 @@ const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent)
 static bool frame_is(zmq_msg_t *f, const char *text)
 {
     return zmq_msg_size(f) == strlen(text) && memcmp(zmq_msg_data(f), text, strlen(text)) == 0;
+}
+
+/* A heartbeat: the request ids a decode agent still wants get their leases extended; the
+ * answer says who we are. A malformed list is counted and answered with an error. */
+static void heartbeat_serve(kvx_agent_t *agent, zmq_msg_t *ids, char *reply, size_t size)
+{
+    size_t bytes = zmq_msg_size(ids);
+    uint64_t now = clock_ms();
+
+    if (bytes % sizeof(uint64_t) != 0 || bytes / sizeof(uint64_t) > AGENT_HEARTBEAT_MAX) {
+        agent->stats.notifications_dropped++;
+        snprintf(reply, size, "kvx-error heartbeat of %zu bytes is not a list of ids", bytes);
+        return;
+    }
+    agent->stats.notifications++;
+    for (size_t i = 0; i < bytes / sizeof(uint64_t); i++) {
+        uint64_t id;
+
+        memcpy(&id, (const char *)zmq_msg_data(ids) + i * sizeof(id), sizeof(id));
+        hold_table_extend(&agent->holds, id, now);
+    }
+    snprintf(reply, size, "%s %016" PRIx64 " %s", AGENT_ALIVE_ANSWER, agent->instance,
+             agent->engine_id[0] != '\0' ? agent->engine_id : "-");
 }
 
 /* Answers one side-channel request, if one is waiting: the metadata, or a push served and
@@ -327,26 +403,29 @@ static void agent_serve_one(kvx_agent_t *agent)
     if (count == 0)
         return;
     if (malformed || count < 3 || zmq_msg_size(&frames[1]) != 0) {
-        agent->dropped++;
+        agent->stats.notifications_dropped++;
         goto out;
     }
     zmq_send(agent->router, zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0]), ZMQ_SNDMORE);
     zmq_send(agent->router, "", 0, ZMQ_SNDMORE);
     if (count == 3 && frame_is(&frames[2], AGENT_METADATA_REQUEST)) {
         zmq_send(agent->router, agent->metadata, agent->metadata_size, 0);
+    } else if (count == 4 && frame_is(&frames[2], AGENT_HEARTBEAT_REQUEST)) {
+        heartbeat_serve(agent, &frames[3], reply, sizeof(reply));
+        zmq_send(agent->router, reply, strlen(reply), 0);
     } else if (count == 4 && frame_is(&frames[2], AGENT_PUSH_REQUEST)) {
         status = push_serve(agent, zmq_msg_data(&frames[3]), zmq_msg_size(&frames[3]));
         if (status == KVX_OK)
             snprintf(reply, sizeof(reply), "%s", AGENT_PUSH_DONE);
         else
             snprintf(reply, sizeof(reply), "kvx-error %s", kvx_errmsg());
-        agent->dropped += status != KVX_OK;
+        agent->stats.notifications_dropped += status != KVX_OK;
         zmq_send(agent->router, reply, strlen(reply), 0);
     } else {
         static const char unknown[] = "kvx-error unknown request";
 
         zmq_send(agent->router, unknown, sizeof(unknown) - 1, 0);
-        agent->dropped++;
+        agent->stats.notifications_dropped++;
     }
 
 out:
@@ -366,6 +445,7 @@ kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms)
         while (transport_progress(agent->transport) > 0)
             events++;
         agent_xfers_progress(agent);
+        agent_peers_progress(agent);
         events += hold_table_expire(&agent->holds, clock_ms());
         /* Polls of a few ms keep the transport progressing while the side channel is quiet
          * without spinning; UCX's wakeup descriptor would make it exact (not used yet). */

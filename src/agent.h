@@ -4,6 +4,7 @@
 #define KVX_SRC_AGENT_H
 
 #include "agent_hold.h"
+#include "stats.h"
 #include "regions.h"
 #include "transport.h"
 
@@ -13,7 +14,6 @@
 #define AGENT_NOTIFY_MAGIC     0x4b565844u /* "KVXD" */
 #define AGENT_NOTIFY_VERSION   1
 #define AGENT_NOTIFY_DONE      1
-#define AGENT_NOTIFY_HEARTBEAT 2     /* followed by its request ids, count in request_id */
 #define AGENT_HEARTBEAT_MAX    65536 /* request ids in one heartbeat */
 
 /* A notification on the wire: fixed size, little-endian like every kvx host. */
@@ -43,11 +43,18 @@ struct kvx_agent {
     size_t metadata_size;
     void *push_metadata; /* the same in push mode, sent with push requests */
     size_t push_metadata_size;
-    kvx_pairs_t *pairs; /* reused by every read */
-    uint64_t notifications;
-    uint64_t dropped;
+    kvx_pairs_t *pairs;      /* reused by every read */
+    kvx_agent_stats_t stats; /* the hold counters are the hold table's */
     struct hold_table holds; /* requests held for their consumers */
     struct kvx_xfer *xfers;  /* posted transfers in flight, a list for O(1) removal */
+    struct kvx_peer *peers;  /* connected peers, heartbeated by progress */
+    char *engine_id;
+    uint64_t instance; /* random per agent: a restart at the same address answers another */
+    uint32_t heartbeat_ms;
+    uint32_t peer_ttl_ms;
+    uint64_t peers_checked_ms;
+    kvx_log_cb_t log;
+    void *log_arg;
 };
 
 struct kvx_peer {
@@ -61,11 +68,49 @@ struct kvx_peer {
     kvx_peer_plan_t *plan;
     char *address;        /* HOST:PORT of its side channel */
     char transports[256]; /* what UCX chose, after the first read */
+    /* liveness (agent_live.c) */
+    void *dealer;      /* side-channel socket for heartbeats; NULL once down */
+    uint64_t instance; /* of the prefill agent, from its first answer */
+    uint64_t last_answer_ms;
+    uint64_t last_heartbeat_ms;
+    uint64_t last_used_ms;
+    bool answered;    /* the last heartbeat was answered */
+    uint64_t *wanted; /* request ids heartbeats carry */
+    size_t num_wanted;
+    size_t wanted_capacity;
+    char down[256];        /* why it is down; "" while usable */
+    struct kvx_peer *prev; /* in the agent's list */
+    struct kvx_peer *next;
 };
+
+#define AGENT_HEARTBEAT_REQUEST "kvx-heartbeat 1" /* then a frame of request ids */
+#define AGENT_ALIVE_ANSWER      "kvx-alive"       /* then " INSTANCE ENGINE_ID" */
+
+/* One line to the agent's log callback, if any. */
+__attribute__((format(printf, 2, 3))) void agent_log(kvx_agent_t *agent, const char *format, ...);
+
+/* Liveness of peers (agent_live.c): start heartbeating a freshly connected peer (its first
+ * answer within the timeout gives the instance); stop; and the periodic turn of progress. */
+kvx_status_t agent_peer_live_start(kvx_peer_t *peer);
+void agent_peer_live_stop(kvx_peer_t *peer);
+void agent_peers_progress(kvx_agent_t *agent);
+
+/* Marks `peer` down with `reason` (once): its endpoint and heartbeats close and every
+ * transfer in flight with it fails with the reason. */
+void agent_peer_down(kvx_peer_t *peer, const char *reason);
+
+/* Fails every transfer in flight that reads from or notifies `peer` (agent_xfer.c). */
+void agent_xfers_fail_peer(kvx_agent_t *agent, const kvx_peer_t *peer, const char *reason);
+
+/* A transfer of `request_id` completed: it is no longer wanted from `peer`. */
+void agent_peer_unwant(kvx_peer_t *peer, uint64_t request_id);
 
 /* Completes or fails the posted transfers whose operations finished or whose deadline
  * passed (agent_xfer.c); called by kvx_agent_progress. */
 void agent_xfers_progress(kvx_agent_t *agent);
+
+/* Counts a finished transfer in the agent's stats: its figures when it completed. */
+void agent_count_transfer(kvx_agent_t *agent, const kvx_read_stats_t *stats, kvx_status_t status);
 
 /* Connects the transport to `peer` (its metadata decoded) and unpacks its remote keys, for
  * reading from it or, in push mode, writing into it. */

@@ -255,6 +255,8 @@ size_t hold_table_expire(struct hold_table *t, uint64_t now_ms)
         if (h != NULL && h->expiry_ms == top.expiry_ms) { /* the live lease, not a stale one */
             t->expired++;
             expired++;
+            if (t->on_expired != NULL)
+                t->on_expired(t->expired_arg, top.request_id);
             hold_release(t, h);
         }
     }

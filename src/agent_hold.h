@@ -27,6 +27,8 @@ struct hold_table {
     uint64_t unknown;
     kvx_release_cb_t callback;
     void *arg;
+    void (*on_expired)(void *arg, uint64_t request_id); /* before the release; may be NULL */
+    void *expired_arg;
 };
 
 kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,

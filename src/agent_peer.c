@@ -16,18 +16,27 @@
 #include <string.h>
 #include <time.h>
 
-void kvx_peer_destroy(kvx_peer_t *peer)
+/* Releases what a connection holds: plan, keys, endpoint, metadata, heartbeats. */
+static void peer_disconnect(kvx_peer_t *peer)
 {
-    if (peer == NULL)
-        return;
+    agent_xfers_fail_peer(peer->agent, peer, "destroyed");
+    agent_peer_live_stop(peer);
     kvx_peer_plan_destroy(peer->plan);
     for (size_t s = 0; peer->rkeys != NULL && s < peer->num_storages; s++)
         transport_rkey_destroy(peer->rkeys[s]);
     transport_ep_destroy(peer->agent->transport, peer->ep);
     kvx_metadata_destroy(peer->metadata);
-    free(peer->address);
     free(peer->rkeys);
     free(peer->remote_bases);
+}
+
+void kvx_peer_destroy(kvx_peer_t *peer)
+{
+    if (peer == NULL)
+        return;
+    peer_disconnect(peer);
+    free(peer->wanted);
+    free(peer->address);
     free(peer);
 }
 
@@ -122,31 +131,24 @@ kvx_status_t agent_peer_transport_connect(kvx_peer_t *peer)
     return KVX_OK;
 }
 
-kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer_t **peer_p)
+/* The handshake on `peer` (agent and address set, nothing connected): ask for the metadata,
+ * check it (hash, then table), plan, connect the transport, start heartbeats. On error the
+ * message names the peer and the step, and the caller disconnects what was set up. */
+static kvx_status_t peer_connect(kvx_peer_t *peer)
 {
+    kvx_agent_t *agent            = peer->agent;
     kvx_peer_plan_params_t params = {
         .field_mask = KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP | KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK,
         .local_tp   = agent->tp_size,
         .local_rank = agent->tp_rank,
     };
     kvx_metadata_info_t info;
-    kvx_peer_t *peer;
     kvx_status_t status;
     void *bytes = NULL;
     size_t size = 0;
 
-    if (agent == NULL || address == NULL || peer_p == NULL)
-        return error_set(KVX_ERR_INVALID, "connect: agent, address and result are required");
-    peer = calloc(1, sizeof(*peer));
-    if (peer == NULL)
-        return error_no_memory("a peer");
-    peer->agent   = agent;
-    peer->address = strdup(address);
-    status =
-        peer->address != NULL
-            ? agent_side_request(agent, address, (const void *const[]){AGENT_METADATA_REQUEST},
-                                 (const size_t[]){strlen(AGENT_METADATA_REQUEST)}, 1, &bytes, &size)
-            : error_no_memory("a peer");
+    status = agent_side_request(agent, peer->address, (const void *const[]){AGENT_METADATA_REQUEST},
+                                (const size_t[]){strlen(AGENT_METADATA_REQUEST)}, 1, &bytes, &size);
     if (status == KVX_OK)
         status = kvx_metadata_unpack(bytes, size, agent->regions, KVX_MODE_PULL, &peer->metadata);
     free(bytes);
@@ -162,15 +164,67 @@ kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer
     }
     if (status == KVX_OK)
         status = agent_peer_transport_connect(peer);
+    if (status == KVX_OK)
+        status = agent_peer_live_start(peer);
     if (status != KVX_OK) {
         /* Name the peer: the step's message says what, this says who. */
         char what[768];
 
         snprintf(what, sizeof(what), "%s", kvx_errmsg());
+        return error_set(status, "peer %s: %s", peer->address, what);
+    }
+    agent_log(agent, "peer %s (rank %" PRIu32 ", instance %016" PRIx64 ") connected", peer->address,
+              peer->tp_rank, peer->instance);
+    return KVX_OK;
+}
+
+kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer_t **peer_p)
+{
+    kvx_peer_t *peer;
+    kvx_status_t status;
+
+    if (agent == NULL || address == NULL || peer_p == NULL)
+        return error_set(KVX_ERR_INVALID, "connect: agent, address and result are required");
+    peer = calloc(1, sizeof(*peer));
+    if (peer == NULL)
+        return error_no_memory("a peer");
+    peer->agent   = agent;
+    peer->address = strdup(address);
+    status        = peer->address != NULL ? peer_connect(peer) : error_no_memory("a peer");
+    if (status != KVX_OK) {
         kvx_peer_destroy(peer);
-        return error_set(status, "peer %s: %s", address, what);
+        return status;
     }
     *peer_p = peer;
+    return KVX_OK;
+}
+
+kvx_status_t kvx_peer_reconnect(kvx_peer_t *peer)
+{
+    uint64_t instance;
+    kvx_status_t status;
+
+    if (peer == NULL)
+        return error_set(KVX_ERR_INVALID, "reconnect: no peer");
+    instance = peer->instance;
+    peer_disconnect(peer);
+    /* Everything of the old connection goes; the address and the wanted ids stay. */
+    *peer  = (kvx_peer_t){.agent           = peer->agent,
+                          .address         = peer->address,
+                          .wanted          = peer->wanted,
+                          .num_wanted      = peer->num_wanted,
+                          .wanted_capacity = peer->wanted_capacity};
+    status = peer_connect(peer);
+    if (status != KVX_OK) {
+        char what[600];
+
+        snprintf(what, sizeof(what), "reconnect failed: %s", kvx_errmsg());
+        agent_peer_down(peer, what);
+        return error_set(status, "%s", what + strlen("reconnect failed: "));
+    }
+    if (peer->instance != instance)
+        agent_log(peer->agent, "peer %s restarted: instance %016" PRIx64 " replaces %016" PRIx64,
+                  peer->address, peer->instance, instance);
     return KVX_OK;
 }
 
@@ -182,8 +236,9 @@ const char *kvx_peer_transports(const kvx_peer_t *peer)
 kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                        uint64_t request_id, const kvx_request_t *request, kvx_read_stats_t *stats_p)
 {
-    void *body  = NULL;
-    size_t size = 0;
+    void *body               = NULL;
+    size_t size              = 0;
+    kvx_read_stats_t counted = {0};
     kvx_pairs_stats_t stats;
     kvx_status_t status;
     double start;
@@ -222,49 +277,16 @@ kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
         free(reply);
     }
     free(body);
-    if (status == KVX_OK && stats_p != NULL) {
+    if (status == KVX_OK) {
         kvx_pairs_stats(agent->pairs, &stats);
-        *stats_p = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes,
-                                      clock_seconds() - start};
+        counted = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes,
+                                     clock_seconds() - start};
+        if (stats_p != NULL)
+            *stats_p = counted;
     }
+    agent_count_transfer(agent, &counted, status);
     /* Notifications the writers sent after their data are ours to count. */
     while (transport_progress(agent->transport) > 0)
         ;
-    return status;
-}
-
-kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
-                           const uint64_t *request_ids, size_t count)
-{
-    struct agent_notify head = {AGENT_NOTIFY_MAGIC,
-                                AGENT_NOTIFY_VERSION,
-                                AGENT_NOTIFY_HEARTBEAT,
-                                count,
-                                agent != NULL ? agent->tp_rank : 0,
-                                0};
-    size_t size              = sizeof(head) + count * sizeof(uint64_t);
-    kvx_status_t status      = KVX_OK;
-    char *message;
-
-    if (agent == NULL || (peers == NULL && num_peers > 0) || (request_ids == NULL && count > 0))
-        return error_set(KVX_ERR_INVALID, "heartbeat: agent, peers and ids are required");
-    if (count > AGENT_HEARTBEAT_MAX)
-        return error_set(KVX_ERR_INVALID, "heartbeat: %zu ids is more than %d", count,
-                         AGENT_HEARTBEAT_MAX);
-    message = malloc(size);
-    if (message == NULL)
-        return error_no_memory("a heartbeat");
-    memcpy(message, &head, sizeof(head));
-    if (count > 0)
-        memcpy(message + sizeof(head), request_ids, count * sizeof(uint64_t));
-    for (size_t i = 0; i < num_peers && status == KVX_OK; i++) {
-        if (peers[i]->ep == NULL)
-            status = error_set(KVX_ERR_IO, "heartbeat: peer %s failed earlier; connect again",
-                               peers[i]->address);
-        else
-            status = transport_am_send(agent->transport, peers[i]->ep, AGENT_AM_NOTIFY, message,
-                                       size, (int)agent->timeout_ms);
-    }
-    free(message);
     return status;
 }

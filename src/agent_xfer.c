@@ -54,30 +54,71 @@ static void xfer_unlink(kvx_xfer_t *x)
     x->prev = x->next = NULL;
 }
 
-/* Closes the endpoints of the peers read from: UCX cancels their pending gets, whose
- * callbacks run now, so nothing refers to `x` afterwards. The peers are dead until
- * reconnected. */
-static void xfer_close_peers(kvx_xfer_t *x)
+void agent_count_transfer(kvx_agent_t *agent, const kvx_read_stats_t *stats, kvx_status_t status)
 {
-    for (size_t i = 0; i < x->num_reads; i++) {
-        kvx_peer_t *peer = x->peers[i];
+    kvx_agent_stats_t *s = &agent->stats;
 
-        if (peer->ep != NULL) {
-            transport_ep_destroy(x->agent->transport, peer->ep);
-            peer->ep = NULL;
-        }
+    if (status != KVX_OK) {
+        s->transfers_failed++;
+        return;
     }
+    s->transfers++;
+    s->bytes += stats->bytes;
+    histogram_add(&s->transfer_us, stats->seconds * 1e6);
+    histogram_add(&s->transfer_bytes, (double)stats->bytes);
+    histogram_add(&s->transfer_descriptors, (double)stats->posted);
 }
 
-/* Ends a transfer with `status` and fires its callback, once. */
+/* Ends a transfer with `status`, counts it and fires its callback, once. A failure's message
+ * is kvx_errmsg() unless xfer_fail kept one already. */
 static void xfer_finish(kvx_xfer_t *x, kvx_status_t status)
 {
     x->status = status;
-    if (status != KVX_OK)
+    if (status != KVX_OK && x->error[0] == '\0')
         snprintf(x->error, sizeof(x->error), "%s", kvx_errmsg());
     xfer_unlink(x);
+    for (size_t i = 0; i < x->num_peers; i++)
+        x->peers[i]->last_used_ms = clock_ms();
+    agent_count_transfer(x->agent, &x->stats, status);
+    if (status != KVX_OK)
+        agent_log(x->agent, "%s", x->error);
     if (x->callback != NULL)
         x->callback(x->arg, x, status);
+}
+
+/* Fails `x` with the message of kvx_errmsg(), and takes down the peers it read from: closing
+ * their endpoints makes UCX cancel their pending gets now, so nothing refers to `x`
+ * afterwards (and transfers sharing those peers fail too). Unlinked first, so that taking
+ * the peers down does not come back to it. */
+static void xfer_fail(kvx_xfer_t *x, kvx_status_t status)
+{
+    char reason[300];
+
+    snprintf(x->error, sizeof(x->error), "%s", kvx_errmsg());
+    snprintf(reason, sizeof(reason), "closed: read %" PRIu64 " failed", x->request_id);
+    xfer_unlink(x);
+    for (size_t i = 0; i < x->num_reads; i++)
+        agent_peer_down(x->peers[i], reason);
+    xfer_finish(x, status);
+}
+
+void agent_xfers_fail_peer(kvx_agent_t *agent, const kvx_peer_t *peer, const char *reason)
+{
+    kvx_xfer_t *x = agent->xfers;
+
+    while (x != NULL) {
+        bool uses = false;
+
+        for (size_t i = 0; i < x->num_peers && !uses; i++)
+            uses = x->peers[i] == peer;
+        if (!uses) {
+            x = x->next;
+            continue;
+        }
+        error_set(KVX_ERR_IO, "read %" PRIu64 ": peer %s %s", x->request_id, peer->address, reason);
+        xfer_fail(x, KVX_ERR_IO);
+        x = agent->xfers; /* failing may have finished others: start over */
+    }
 }
 
 /* Every get completed: notify each rank read from and each rank only notified, now that
@@ -101,10 +142,14 @@ static void xfer_complete(kvx_xfer_t *x)
     if (status != KVX_OK) {
         char what[400];
 
+        x->agent->stats.notifications_failed++;
         snprintf(what, sizeof(what), "%s", kvx_errmsg());
-        status = error_set(status, "read %" PRIu64 ": %s", x->request_id, what);
-        xfer_close_peers(x);
+        error_set(status, "read %" PRIu64 ": %s", x->request_id, what);
+        xfer_fail(x, status);
+        return;
     }
+    for (size_t i = 0; i < x->num_peers; i++)
+        agent_peer_unwant(x->peers[i], x->request_id); /* here: no more heartbeats for it */
     xfer_finish(x, status);
 }
 
@@ -113,8 +158,6 @@ void agent_xfers_progress(kvx_agent_t *agent)
     kvx_xfer_t *x = agent->xfers;
 
     while (x != NULL) {
-        kvx_xfer_t *next = x->next; /* x may leave the list */
-
         if (!transport_op_pending(x->op)) {
             xfer_complete(x);
         } else if (clock_seconds() > x->deadline) {
@@ -123,10 +166,12 @@ void agent_xfers_progress(kvx_agent_t *agent)
                       " ms deadline; the peers read from are closed",
                       x->request_id, x->op->posted - x->op->completed, x->op->posted,
                       agent->timeout_ms);
-            xfer_close_peers(x);
-            xfer_finish(x, KVX_ERR_IO);
+            xfer_fail(x, KVX_ERR_IO);
+        } else {
+            x = x->next;
+            continue;
         }
-        x = next;
+        x = agent->xfers; /* finishing one may have finished others: start over */
     }
 }
 
@@ -184,9 +229,8 @@ static kvx_status_t xfer_peers_find(kvx_xfer_t *x, kvx_peer_t *const *peers, siz
                              rank, num_peers);
         if (peer->ep == NULL)
             return error_set(KVX_ERR_IO,
-                             "read: peer %s (rank %" PRIu32 ") failed earlier;"
-                             " connect again",
-                             peer->address, rank);
+                             "read: peer %s (rank %" PRIu32 ") is down (%s); connect again",
+                             peer->address, rank, peer->down);
         x->peers[x->num_peers++] = peer;
     }
     x->num_reads = x->num_peers;
@@ -203,6 +247,7 @@ kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
                            uint64_t request_id, const kvx_request_t *request,
                            kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p)
 {
+    double entered = clock_seconds();
     kvx_pairs_stats_t stats;
     kvx_xfer_t *x;
     kvx_status_t status;
@@ -241,7 +286,13 @@ kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
         status = transport_rma_post(peer->ep, false, pairs, count, &targets, x->op);
         if (status != KVX_OK) {
             /* Some gets may be in flight: closing the peers cancels them before x goes. */
-            xfer_close_peers(x);
+            char reason[300];
+
+            snprintf(reason, sizeof(reason), "closed: posting read %" PRIu64 " failed: %s",
+                     request_id, kvx_errmsg());
+            for (size_t i = 0; i < x->num_reads; i++)
+                agent_peer_down(x->peers[i], reason);
+            error_set(status, "%s", reason + strlen("closed: "));
             xfer_free(x);
             return status;
         }
@@ -251,6 +302,9 @@ kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
         agent->xfers->prev = x;
     agent->xfers = x;
     *xfer_p      = x;
+    for (size_t i = 0; i < x->num_peers; i++)
+        x->peers[i]->last_used_ms = clock_ms();
+    histogram_add(&agent->stats.post_us, (clock_seconds() - entered) * 1e6);
     return KVX_OK;
 }
 
@@ -283,6 +337,7 @@ kvx_status_t kvx_xfer_wait(kvx_xfer_t *xfer)
         while (transport_progress(xfer->agent->transport) > 0)
             ;
         agent_xfers_progress(xfer->agent);
+        agent_peers_progress(xfer->agent);
     }
     if (xfer->status != KVX_OK)
         error_set(xfer->status, "%s", xfer->error);
@@ -296,8 +351,7 @@ void kvx_xfer_destroy(kvx_xfer_t *xfer)
     if (xfer->status == KVX_INPROGRESS) {
         error_set(KVX_ERR_CANCELED, "read %" PRIu64 ": cancelled; the peers read from are closed",
                   xfer->request_id);
-        xfer_close_peers(xfer);
-        xfer_finish(xfer, KVX_ERR_CANCELED);
+        xfer_fail(xfer, KVX_ERR_CANCELED);
     }
     xfer_free(xfer);
 }

@@ -1,5 +1,6 @@
 /* kvx.c: the kvx command line. Subcommands parse arguments and print; the work is the
  * library's. Exit status: 0 success, 2 bad input or usage, 1 internal failure. */
+#include "bench.h"
 #include "block_ids.h"
 #include "builtin_layouts.h"
 #include "cli.h"
@@ -23,6 +24,8 @@ static const char usage_main[] =
     "                         a prefill worker: fill the cache with a pattern and serve it\n"
     "  fetch LAYOUT --peer HOST:PORT --blocks IDS [--verify]\n"
     "                         a decode worker: pull a request and check every byte\n"
+    "  bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--workload]\n"
+    "                         measure transfer bandwidth and latency between two processes\n"
     "  demo                   print the region tables of the built-in model layouts\n"
     "  help [COMMAND]         explain a command\n"
     "\n"
@@ -466,6 +469,8 @@ static int command_help(int argc, char **argv)
         fputs(usage_demo, stdout);
     else if (argc > 0 && strcmp(argv[0], "compat") == 0)
         fputs(usage_compat, stdout);
+    else if (argc > 0 && strcmp(argv[0], "bench") == 0)
+        return bench_main(1, (char *[]){"--help"});
     else
         fputs(usage_main, stdout);
     return 0;
@@ -487,6 +492,8 @@ int main(int argc, char **argv)
         return command_serve(argc - 2, argv + 2);
     if (strcmp(argv[1], "fetch") == 0)
         return command_fetch(argc - 2, argv + 2);
+    if (strcmp(argv[1], "bench") == 0)
+        return bench_main(argc - 2, argv + 2);
     fprintf(stderr, "kvx: error: unknown command %s\n\n%s", argv[1], usage_main);
     return EXIT_BAD_INPUT;
 }

@@ -4,6 +4,8 @@
 #include "block_ids.h"
 #include "cli.h"
 #include "pattern.h"
+#include "metrics_http.h"
+#include "stats_json.h"
 #include "verify.h"
 
 #include <inttypes.h>
@@ -14,7 +16,8 @@
 
 static const char usage_serve[] =
     "usage: kvx serve LAYOUT --listen HOST:PORT [--tp-rank R --tp-size N] [--fill SEED]\n"
-    "                 [--transports LIST] [--malloc]\n"
+    "                 [--transports LIST] [--malloc] [--lease MS] [--metrics HOST:PORT]\n"
+    "                 [--verbose]\n"
     "\n"
     "A prefill worker: allocates the layout's storages (through UCX, or with malloc when\n"
     "--malloc is given), fills every byte with a pattern of (SEED, storage, offset), and\n"
@@ -24,12 +27,18 @@ static const char usage_serve[] =
     "\n"
     "  --fill SEED         the pattern's seed; default 1\n"
     "  --transports LIST   UCX transports; default sm,cma,tcp\n"
-    "  --timeout MS        transfer deadline; default 10000\n";
+    "  --timeout MS        transfer deadline; default 10000\n"
+    "  --lease MS          how long held blocks wait for their done or a heartbeat;\n"
+    "                      default 30000\n"
+    "  --metrics HOST:PORT Prometheus metrics at http://HOST:PORT/metrics (port 0: a free\n"
+    "                      one, printed)\n"
+    "  --verbose           one line on stderr per state change, never per block\n";
 
 static const char usage_fetch[] =
     "usage: kvx fetch LAYOUT --peer HOST:PORT[,HOST:PORT...] --blocks 'G:IDS;G:IDS'\n"
     "                 [--remote-blocks IDS] [--tp-rank R --tp-size N] [--verify [--fill SEED]]\n"
-    "                 [--push] [--transports LIST] [--malloc] [--timeout MS]\n"
+    "                 [--push] [--transports LIST] [--malloc] [--timeout MS] [--json]\n"
+    "                 [--verbose]\n"
     "\n"
     "A decode worker: connects to every prefill rank given (handshake: compatibility hash,\n"
     "then the region tables), pulls the request, notifies the ranks read from, and prints\n"
@@ -40,7 +49,9 @@ static const char usage_fetch[] =
     "  --push              ask the prefill ranks to write the blocks in (push mode) instead\n"
     "                      of reading them\n"
     "  --fill SEED         the seed kvx serve used; default 1\n"
-    "  --timeout MS        handshake and transfer deadline; default 10000\n";
+    "  --timeout MS        handshake and transfer deadline; default 10000\n"
+    "  --json              one JSON object: outcome, figures and the agent's stats\n"
+    "  --verbose           one line on stderr per state change, never per block\n";
 
 static volatile sig_atomic_t stop_requested;
 
@@ -61,9 +72,13 @@ struct agent_args {
     uint64_t tp_size;
     uint64_t seed;
     uint64_t timeout_ms;
+    uint64_t lease_ms;
+    const char *metrics;
     bool verify;
     bool push;
     bool use_malloc;
+    bool verbose;
+    bool json;
 };
 
 /* Parses the options serve and fetch share; -1 to go on, else the exit status. */
@@ -72,6 +87,7 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
     a->tp_size    = 1;
     a->seed       = 1;
     a->timeout_ms = 10000;
+    a->lease_ms   = 30000;
     for (int i = 0; i < argc; i++) {
         const char *arg   = argv[i];
         const char **text = NULL;
@@ -93,6 +109,14 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             a->use_malloc = true;
             continue;
         }
+        if (strcmp(arg, "--verbose") == 0) {
+            a->verbose = true;
+            continue;
+        }
+        if (strcmp(arg, "--json") == 0) {
+            a->json = true;
+            continue;
+        }
         if (arg[0] != '-') {
             if (a->layout != NULL)
                 return cli_usage_error("more than one LAYOUT given", usage);
@@ -109,6 +133,8 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             text = &a->remote_blocks;
         else if (strcmp(arg, "--transports") == 0)
             text = &a->transports;
+        else if (strcmp(arg, "--metrics") == 0)
+            text = &a->metrics;
         else if (strcmp(arg, "--tp-rank") == 0)
             number = &a->tp_rank;
         else if (strcmp(arg, "--tp-size") == 0)
@@ -117,6 +143,8 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             number = &a->seed;
         else if (strcmp(arg, "--timeout") == 0)
             number = &a->timeout_ms;
+        else if (strcmp(arg, "--lease") == 0)
+            number = &a->lease_ms;
         else {
             fprintf(stderr, "kvx: error: unknown option %s\n\n%s", arg, usage);
             return EXIT_BAD_INPUT;
@@ -128,9 +156,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
         if (text != NULL)
             *text = argv[++i];
         else if (!cli_parse_number(arg, argv[++i],
-                                   number == &a->seed         ? UINT64_MAX
-                                   : number == &a->timeout_ms ? 3600000
-                                                              : KVX_MAX_TP,
+                                   number == &a->seed ? UINT64_MAX
+                                   : number == &a->timeout_ms || number == &a->lease_ms
+                                       ? 3600000
+                                       : KVX_MAX_TP,
                                    number))
             return EXIT_BAD_INPUT;
     }
@@ -139,8 +168,12 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
     return -1;
 }
 
-/* Creates the agent of `a`, with malloc'd storages when asked (freed by the caller through
- * *storages_p after the agent). */
+/* --verbose: the agent's state changes, one line each, on stderr. */
+static void log_line(void *arg, const char *line)
+{
+    fprintf(stderr, "%s: %s\n", (const char *)arg, line);
+}
+
 static void storages_free(void **bases, size_t count)
 {
     for (size_t s = 0; bases != NULL && s < count; s++)
@@ -148,13 +181,17 @@ static void storages_free(void **bases, size_t count)
     free(bases);
 }
 
+/* Creates the agent of `a`, with malloc'd storages when asked (freed by the caller through
+ * *storages_p after the agent). */
 static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **agent_p,
                        void ***storages_p, size_t *num_storages_p)
 {
     kvx_agent_params_t params = {
         .field_mask = KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE |
-                      KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                      KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                      KVX_AGENT_PARAM_FIELD_LEASE_MS,
         .timeout_ms = (uint32_t)a->timeout_ms,
+        .lease_ms   = (uint32_t)a->lease_ms,
         .name       = listen ? "kvx serve" : "kvx fetch",
         .tp_rank    = (uint32_t)a->tp_rank,
         .tp_size    = (uint32_t)a->tp_size,
@@ -200,8 +237,11 @@ static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **ag
     }
     status = kvx_agent_create(layout, &params, agent_p);
     kvx_layout_destroy(layout);
-    if (status == KVX_OK)
+    if (status == KVX_OK) {
+        if (a->verbose)
+            kvx_agent_set_log_callback(*agent_p, log_line, (void *)params.name);
         return -1;
+    }
     storages_free(*storages_p, *num_storages_p);
     *storages_p = NULL;
     return cli_fail(status);
@@ -214,17 +254,24 @@ int command_serve(int argc, char **argv)
     void **storages;
     size_t num_storages;
     uint64_t bytes = 0;
-    uint64_t dropped;
-    int ret = agent_args_parse(argc, argv, usage_serve, &a);
+    kvx_agent_stats_t stats;
+    struct metrics_http *metrics = NULL;
+    int ret                      = agent_args_parse(argc, argv, usage_serve, &a);
 
     if (ret >= 0)
         return ret;
-    if (a.listen == NULL || a.peers != NULL || a.blocks != NULL || a.verify)
-        return cli_usage_error("serve: needs --listen, takes no --peer, --blocks or --verify",
-                               usage_serve);
+    if (a.listen == NULL || a.peers != NULL || a.blocks != NULL || a.verify || a.json)
+        return cli_usage_error(
+            "serve: needs --listen, takes no --peer, --blocks, --verify or --json", usage_serve);
     ret = agent_start(&a, true, &agent, &storages, &num_storages);
     if (ret >= 0)
         return ret;
+    if (a.metrics != NULL &&
+        metrics_http_start(a.metrics, agent, "kvx serve", &metrics) != KVX_OK) {
+        kvx_agent_destroy(agent);
+        storages_free(storages, num_storages);
+        return EXIT_BAD_INPUT;
+    }
     for (size_t s = 0;; s++) {
         uint64_t size;
         void *base = kvx_agent_storage(agent, s, &size);
@@ -238,23 +285,49 @@ int command_serve(int argc, char **argv)
     signal(SIGTERM, on_stop_signal);
     printf("serving %s on %s: rank %" PRIu64 " of %" PRIu64 ", %zu regions, %" PRIu64
            " bytes filled with seed %" PRIu64 "\n",
-           a.layout, kvx_agent_listen_address(agent), a.tp_rank, a.tp_size, kvx_regions_count(kvx_agent_regions(agent)),
-           bytes, a.seed);
+           a.layout, kvx_agent_listen_address(agent), a.tp_rank, a.tp_size,
+           kvx_regions_count(kvx_agent_regions(agent)), bytes, a.seed);
+    if (metrics != NULL)
+        printf("metrics on http://%.*s:%u/metrics\n", (int)strcspn(a.metrics, ":"), a.metrics,
+               metrics_http_port(metrics));
     fflush(stdout);
     while (!stop_requested) {
-        kvx_status_t status = kvx_agent_progress(agent, 100);
+        kvx_status_t status = kvx_agent_progress(agent, 20);
 
         if (status != KVX_OK) {
             cli_fail(status);
             break;
         }
+        metrics_http_serve(metrics);
     }
-    uint64_t notifications = kvx_agent_notifications(agent, &dropped);
-
-    printf("stopped: %" PRIu64 " notifications, %" PRIu64 " dropped\n", notifications, dropped);
+    metrics_http_stop(metrics);
+    kvx_agent_stats(agent, &stats);
+    printf("stopped: %" PRIu64 " notifications, %" PRIu64 " dropped, %" PRIu64 " leases expired\n",
+           stats.notifications, stats.notifications_dropped, stats.leases_expired);
     kvx_agent_destroy(agent);
     storages_free(storages, num_storages);
     return 0;
+}
+
+/* --json: one object with the outcome, the transfer's figures and the agent's stats. */
+static void fetch_json_print(const struct agent_args *a, const kvx_agent_t *agent,
+                             const kvx_peer_t *peer, kvx_status_t status,
+                             const kvx_read_stats_t *read, const char *verdict)
+{
+    kvx_agent_stats_t stats;
+
+    kvx_agent_stats(agent, &stats);
+    printf("{\"ok\": %s, \"error\": ", status == KVX_OK ? "true" : "false");
+    json_string_print(stdout, status == KVX_OK ? "" : kvx_errmsg());
+    printf(", \"mode\": \"%s\", \"bytes\": %" PRIu64 ", \"descriptors\": %" PRIu64
+           ", \"posted\": %" PRIu64 ", \"seconds\": %.9f, \"transports\": ",
+           a->push ? "push" : "pull", read->bytes, read->descriptors, read->posted, read->seconds);
+    json_string_print(stdout, kvx_peer_transports(peer));
+    printf(", \"verified\": ");
+    json_string_print(stdout, verdict != NULL ? verdict : "not verified");
+    printf(", \"stats\": ");
+    stats_json_print(stdout, &stats);
+    printf("}\n");
 }
 
 int command_fetch(int argc, char **argv)
@@ -306,12 +379,18 @@ int command_fetch(int argc, char **argv)
     status  = a.push ? kvx_write(agent, peers, num_peers, 1, &request, &stats)
                      : kvx_read(agent, peers, num_peers, 1, &request, &stats);
     if (status != KVX_OK) {
+        if (a.json)
+            fetch_json_print(&a, agent, peers[0], status, &stats, NULL);
         ret = cli_fail(status);
         goto out;
     }
     ret = 0;
     if (a.verify && !verify_last_transfer(agent, a.seed, verdict, sizeof(verdict)))
         ret = EXIT_BAD_INPUT;
+    if (a.json) {
+        fetch_json_print(&a, agent, peers[0], status, &stats, verdict);
+        goto out;
+    }
     printf("%s %" PRIu64 " bytes in %" PRIu64 " descriptors (%" PRIu64
            " after coalescing) from %zu peer%s in %.3f ms: %.2f GB/s over %s\n",
            a.push ? "pushed" : "fetched", stats.bytes, stats.descriptors, stats.posted, num_peers,

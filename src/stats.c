@@ -1,0 +1,156 @@
+/* stats.c: power-of-two histograms, and an agent's counters in Prometheus's text format so a
+ * scrape needs no translation. */
+#include "stats.h"
+
+#include "error.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void histogram_add(kvx_histogram_t *histogram, double value)
+{
+    int bucket = 0;
+
+    if (value > 1) {
+        frexp(value, &bucket); /* value = m * 2^bucket with m in [0.5, 1) */
+        if (ldexp(1, bucket - 1) == value)
+            bucket--; /* an exact power of two belongs to its own bucket */
+    }
+    if (bucket >= KVX_HISTOGRAM_BUCKETS)
+        bucket = KVX_HISTOGRAM_BUCKETS - 1;
+    histogram->count++;
+    histogram->sum += value;
+    histogram->buckets[bucket]++;
+}
+
+/* A growing text buffer; `failed` sticks once an allocation failed. */
+struct text {
+    char *data;
+    size_t length;
+    size_t capacity;
+    bool failed;
+};
+
+__attribute__((format(printf, 2, 3))) static void text_printf(struct text *t, const char *format,
+                                                              ...)
+{
+    va_list args;
+    int n;
+
+    for (int attempt = 0; attempt < 2 && !t->failed; attempt++) {
+        va_start(args, format);
+        n = vsnprintf(t->data + t->length, t->capacity - t->length, format, args);
+        va_end(args);
+        if (n < 0) {
+            t->failed = true;
+        } else if ((size_t)n < t->capacity - t->length) {
+            t->length += (size_t)n;
+            return;
+        } else {
+            size_t capacity = 2 * t->capacity + (size_t)n + 1;
+            char *data      = realloc(t->data, capacity);
+
+            t->failed   = data == NULL;
+            t->data     = data != NULL ? data : t->data;
+            t->capacity = data != NULL ? capacity : t->capacity;
+        }
+    }
+}
+
+static void counter(struct text *t, const char *labels, const char *name, const char *help,
+                    uint64_t value)
+{
+    text_printf(t, "# HELP kvx_%s %s\n# TYPE kvx_%s counter\nkvx_%s{%s} %" PRIu64 "\n", name, help,
+                name, name, labels, value);
+}
+
+/* A histogram whose observations are in units of `scale` of the exposed unit (1e-6 for
+ * microseconds exposed as seconds); buckets are cumulative, as Prometheus wants. */
+static void histogram(struct text *t, const char *labels, const char *name, const char *help,
+                      const kvx_histogram_t *h, double scale)
+{
+    uint64_t cumulative = 0;
+
+    text_printf(t, "# HELP kvx_%s %s\n# TYPE kvx_%s histogram\n", name, help, name);
+    for (int i = 0; i < KVX_HISTOGRAM_BUCKETS - 1; i++) {
+        cumulative += h->buckets[i];
+        text_printf(t, "kvx_%s_bucket{%s,le=\"%.17g\"} %" PRIu64 "\n", name, labels,
+                    ldexp(1, i) * scale, cumulative);
+    }
+    text_printf(t, "kvx_%s_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", name, labels, h->count);
+    text_printf(t, "kvx_%s_sum{%s} %.17g\nkvx_%s_count{%s} %" PRIu64 "\n", name, labels,
+                h->sum * scale, name, labels, h->count);
+}
+
+/* agent="NAME" with the name escaped as label values must be. */
+static void label_agent(struct text *t, const char *name)
+{
+    text_printf(t, "agent=\"");
+    for (const char *c = name; *c != '\0'; c++) {
+        if (*c == '\\' || *c == '"')
+            text_printf(t, "\\%c", *c);
+        else if (*c == '\n')
+            text_printf(t, "\\n");
+        else
+            text_printf(t, "%c", *c);
+    }
+    text_printf(t, "\"");
+}
+
+kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *agent_name,
+                                        char **text_p)
+{
+    struct text labels = {0};
+    struct text t      = {0};
+    const char *l;
+
+    if (s == NULL || text_p == NULL)
+        return error_set(KVX_ERR_INVALID, "stats: stats and result are required");
+    label_agent(&labels, agent_name != NULL ? agent_name : "kvx");
+    l = labels.data != NULL ? labels.data : "";
+    counter(&t, l, "transfers_total", "Transfers completed.", s->transfers);
+    counter(&t, l, "transfers_failed_total", "Transfers failed, cancelled or past their deadline.",
+            s->transfers_failed);
+    counter(&t, l, "transfer_bytes_total", "Bytes of completed transfers.", s->bytes);
+    counter(&t, l, "notifications_failed_total", "Done notifications that could not be sent.",
+            s->notifications_failed);
+    counter(&t, l, "heartbeats_sent_total", "Heartbeats sent to prefill peers.",
+            s->heartbeats_sent);
+    counter(&t, l, "heartbeats_missed_total", "Heartbeats a peer did not answer in time.",
+            s->heartbeats_missed);
+    counter(&t, l, "peers_dead_total", "Peers declared dead: transport error, silence or restart.",
+            s->peers_dead);
+    counter(&t, l, "peers_idle_total", "Peers dropped after the idle TTL.", s->peers_idle);
+    histogram(&t, l, "transfer_duration_seconds", "Transfer time, post to completion.",
+              &s->transfer_us, 1e-6);
+    histogram(&t, l, "post_duration_seconds", "Planning and posting time per transfer.",
+              &s->post_us, 1e-6);
+    histogram(&t, l, "transfer_size_bytes", "Bytes per transfer.", &s->transfer_bytes, 1);
+    histogram(&t, l, "transfer_descriptors", "Descriptors posted per transfer.",
+              &s->transfer_descriptors, 1);
+    counter(&t, l, "notifications_received_total", "Done and heartbeat notifications received.",
+            s->notifications);
+    counter(&t, l, "notifications_dropped_total", "Malformed notifications, counted and ignored.",
+            s->notifications_dropped);
+    text_printf(&t,
+                "# HELP kvx_held_requests Requests held for their consumers now.\n"
+                "# TYPE kvx_held_requests gauge\nkvx_held_requests{%s} %" PRIu64 "\n",
+                l, s->held);
+    counter(&t, l, "released_total", "Held requests released after every consumer's done.",
+            s->released);
+    counter(&t, l, "done_unknown_total", "Done for a request not held: unknown or repeated.",
+            s->done_unknown);
+    counter(&t, l, "leases_expired_total", "Held requests released when their lease expired.",
+            s->leases_expired);
+    free(labels.data);
+    if (t.failed || labels.failed || t.data == NULL) {
+        free(t.data);
+        return error_no_memory("the metrics text");
+    }
+    *text_p = t.data;
+    return KVX_OK;
+}

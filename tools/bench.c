@@ -1,0 +1,891 @@
+/* bench.c: `kvx bench`, bandwidth and latency of transfers between a prefill (P) and a decode
+ * (D) process: a sweep of block sizes on a synthetic layout, or KV-shaped requests on the
+ * built-in model layouts. Measurement and output only; the agent does the work, and the
+ * limits it is compared against are measured by bench/limits.sh. */
+#include "bench.h"
+
+#include "builtin_layouts.h"
+#include "cli.h"
+#include "verify.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BENCH_MAX_POINTS    16                  /* block sizes or token counts in one list */
+#define BENCH_MAX_LAYOUTS   8                   /* --layouts entries */
+#define BENCH_MAX_SIDE      (UINT64_C(8) << 30) /* bytes of storage per process: 2 fit in RAM */
+#define BENCH_MAX_BATCH     65536               /* blocks per transfer */
+#define BENCH_MAX_ITERS     1000000
+#define BENCH_WARMUPS       3    /* untimed transfers per point: lazy wire-up */
+#define BENCH_SWEEP_ITERS   100  /* default timed transfers per sweep point */
+#define BENCH_REQUEST_ITERS 10   /* default timed requests per workload point */
+#define BENCH_SEED          2026 /* block-id shuffle of the workload */
+
+static const char usage_bench[] =
+    "usage: kvx bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--batch N]\n"
+    "                 [--iters N] [--contiguous] [--transports LIST] [--malloc] [--json]\n"
+    "                 [--peer HOST:PORT | --listen HOST:PORT]\n"
+    "       kvx bench --workload [--layouts NAME,...] [--tokens 1K,8K,32K] [options above]\n"
+    "\n"
+    "Starts a prefill process on loopback (or uses the one at --peer, started with the same\n"
+    "options and --listen), connects a decode agent to it, and after 3 untimed warm-up\n"
+    "transfers (connections are wired up lazily) times ITERS transfers per point.\n"
+    "\n"
+    "The sweep builds one storage and one view (its own group) per block size, each holding\n"
+    "2 x BATCH blocks, and moves BATCH blocks per transfer: every other block by default, so\n"
+    "no two are adjacent and coalescing posts one descriptor per block; --contiguous moves\n"
+    "blocks 0..BATCH-1, which coalesce into one. --workload instead moves requests of\n"
+    "--tokens tokens (block ids shuffled, the same ids in every group) on the built-in model\n"
+    "layouts, scaled to the largest request's blocks.\n"
+    "\n"
+    "Per point: descriptors per transfer after coalescing, GB/s and transfers/s over the\n"
+    "summed wall time, wall latency p50/p99, and medians of the plan time (the request\n"
+    "planned alone on a same-shaped plan), the post time (the kvx_read_post call: plan and\n"
+    "every get posted; pull only) and kvx_read_stats_t's first-post-to-last-completion time.\n"
+    "Performance is measured here, never asserted; docs/performance.md has the method.\n"
+    "\n"
+    "  --mode pull|push     D reads (kvx_read_post + wait), or P writes (kvx_write); pull\n"
+    "  --block-sizes LIST   bytes per block, suffixes K, M, G (powers of 1024)\n"
+    "  --batch N            blocks per transfer; default 16\n"
+    "  --iters N            timed transfers per point; default 100 (workload: 10)\n"
+    "  --transports LIST    UCX transports of both agents; default sm,cma,tcp\n"
+    "  --malloc             register memory from aligned_alloc, as an engine's own cache,\n"
+    "                       on both sides instead of memory UCX allocates\n"
+    "  --json               one JSON object per point\n"
+    "  --layouts LIST       workload layouts; default llama3-8b,deepseek-v3-mla,\n"
+    "                       deepseek-v4-flash,deepseek-v4.1\n";
+
+/* What the options ask for. Lists are parsed into arrays once. */
+struct bench_args {
+    bool push;
+    bool use_malloc;
+    bool json;
+    bool contiguous;
+    bool workload;
+    uint64_t sizes[BENCH_MAX_POINTS]; /* bytes per block (sweep) or tokens (workload) */
+    size_t num_sizes;
+    uint64_t batch; /* blocks per transfer */
+    uint64_t iters; /* 0: the default of the mode */
+    const char *transports;
+    const char *peer;
+    const char *listen;
+    const char *layouts[BENCH_MAX_LAYOUTS];
+    size_t num_layouts;
+};
+
+/* Samples of one point, in ns, and what the last transfer reported. */
+struct bench_samples {
+    uint64_t *wall; /* whole call: post + wait + destroy (pull) or kvx_write (push) */
+    uint64_t *post; /* the kvx_read_post call alone (pull) */
+    uint64_t *xfer; /* kvx_read_stats_t.seconds */
+    uint64_t *plan; /* kvx_peer_plan_request alone */
+    size_t count;
+    kvx_read_stats_t stats;
+};
+
+/* The decode side of a run: its agent, the peer, and a plan to time planning on. */
+struct bench_client {
+    const struct bench_args *args;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_peer_plan_t *plan;
+    kvx_pairs_t *pairs;
+    uint64_t request_id;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+static int u64_compare(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a;
+    uint64_t y = *(const uint64_t *)b;
+
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of n sorted samples, in µs. */
+static double percentile_us(const uint64_t *sorted, size_t n, double p)
+{
+    size_t rank = (size_t)(p / 100.0 * (double)n + 0.999999);
+
+    if (n == 0)
+        return 0;
+    return (double)sorted[rank == 0 ? 0 : rank - 1] / 1e3;
+}
+
+/* Parses "4K,64K,1M" (suffixes K, M, G: powers of 1024) into sizes[]; false with the error
+ * printed when an entry is not a positive number or there are too many. */
+static bool size_list_parse(const char *option, const char *text, uint64_t *sizes, size_t *n_p)
+{
+    size_t n = 0;
+
+    for (const char *p = text;;) {
+        char *end;
+        uint64_t value;
+        int shift = 0;
+
+        errno = 0;
+        value = strtoull(p, &end, 10);
+        if (*end == 'K' || *end == 'k')
+            shift = 10;
+        else if (*end == 'M' || *end == 'm')
+            shift = 20;
+        else if (*end == 'G' || *end == 'g')
+            shift = 30;
+        if (*p < '0' || *p > '9' || errno != 0 || value == 0 || value > (UINT64_C(1) << 40) ||
+            n == BENCH_MAX_POINTS || (*end != '\0' && *end != ',' && shift == 0) ||
+            (shift != 0 && end[1] != '\0' && end[1] != ',')) {
+            fprintf(stderr,
+                    "kvx: error: %s: \"%s\" is not a list of up to %d sizes such as 4K,1M\n",
+                    option, text, BENCH_MAX_POINTS);
+            return false;
+        }
+        sizes[n++] = value << shift;
+        end += shift != 0;
+        if (*end == '\0')
+            break;
+        p = end + 1;
+    }
+    *n_p = n;
+    return true;
+}
+
+/* Splits "a,b" into names[] (pointers into a copy kept for the process's life). */
+static bool name_list_parse(const char *option, const char *text, const char **names, size_t *n_p)
+{
+    char *copy = strdup(text);
+    size_t n   = 0;
+
+    for (char *save = NULL, *name = copy != NULL ? strtok_r(copy, ",", &save) : NULL; name != NULL;
+         name = strtok_r(NULL, ",", &save)) {
+        if (n == BENCH_MAX_LAYOUTS) {
+            fprintf(stderr, "kvx: error: %s: more than %d names\n", option, BENCH_MAX_LAYOUTS);
+            return false;
+        }
+        names[n++] = name;
+    }
+    if (n == 0) {
+        fprintf(stderr, "kvx: error: %s: \"%s\" names nothing\n", option, text);
+        return false;
+    }
+    *n_p = n;
+    return true;
+}
+
+/* Parses the options into *a; -1 to go on, else the exit status to return. */
+static int bench_args_parse(int argc, char **argv, struct bench_args *a)
+{
+    const char *sizes = NULL;
+    const char *mode  = "pull";
+
+    a->batch = 16;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *value;
+
+        if (cli_is_help(arg)) {
+            fputs(usage_bench, stdout);
+            return 0;
+        }
+        if (strcmp(arg, "--malloc") == 0 || strcmp(arg, "--json") == 0 ||
+            strcmp(arg, "--contiguous") == 0 || strcmp(arg, "--workload") == 0) {
+            bool *flag = arg[2] == 'm'   ? &a->use_malloc
+                         : arg[2] == 'j' ? &a->json
+                         : arg[2] == 'c' ? &a->contiguous
+                                         : &a->workload;
+            *flag      = true;
+            continue;
+        }
+        if (arg[0] != '-' || arg[1] != '-')
+            return cli_usage_error("bench: takes no positional argument", usage_bench);
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kvx: error: %s needs a value\n\n%s", arg, usage_bench);
+            return EXIT_BAD_INPUT;
+        }
+        value = argv[++i];
+        if (strcmp(arg, "--mode") == 0)
+            mode = value;
+        else if (strcmp(arg, "--block-sizes") == 0 || strcmp(arg, "--tokens") == 0)
+            sizes = value;
+        else if (strcmp(arg, "--transports") == 0)
+            a->transports = value;
+        else if (strcmp(arg, "--peer") == 0)
+            a->peer = value;
+        else if (strcmp(arg, "--listen") == 0)
+            a->listen = value;
+        else if (strcmp(arg, "--layouts") == 0) {
+            if (!name_list_parse(arg, value, a->layouts, &a->num_layouts))
+                return EXIT_BAD_INPUT;
+        } else if (strcmp(arg, "--batch") == 0) {
+            if (!cli_parse_number(arg, value, BENCH_MAX_BATCH, &a->batch) || a->batch == 0)
+                return a->batch == 0 ? cli_usage_error("--batch: 0 blocks", usage_bench)
+                                     : EXIT_BAD_INPUT;
+        } else if (strcmp(arg, "--iters") == 0) {
+            if (!cli_parse_number(arg, value, BENCH_MAX_ITERS, &a->iters) || a->iters == 0)
+                return a->iters == 0 ? cli_usage_error("--iters: 0 transfers", usage_bench)
+                                     : EXIT_BAD_INPUT;
+        } else {
+            fprintf(stderr, "kvx: error: unknown option %s\n\n%s", arg, usage_bench);
+            return EXIT_BAD_INPUT;
+        }
+    }
+    if (strcmp(mode, "push") == 0)
+        a->push = true;
+    else if (strcmp(mode, "pull") != 0)
+        return cli_usage_error("--mode: pull or push", usage_bench);
+    if (a->peer != NULL && a->listen != NULL)
+        return cli_usage_error("bench: --peer and --listen are the two ends; give one",
+                               usage_bench);
+    if (!size_list_parse(a->workload ? "--tokens" : "--block-sizes",
+                         sizes != NULL ? sizes
+                         : a->workload ? "1K,8K,32K"
+                                       : "4K,64K,1M,16M",
+                         a->sizes, &a->num_sizes))
+        return EXIT_BAD_INPUT;
+    if (a->num_layouts == 0)
+        name_list_parse("--layouts", "llama3-8b,deepseek-v3-mla,deepseek-v4-flash,deepseek-v4.1",
+                        a->layouts, &a->num_layouts);
+    if (a->workload && (a->peer != NULL || a->listen != NULL) && a->num_layouts != 1)
+        return cli_usage_error("bench: --workload with --peer or --listen takes one --layouts",
+                               usage_bench);
+    if (a->iters == 0)
+        a->iters = a->workload ? BENCH_REQUEST_ITERS : BENCH_SWEEP_ITERS;
+    return -1;
+}
+
+/* The sweep's layout: per block size i, storage "bench.i" holding 2 x batch blocks and view
+ * "layers.i.bench" over all of it in group i, so a request names one size by its group. */
+static kvx_status_t sweep_layout_create(const struct bench_args *a, kvx_layout_t **layout_p)
+{
+    kvx_layout_t *layout;
+    kvx_status_t status = kvx_layout_create(NULL, &layout);
+    uint64_t total      = 0;
+
+    for (size_t i = 0; status == KVX_OK && i < a->num_sizes; i++) {
+        char storage[32];
+        char view[32];
+        uint64_t size;
+
+        snprintf(storage, sizeof(storage), "bench.%zu", i);
+        snprintf(view, sizeof(view), "layers.%zu.bench", i);
+        if (__builtin_mul_overflow(a->sizes[i], 2 * a->batch, &size) ||
+            __builtin_add_overflow(total, size, &total) || total > BENCH_MAX_SIDE) {
+            kvx_layout_destroy(layout);
+            fprintf(stderr,
+                    "kvx: error: --batch %" PRIu64 " of these block sizes needs more than the"
+                    " %" PRIu64 " GiB of storage a bench process may take\n",
+                    a->batch, BENCH_MAX_SIDE >> 30);
+            return KVX_ERR_INVALID;
+        }
+        status =
+            kvx_layout_add_storage(layout, &(kvx_storage_params_t){.name = storage, .size = size});
+        if (status == KVX_OK)
+            status = kvx_layout_add_view(
+                layout, &(kvx_view_params_t){.field_mask = KVX_VIEW_PARAM_FIELD_GROUP,
+                                             .name       = view,
+                                             .kind       = KVX_VIEW_KIND_ATTN,
+                                             .storage    = storage,
+                                             .page       = a->sizes[i],
+                                             .stride     = a->sizes[i],
+                                             .num_blocks = 2 * a->batch,
+                                             .group      = (int64_t)i});
+    }
+    if (status != KVX_OK) {
+        kvx_layout_destroy(layout);
+        cli_fail(status);
+        return status;
+    }
+    *layout_p = layout;
+    return KVX_OK;
+}
+
+/* The value of the JSON number after `"key":` at text[i], or -1 when text[i] starts no such
+ * key. *end_p gets the index after the number. */
+static int64_t json_number_at(const char *text, size_t len, size_t i, const char *key,
+                              size_t *end_p)
+{
+    size_t key_len = strlen(key);
+    size_t j       = i + key_len + 2;
+    int64_t value  = 0;
+
+    if (i + key_len + 2 > len || text[i] != '"' || strncmp(text + i + 1, key, key_len) != 0 ||
+        text[i + key_len + 1] != '"')
+        return -1;
+    while (j < len && (text[j] == ' ' || text[j] == ':'))
+        j++;
+    if (j >= len || text[j] < '0' || text[j] > '9')
+        return -1;
+    for (; j < len && text[j] >= '0' && text[j] <= '9'; j++)
+        value = value * 10 + (text[j] - '0');
+    *end_p = j;
+    return value;
+}
+
+/* A copy of a model layout's text with every view's num_blocks set to `blocks` and every
+ * storage's size scaled by blocks / num_blocks. Valid for the built-in models, whose views all
+ * have one num_blocks and whose storages are exactly that many rows (docs/models.md); kvx
+ * validates the result like any layout. NULL when the text is not of that shape. */
+static char *layout_text_rescale(const char *text, size_t len, uint64_t blocks, size_t *len_p)
+{
+    int64_t file_blocks = -1;
+    size_t out_len      = 0;
+    char *out;
+
+    for (size_t i = 0, end; i < len; i++) {
+        int64_t n = json_number_at(text, len, i, "num_blocks", &end);
+
+        if (n > 0 && file_blocks > 0 && n != file_blocks)
+            return NULL;
+        if (n > 0)
+            file_blocks = n;
+    }
+    out = malloc(len * 2 + 64);
+    if (file_blocks <= 0 || out == NULL) {
+        free(out);
+        return NULL;
+    }
+    for (size_t i = 0; i < len;) {
+        size_t end;
+        int64_t n    = json_number_at(text, len, i, "num_blocks", &end);
+        int64_t size = n < 0 ? json_number_at(text, len, i, "size", &end) : -1;
+
+        if (n < 0 && size < 0) {
+            out[out_len++] = text[i++];
+            continue;
+        }
+        if (size >= 0 && size % file_blocks != 0) {
+            free(out);
+            return NULL;
+        }
+        out_len +=
+            (size_t)sprintf(out + out_len, "\"%s\": %" PRIu64, n >= 0 ? "num_blocks" : "size",
+                            n >= 0 ? blocks : (uint64_t)size / (uint64_t)file_blocks * blocks);
+        i = end;
+    }
+    *len_p = out_len;
+    return out;
+}
+
+/* The built-in layout `name` with `blocks` blocks per view. */
+static kvx_status_t workload_layout_create(const char *name, uint64_t blocks,
+                                           kvx_layout_t **layout_p)
+{
+    for (size_t i = 0; i < num_builtin_layouts; i++) {
+        const struct builtin_layout *b = &builtin_layouts[i];
+        kvx_status_t status;
+        size_t len;
+        char *text;
+
+        if (strcmp(b->name, name) != 0)
+            continue;
+        text = layout_text_rescale(b->json, b->size, blocks, &len);
+        if (text == NULL) {
+            fprintf(stderr, "kvx: error: --layouts: %s cannot be rescaled\n", name);
+            return KVX_ERR_INVALID;
+        }
+        status = kvx_layout_load_buffer(text, len, layout_p);
+        free(text);
+        if (status != KVX_OK)
+            cli_fail(status);
+        return status;
+    }
+    fprintf(stderr, "kvx: error: --layouts: no built-in layout %s (see kvx demo --tables)\n", name);
+    return KVX_ERR_INVALID;
+}
+
+static void storages_free(void **bases, size_t count)
+{
+    for (size_t s = 0; bases != NULL && s < count; s++)
+        free(bases[s]);
+    free(bases);
+}
+
+/* Creates an agent on `layout`; with --malloc on memory of our own, page-aligned and touched,
+ * as an engine's cache would be (freed through *bases_p after the agent). Every storage is
+ * written once either way, so no page fault lands in a timed transfer. */
+static kvx_status_t bench_agent_create(const struct bench_args *a, const kvx_layout_t *layout,
+                                       const char *listen, kvx_agent_t **agent_p, void ***bases_p)
+{
+    size_t n                  = kvx_layout_num_storages(layout);
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_NAME,
+                                 .name       = listen != NULL ? "kvx bench P" : "kvx bench D",
+                                 .listen     = listen,
+                                 .transports = a->transports};
+    void **bases              = NULL;
+    kvx_status_t status;
+
+    if (listen != NULL)
+        params.field_mask |= KVX_AGENT_PARAM_FIELD_LISTEN;
+    if (a->transports != NULL)
+        params.field_mask |= KVX_AGENT_PARAM_FIELD_TRANSPORTS;
+    if (a->use_malloc) {
+        bases = calloc(n, sizeof(*bases));
+        for (size_t s = 0; bases != NULL && s < n; s++) {
+            uint64_t size = (kvx_layout_storage_size(layout, s) + 4095) & ~UINT64_C(4095);
+
+            bases[s] = aligned_alloc(4096, size);
+            if (bases[s] == NULL) {
+                storages_free(bases, s);
+                bases = NULL;
+            }
+        }
+        if (bases == NULL) {
+            fprintf(stderr, "kvx: error: out of memory allocating the storages\n");
+            return KVX_ERR_NO_MEMORY;
+        }
+        params.field_mask |= KVX_AGENT_PARAM_FIELD_STORAGE_BASES;
+        params.storage_bases = bases;
+    }
+    status = kvx_agent_create(layout, &params, agent_p);
+    if (status != KVX_OK) {
+        storages_free(bases, n);
+        cli_fail(status);
+        return status;
+    }
+    storages_zero(*agent_p);
+    *bases_p = bases;
+    return KVX_OK;
+}
+
+/* The prefill process: serves `layout` until SIGTERM or SIGINT, or until the parent that
+ * forked it is gone. Reports its port (0 when it could not start) on `ready` when >= 0. */
+static int bench_serve(const struct bench_args *a, const kvx_layout_t *layout, const char *listen,
+                       int ready)
+{
+    pid_t parent       = getppid();
+    kvx_agent_t *agent = NULL;
+    void **bases       = NULL;
+    uint32_t port      = 0;
+    sigset_t stop;
+
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    sigprocmask(SIG_BLOCK, &stop, NULL);
+    if (bench_agent_create(a, layout, listen, &agent, &bases) != KVX_OK) {
+        if (ready >= 0)
+            (void)!write(ready, &port, sizeof(port));
+        return EXIT_BAD_INPUT;
+    }
+    port = (uint32_t)strtoul(strrchr(kvx_agent_listen_address(agent), ':') + 1, NULL, 10);
+    if (ready >= 0) {
+        (void)!write(ready, &port, sizeof(port));
+    } else {
+        printf("kvx bench: serving on %s until SIGINT\n", kvx_agent_listen_address(agent));
+        fflush(stdout);
+    }
+    for (;;) {
+        struct timespec poll = {0, 0};
+        siginfo_t info;
+
+        if (sigtimedwait(&stop, &info, &poll) > 0 || (ready >= 0 && getppid() != parent))
+            break;
+        kvx_agent_progress(agent, 50);
+    }
+    kvx_agent_destroy(agent);
+    storages_free(bases, kvx_layout_num_storages(layout));
+    return 0;
+}
+
+/* Forks the prefill process on a free loopback port; *port_p gets the port, 0 on failure. */
+static pid_t bench_serve_fork(const struct bench_args *a, const kvx_layout_t *layout,
+                              uint32_t *port_p)
+{
+    int ready[2];
+    pid_t pid;
+
+    *port_p = 0;
+    if (pipe(ready) != 0)
+        return -1;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        close(ready[0]);
+        _exit(bench_serve(a, layout, "127.0.0.1:0", ready[1]));
+    }
+    close(ready[1]);
+    if (pid < 0 || read(ready[0], port_p, sizeof(*port_p)) != sizeof(*port_p))
+        *port_p = 0;
+    close(ready[0]);
+    return pid;
+}
+
+static void bench_serve_stop(pid_t pid)
+{
+    int child_status;
+
+    if (pid <= 0)
+        return;
+    kill(pid, SIGTERM);
+    waitpid(pid, &child_status, 0);
+}
+
+/* One transfer of `request`; samples[i] get its times unless i is SIZE_MAX (a warm-up). */
+static kvx_status_t bench_transfer(struct bench_client *c, const kvx_request_t *request,
+                                   struct bench_samples *s, size_t i)
+{
+    uint64_t start = now_ns();
+    uint64_t posted;
+    uint64_t planned;
+    kvx_xfer_t *xfer;
+    kvx_status_t status;
+
+    c->request_id++;
+    if (c->args->push) {
+        status = kvx_write(c->agent, &c->peer, 1, c->request_id, request, &s->stats);
+        posted = 0;
+    } else {
+        status = kvx_read_post(c->agent, &c->peer, 1, c->request_id, request, NULL, NULL, &xfer);
+        posted = now_ns() - start;
+        if (status == KVX_OK) {
+            status = kvx_xfer_wait(xfer);
+            kvx_xfer_stats(xfer, &s->stats);
+            kvx_xfer_destroy(xfer);
+        }
+    }
+    if (status != KVX_OK || i == SIZE_MAX)
+        return status;
+    s->wall[i] = now_ns() - start;
+    s->post[i] = posted;
+    s->xfer[i] = (uint64_t)(s->stats.seconds * 1e9);
+    planned    = now_ns();
+    status     = kvx_peer_plan_request(c->plan, request, c->pairs);
+    s->plan[i] = now_ns() - planned;
+    return status;
+}
+
+/* Warm-ups, then args->iters timed transfers of `request` into *s (sorted afterwards). */
+static kvx_status_t bench_point_run(struct bench_client *c, const kvx_request_t *request,
+                                    size_t warmups, struct bench_samples *s)
+{
+    kvx_status_t status = KVX_OK;
+
+    for (size_t i = 0; status == KVX_OK && i < warmups; i++)
+        status = bench_transfer(c, request, s, SIZE_MAX);
+    for (size_t i = 0; status == KVX_OK && i < c->args->iters; i++)
+        status = bench_transfer(c, request, s, i);
+    s->count = c->args->iters;
+    qsort(s->wall, s->count, sizeof(uint64_t), u64_compare);
+    qsort(s->post, s->count, sizeof(uint64_t), u64_compare);
+    qsort(s->xfer, s->count, sizeof(uint64_t), u64_compare);
+    qsort(s->plan, s->count, sizeof(uint64_t), u64_compare);
+    return status;
+}
+
+static void size_text(uint64_t bytes, char *buf, size_t size)
+{
+    static const char suffix[] = "BKMGT";
+    int i                      = 0;
+
+    while (bytes >= 1024 && bytes % 1024 == 0 && i < 4) {
+        bytes /= 1024;
+        i++;
+    }
+    snprintf(buf, size, "%" PRIu64 "%c", bytes, suffix[i]);
+    if (i == 0)
+        buf[strlen(buf) - 1] = '\0';
+}
+
+/* One point, as a table row or a JSON object. `workload` names the layout (NULL: sweep);
+ * `size` is bytes per block (sweep) or tokens (workload); `blocks` blocks per group. */
+static void bench_point_print(const struct bench_client *c, const struct bench_samples *s,
+                              const char *workload, uint64_t size, uint64_t blocks)
+{
+    const struct bench_args *a = c->args;
+    uint64_t total_ns          = 0;
+    double seconds;
+    double gbps;
+    double rate;
+    char text[32];
+
+    for (size_t i = 0; i < s->count; i++)
+        total_ns += s->wall[i];
+    seconds = (double)total_ns / 1e9;
+    gbps    = seconds > 0 ? (double)s->stats.bytes * (double)s->count / seconds / 1e9 : 0;
+    rate    = seconds > 0 ? (double)s->count / seconds : 0;
+    if (a->json) {
+        printf("{\"kvx_bench\": 1, \"mode\": \"%s\", \"storage\": \"%s\", \"transports\": \"%s\", ",
+               a->push ? "push" : "pull", a->use_malloc ? "malloc" : "kvx",
+               kvx_peer_transports(c->peer));
+        if (workload != NULL)
+            printf("\"workload\": \"%s\", \"tokens\": %" PRIu64 ", \"blocks\": %" PRIu64 ", ",
+                   workload, size, blocks);
+        else
+            printf("\"block_size\": %" PRIu64 ", \"batch\": %" PRIu64 ", \"contiguous\": %s, ",
+                   size, blocks, a->contiguous ? "true" : "false");
+        printf("\"iters\": %zu, \"descriptors\": %" PRIu64 ", \"posted\": %" PRIu64
+               ", \"bytes\": %" PRIu64 ", \"gbps\": %.4f, \"transfers_per_s\": %.1f, "
+               "\"descriptors_per_s\": %.1f, \"latency_us\": {\"p50\": %.2f, \"p99\": %.2f, "
+               "\"min\": %.2f, \"max\": %.2f}, \"plan_us\": %.3f, ",
+               s->count, s->stats.descriptors, s->stats.posted, s->stats.bytes, gbps, rate,
+               rate * (double)s->stats.posted, percentile_us(s->wall, s->count, 50),
+               percentile_us(s->wall, s->count, 99), percentile_us(s->wall, s->count, 0),
+               percentile_us(s->wall, s->count, 100), percentile_us(s->plan, s->count, 50));
+        if (a->push)
+            printf("\"post_us\": null, ");
+        else
+            printf("\"post_us\": %.2f, ", percentile_us(s->post, s->count, 50));
+        printf("\"xfer_us\": %.2f}\n", percentile_us(s->xfer, s->count, 50));
+        fflush(stdout);
+        return;
+    }
+    if (workload != NULL)
+        printf("%-18s %6" PRIu64 " %6" PRIu64, workload, size, blocks);
+    else {
+        size_text(size, text, sizeof(text));
+        printf("%6s %6" PRIu64, text, blocks);
+    }
+    printf(" %9" PRIu64 " %10.1f %7.2f %9.0f %8.3f %9.1f %9.1f %8.2f", s->stats.posted,
+           (double)s->stats.bytes / 1e6, gbps, rate, rate * (double)s->stats.posted / 1e6,
+           percentile_us(s->wall, s->count, 50), percentile_us(s->wall, s->count, 99),
+           percentile_us(s->plan, s->count, 50));
+    if (a->push)
+        printf(" %9s", "-");
+    else
+        printf(" %9.1f", percentile_us(s->post, s->count, 50));
+    printf(" %9.1f\n", percentile_us(s->xfer, s->count, 50));
+    fflush(stdout);
+}
+
+static void bench_header_print(const struct bench_client *c, const char *what)
+{
+    const struct bench_args *a = c->args;
+
+    if (a->json)
+        return;
+    printf("kvx bench: %s, %s storages on both sides, over %s\n", a->push ? "push" : "pull",
+           a->use_malloc ? "malloc'd (engine-style)" : "kvx-allocated (UCX)",
+           kvx_peer_transports(c->peer));
+    printf("%s; %" PRIu64 " timed transfers per point after %d warm-ups\n", what, a->iters,
+           BENCH_WARMUPS);
+    printf("%s %9s %10s %7s %9s %8s %9s %9s %8s %9s %9s\n",
+           c->args->workload ? "layout             tokens blocks" : " block  batch", "desc/xfer",
+           "MB/xfer", "GB/s", "xfer/s", "Mdesc/s", "p50 us", "p99 us", "plan us", "post us",
+           "xfer us");
+}
+
+static void bench_footer_print(const struct bench_args *a)
+{
+    if (a->json)
+        return;
+    printf("GB/s, xfer/s: bytes and transfers over the summed wall time. p50/p99: wall time of"
+           " one transfer\n(%s). plan: the request planned alone on a same-shaped plan; post:"
+           " the kvx_read_post call\n(plan + every get posted; CMA copies inside the post);"
+           " xfer: first post to last completion\n(kvx_read_stats_t). Medians. Noisy machines"
+           " move single runs: take medians of several.\n",
+           a->push ? "kvx_write: request on the side channel, P plans, puts, flushes, answers"
+                   : "kvx_read_post + kvx_xfer_wait + kvx_xfer_destroy, what kvx_read does");
+}
+
+static bool samples_alloc(struct bench_samples *s, uint64_t iters)
+{
+    s->wall = calloc(iters, sizeof(uint64_t));
+    s->post = calloc(iters, sizeof(uint64_t));
+    s->xfer = calloc(iters, sizeof(uint64_t));
+    s->plan = calloc(iters, sizeof(uint64_t));
+    return s->wall != NULL && s->post != NULL && s->xfer != NULL && s->plan != NULL;
+}
+
+static void samples_free(struct bench_samples *s)
+{
+    free(s->wall);
+    free(s->post);
+    free(s->xfer);
+    free(s->plan);
+}
+
+/* The sweep on a connected client: one point per block size. */
+static kvx_status_t sweep_run(struct bench_client *c, struct bench_samples *s, uint64_t *ids)
+{
+    const struct bench_args *a = c->args;
+    kvx_group_ids_t groups[BENCH_MAX_POINTS];
+    kvx_status_t status = KVX_OK;
+
+    for (uint64_t b = 0; b < a->batch; b++)
+        ids[b] = a->contiguous ? b : 2 * b;
+    for (size_t i = 0; status == KVX_OK && i < a->num_sizes; i++) {
+        kvx_request_t request = {groups, a->num_sizes, NULL, 0};
+
+        for (size_t g = 0; g < a->num_sizes; g++)
+            groups[g] = (kvx_group_ids_t){ids, g == i ? a->batch : 0};
+        status = bench_point_run(c, &request, BENCH_WARMUPS, s);
+        if (status == KVX_OK && i == 0)
+            bench_header_print(c, a->contiguous
+                                      ? "blocks 0..batch-1 (adjacent: they coalesce)"
+                                      : "every other block (none adjacent: one descriptor each)");
+        if (status == KVX_OK)
+            bench_point_print(c, s, NULL, a->sizes[i], a->batch);
+    }
+    return status;
+}
+
+/* The workload on a connected client: one point per token count, `blocks` capacity. */
+static kvx_status_t workload_run(struct bench_client *c, struct bench_samples *s, uint64_t *ids,
+                                 const char *name, uint64_t capacity, bool header)
+{
+    const struct bench_args *a   = c->args;
+    const kvx_regions_t *regions = kvx_agent_regions(c->agent);
+    uint64_t block_size          = kvx_regions_block_size(regions);
+    kvx_group_ids_t groups[BENCH_MAX_POINTS];
+    size_t num_groups   = 1;
+    unsigned rng        = BENCH_SEED;
+    kvx_status_t status = KVX_OK;
+
+    for (size_t r = 0; r < kvx_regions_count(regions); r++) {
+        kvx_region_info_t info;
+
+        kvx_regions_get(regions, r, &info);
+        if (info.group >= 0 && (size_t)info.group + 1 > num_groups)
+            num_groups = (size_t)info.group + 1;
+    }
+    if (num_groups > BENCH_MAX_POINTS)
+        num_groups = BENCH_MAX_POINTS;
+    for (size_t i = 0; status == KVX_OK && i < a->num_sizes; i++) {
+        uint64_t blocks       = (a->sizes[i] + block_size - 1) / block_size;
+        kvx_request_t request = {groups, num_groups, NULL, 0};
+
+        /* Distinct ids in random order, as an engine's free list hands them out after a
+         * while: neighbours rarely continue each other, so little coalesces. */
+        for (uint64_t b = 0; b < capacity; b++)
+            ids[b] = b;
+        for (uint64_t b = 0; b < blocks; b++) {
+            uint64_t j   = b + (uint64_t)rand_r(&rng) % (capacity - b);
+            uint64_t tmp = ids[b];
+
+            ids[b] = ids[j];
+            ids[j] = tmp;
+        }
+        for (size_t g = 0; g < num_groups; g++)
+            groups[g] = (kvx_group_ids_t){ids, blocks};
+        status = bench_point_run(c, &request, 1, s);
+        if (status == KVX_OK && i == 0 && header)
+            bench_header_print(c, "requests of shuffled block ids, the same ids in every group");
+        if (status == KVX_OK)
+            bench_point_print(c, s, name, a->sizes[i], blocks);
+    }
+    return status;
+}
+
+/* The decode side: connects to `address` and runs the sweep, or the workload of `name`. */
+static int bench_client_run(const struct bench_args *a, const kvx_layout_t *layout,
+                            const char *address, const char *name, uint64_t capacity, bool header)
+{
+    struct bench_client c  = {.args = a};
+    struct bench_samples s = {0};
+    void **bases           = NULL;
+    uint64_t *ids          = calloc(capacity, sizeof(*ids));
+    kvx_status_t status;
+    int ret = EXIT_BAD_INPUT;
+
+    if (ids == NULL || !samples_alloc(&s, a->iters)) {
+        fprintf(stderr, "kvx: error: out of memory for the samples\n");
+        ret = EXIT_INTERNAL;
+        goto out;
+    }
+    if (bench_agent_create(a, layout, NULL, &c.agent, &bases) != KVX_OK)
+        goto out;
+    status = kvx_agent_connect(c.agent, address, &c.peer);
+    if (status == KVX_OK)
+        status = kvx_peer_plan_create(kvx_agent_regions(c.agent), kvx_agent_regions(c.agent), NULL,
+                                      &c.plan);
+    if (status == KVX_OK)
+        status = kvx_pairs_create(&c.pairs);
+    if (status == KVX_OK)
+        status = name == NULL ? sweep_run(&c, &s, ids)
+                              : workload_run(&c, &s, ids, name, capacity, header);
+    if (status != KVX_OK) {
+        ret = cli_fail(status);
+        goto out;
+    }
+    ret = 0;
+
+out:
+    kvx_pairs_destroy(c.pairs);
+    kvx_peer_plan_destroy(c.plan);
+    kvx_peer_destroy(c.peer);
+    kvx_agent_destroy(c.agent);
+    storages_free(bases, kvx_layout_num_storages(layout));
+    samples_free(&s);
+    free(ids);
+    return ret;
+}
+
+/* One run on one layout: serve it (--listen), use the P at --peer, or fork one. */
+static int bench_layout_run(const struct bench_args *a, const kvx_layout_t *layout,
+                            const char *name, uint64_t capacity, bool header)
+{
+    char address[64];
+    uint32_t port;
+    pid_t pid;
+    int ret;
+
+    if (a->listen != NULL)
+        return bench_serve(a, layout, a->listen, -1);
+    if (a->peer != NULL)
+        return bench_client_run(a, layout, a->peer, name, capacity, header);
+    pid = bench_serve_fork(a, layout, &port);
+    if (pid < 0 || port == 0) {
+        fprintf(stderr, "kvx: error: bench: the prefill process did not start\n");
+        bench_serve_stop(pid);
+        return EXIT_INTERNAL;
+    }
+    snprintf(address, sizeof(address), "127.0.0.1:%" PRIu32, port);
+    ret = bench_client_run(a, layout, address, name, capacity, header);
+    bench_serve_stop(pid);
+    return ret;
+}
+
+int bench_main(int argc, char **argv)
+{
+    struct bench_args a = {0};
+    kvx_layout_t *layout;
+    int ret = bench_args_parse(argc, argv, &a);
+
+    if (ret >= 0)
+        return ret;
+    if (getenv("UCX_NET_DEVICES") == NULL)
+        setenv("UCX_NET_DEVICES", "lo", 1); /* the bench stays on loopback */
+    if (!a.workload) {
+        if (sweep_layout_create(&a, &layout) != KVX_OK)
+            return EXIT_BAD_INPUT;
+        ret = bench_layout_run(&a, layout, NULL, 2 * a.batch, true);
+        kvx_layout_destroy(layout);
+        bench_footer_print(&a);
+        return ret;
+    }
+    for (size_t l = 0; l < a.num_layouts && ret <= 0; l++) {
+        uint64_t capacity = 0;
+        uint64_t block_size;
+
+        /* Capacity: the largest request's blocks, so the largest request takes every block
+         * (in shuffled order) and a Llama-8B 32k request needs 4 GiB per side, not 8. */
+        if (workload_layout_create(a.layouts[l], 1, &layout) != KVX_OK)
+            return EXIT_BAD_INPUT;
+        block_size = kvx_layout_block_size(layout);
+        kvx_layout_destroy(layout);
+        for (size_t i = 0; i < a.num_sizes; i++) {
+            uint64_t blocks = (a.sizes[i] + block_size - 1) / block_size;
+
+            capacity = blocks > capacity ? blocks : capacity;
+        }
+        if (workload_layout_create(a.layouts[l], capacity, &layout) != KVX_OK)
+            return EXIT_BAD_INPUT;
+        ret = bench_layout_run(&a, layout, a.layouts[l], capacity, l == 0);
+        kvx_layout_destroy(layout);
+    }
+    bench_footer_print(&a);
+    return ret < 0 ? 0 : ret;
+}
