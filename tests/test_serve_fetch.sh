@@ -157,6 +157,23 @@ check "MLA, P TP 2 -> D TP 2 rank 1: replicated blocks from rank 1, verified" \
 stop_server
 stop_server
 
+# Observability: Prometheus metrics, fetch --json, state changes at --verbose.
+serve "$tmp/v41.json" --metrics 127.0.0.1:0 --verbose
+metrics=$(sed -n 's|^metrics on \(http://[0-9.]*:[0-9]*/metrics\)$|\1|p' "$tmp/serve.$port")
+check "fetch --json: one object with the outcome, figures and stats" \
+  bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:0-3;1:1;2:1' --verify --fill 42 --json | python3 -c \"import json,sys; d=json.load(sys.stdin); assert d['ok'] and d['verified']=='verified' and d['stats']['transfers']==1 and d['stats']['transfer_bytes']['count']==1 and d['bytes']>0, d\""
+check "fetch --verbose: the connection is logged, no block is" \
+  bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:0-3;1:1;2:1' --verbose 2>&1 >/dev/null | grep -c . | grep -qx 1"
+check "serve --metrics: Prometheus text counts the dones received" \
+  bash -c "curl -sf '$metrics' | grep -qx 'kvx_notifications_received_total{agent=\"kvx serve\"} [1-9][0-9]*'"
+check "serve --metrics: histograms end with +Inf and count" \
+  bash -c "curl -sf '$metrics' | grep -q 'kvx_transfer_duration_seconds_bucket{agent=\"kvx serve\",le=\"+Inf\"} 0'"
+check "serve --metrics: another path is 404" \
+  bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' '${metrics%/metrics}/other') == 404 ]]"
+stop_server
+check "serve --metrics with a bad address: status 2 and one error line" \
+  bash -c "'$kvx' serve '$tmp/v41.json' --listen 127.0.0.1:0 --metrics nowhere >/dev/null 2>'$tmp/err'; [[ \$? -eq 2 ]] && grep -q 'kvx: error: --metrics: \"nowhere\" is not IPV4:PORT' '$tmp/err'"
+
 # kvx demo (what make demo runs): two processes, a batch of requests, every byte verified.
 check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && tail -n 1 '$tmp/demo' | grep -qx verified && [[ \$(grep -c ', verified\$' '$tmp/demo') -eq 16 ]]"
 
