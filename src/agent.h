@@ -69,12 +69,11 @@ struct kvx_peer {
     char *address;        /* HOST:PORT of its side channel */
     char transports[256]; /* what UCX chose, after the first read */
     /* liveness (agent_live.c) */
-    void *dealer;      /* side-channel socket for heartbeats; NULL once down */
-    uint64_t instance; /* of the prefill agent, from its first answer */
-    uint64_t last_answer_ms;
+    void *dealer;              /* side-channel socket for heartbeats; NULL once down */
+    uint64_t instance;         /* of the prefill agent, from its first answer */
+    uint64_t waiting_since_ms; /* the oldest heartbeat not answered yet; 0: none */
     uint64_t last_heartbeat_ms;
     uint64_t last_used_ms;
-    bool answered;    /* the last heartbeat was answered */
     uint64_t *wanted; /* request ids heartbeats carry */
     size_t num_wanted;
     size_t wanted_capacity;

@@ -31,6 +31,10 @@ static bool heartbeat_send(kvx_peer_t *peer, const uint64_t *ids, size_t count)
     if (sent) {
         agent->stats.heartbeats_sent++;
         peer->last_heartbeat_ms = clock_ms();
+        if (peer->waiting_since_ms == 0)
+            peer->waiting_since_ms = peer->last_heartbeat_ms;
+        else
+            agent->stats.heartbeats_missed++; /* the previous one is still unanswered */
     }
     return sent;
 }
@@ -65,8 +69,7 @@ static bool answer_receive(kvx_peer_t *peer)
         agent_peer_down(peer, reason);
         return false;
     }
-    peer->answered       = true;
-    peer->last_answer_ms = clock_ms();
+    peer->waiting_since_ms = 0;
     return true;
 }
 
@@ -156,11 +159,14 @@ void agent_peers_progress(kvx_agent_t *agent)
             ;
         if (peer->dealer == NULL)
             continue; /* restarted */
-        if (now - peer->last_answer_ms > (uint64_t)LIVE_MISSED_INTERVALS * agent->heartbeat_ms) {
+        /* Silence counts from the oldest unanswered heartbeat, not the last answer: a caller
+         * that did not progress for a while sent nothing, and missed nothing. */
+        if (peer->waiting_since_ms != 0 &&
+            now - peer->waiting_since_ms > (uint64_t)LIVE_MISSED_INTERVALS * agent->heartbeat_ms) {
             snprintf(reason, sizeof(reason),
                      "dead: no heartbeat answer for %" PRIu64 " ms (%d intervals of %" PRIu32
                      " ms)",
-                     now - peer->last_answer_ms, LIVE_MISSED_INTERVALS, agent->heartbeat_ms);
+                     now - peer->waiting_since_ms, LIVE_MISSED_INTERVALS, agent->heartbeat_ms);
             agent_peer_down(peer, reason);
             continue;
         }
@@ -175,11 +181,8 @@ void agent_peers_progress(kvx_agent_t *agent)
             agent_peer_down(peer, reason);
             continue;
         }
-        if (now - peer->last_heartbeat_ms >= agent->heartbeat_ms) {
-            agent->stats.heartbeats_missed += !peer->answered;
-            peer->answered = false;
+        if (now - peer->last_heartbeat_ms >= agent->heartbeat_ms)
             heartbeat_send(peer, peer->wanted, peer->num_wanted);
-        }
     }
 }
 
