@@ -31,7 +31,7 @@
 static const char usage_bench[] =
     "usage: kvx bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--batch N]\n"
     "                 [--iters N] [--contiguous] [--transports LIST] [--malloc] [--json]\n"
-    "                 [--peer HOST:PORT | --listen HOST:PORT]\n"
+    "                 [--idle-prefill] [--peer HOST:PORT | --listen HOST:PORT]\n"
     "       kvx bench --workload [--layouts NAME,...] [--tokens 1K,8K,32K] [options above]\n"
     "\n"
     "Starts a prefill process on loopback (or uses the one at --peer, started with the same\n"
@@ -59,6 +59,10 @@ static const char usage_bench[] =
     "  --malloc             register memory from aligned_alloc, as an engine's own cache,\n"
     "                       on both sides instead of memory UCX allocates\n"
     "  --json               one JSON object per point\n"
+    "  --idle-prefill       P waits for work in kvx_agent_progress's 5 ms polls, as kvx\n"
+    "                       serve does, instead of spinning on kvx_agent_progress(agent, 0)\n"
+    "                       the way ucx_perftest's server spins: gets that need P's progress\n"
+    "                       (malloc'd storage, push) then wait for its next poll\n"
     "  --layouts LIST       workload layouts; default llama3-8b,deepseek-v3-mla,\n"
     "                       deepseek-v4-flash,deepseek-v4.1\n";
 
@@ -69,6 +73,7 @@ struct bench_args {
     bool json;
     bool contiguous;
     bool workload;
+    bool idle_prefill; /* P waits in kvx_agent_progress's polls, as kvx serve, not spinning */
     uint64_t sizes[BENCH_MAX_POINTS]; /* bytes per block (sweep) or tokens (workload) */
     size_t num_sizes;
     uint64_t batch; /* blocks per transfer */
@@ -201,10 +206,12 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
             return 0;
         }
         if (strcmp(arg, "--malloc") == 0 || strcmp(arg, "--json") == 0 ||
-            strcmp(arg, "--contiguous") == 0 || strcmp(arg, "--workload") == 0) {
+            strcmp(arg, "--contiguous") == 0 || strcmp(arg, "--workload") == 0 ||
+            strcmp(arg, "--idle-prefill") == 0) {
             bool *flag = arg[2] == 'm'   ? &a->use_malloc
                          : arg[2] == 'j' ? &a->json
                          : arg[2] == 'c' ? &a->contiguous
+                         : arg[2] == 'i' ? &a->idle_prefill
                                          : &a->workload;
             *flag      = true;
             continue;
@@ -493,7 +500,7 @@ static int bench_serve(const struct bench_args *a, const kvx_layout_t *layout, c
 
         if (sigtimedwait(&stop, &info, &poll) > 0 || (ready >= 0 && getppid() != parent))
             break;
-        kvx_agent_progress(agent, 50);
+        kvx_agent_progress(agent, a->idle_prefill ? 50 : 0);
     }
     kvx_agent_destroy(agent);
     storages_free(bases, kvx_layout_num_storages(layout));
@@ -617,9 +624,10 @@ static void bench_point_print(const struct bench_client *c, const struct bench_s
     gbps    = seconds > 0 ? (double)s->stats.bytes * (double)s->count / seconds / 1e9 : 0;
     rate    = seconds > 0 ? (double)s->count / seconds : 0;
     if (a->json) {
-        printf("{\"kvx_bench\": 1, \"mode\": \"%s\", \"storage\": \"%s\", \"transports\": \"%s\", ",
+        printf("{\"kvx_bench\": 1, \"mode\": \"%s\", \"storage\": \"%s\", \"transports\": \"%s\", "
+               "\"idle_prefill\": %s, ",
                a->push ? "push" : "pull", a->use_malloc ? "malloc" : "kvx",
-               kvx_peer_transports(c->peer));
+               kvx_peer_transports(c->peer), a->idle_prefill ? "true" : "false");
         if (workload != NULL)
             printf("\"workload\": \"%s\", \"tokens\": %" PRIu64 ", \"blocks\": %" PRIu64 ", ",
                    workload, size, blocks);
@@ -660,7 +668,7 @@ static void bench_point_print(const struct bench_client *c, const struct bench_s
     fflush(stdout);
 }
 
-static void bench_header_print(const struct bench_client *c, const char *what)
+static void bench_header_print(const struct bench_client *c, const char *what, int warmups)
 {
     const struct bench_args *a = c->args;
 
@@ -669,8 +677,8 @@ static void bench_header_print(const struct bench_client *c, const char *what)
     printf("kvx bench: %s, %s storages on both sides, over %s\n", a->push ? "push" : "pull",
            a->use_malloc ? "malloc'd (engine-style)" : "kvx-allocated (UCX)",
            kvx_peer_transports(c->peer));
-    printf("%s; %" PRIu64 " timed transfers per point after %d warm-ups\n", what, a->iters,
-           BENCH_WARMUPS);
+    printf("%s; %" PRIu64 " timed transfers per point after %d warm-ups; P %s\n", what, a->iters,
+           warmups, a->idle_prefill ? "polls in 5 ms steps (--idle-prefill)" : "spins on progress");
     printf("%s %9s %10s %7s %9s %8s %9s %9s %8s %9s %9s\n",
            c->args->workload ? "layout             tokens blocks" : " block  batch", "desc/xfer",
            "MB/xfer", "GB/s", "xfer/s", "Mdesc/s", "p50 us", "p99 us", "plan us", "post us",
@@ -682,11 +690,11 @@ static void bench_footer_print(const struct bench_args *a)
     if (a->json)
         return;
     printf("GB/s, xfer/s: bytes and transfers over the summed wall time. p50/p99: wall time of"
-           " one transfer\n(%s). plan: the request planned alone on a same-shaped plan; post:"
-           " the kvx_read_post call\n(plan + every get posted; CMA copies inside the post);"
-           " xfer: first post to last completion\n(kvx_read_stats_t). Medians. Noisy machines"
-           " move single runs: take medians of several.\n",
-           a->push ? "kvx_write: request on the side channel, P plans, puts, flushes, answers"
+           " one\ntransfer (%s).\nplan: the request planned alone on a same-shaped plan."
+           " post: the kvx_read_post call (plan\nand every get posted). xfer: first post to last"
+           " completion (kvx_read_stats_t). All medians.\nNoisy machines move single runs:"
+           " take the median of several.\n",
+           a->push ? "kvx_write: request on the side channel; P plans, puts, flushes, answers"
                    : "kvx_read_post + kvx_xfer_wait + kvx_xfer_destroy, what kvx_read does");
 }
 
@@ -723,9 +731,11 @@ static kvx_status_t sweep_run(struct bench_client *c, struct bench_samples *s, u
             groups[g] = (kvx_group_ids_t){ids, g == i ? a->batch : 0};
         status = bench_point_run(c, &request, BENCH_WARMUPS, s);
         if (status == KVX_OK && i == 0)
-            bench_header_print(c, a->contiguous
-                                      ? "blocks 0..batch-1 (adjacent: they coalesce)"
-                                      : "every other block (none adjacent: one descriptor each)");
+            bench_header_print(c,
+                               a->contiguous
+                                   ? "blocks 0..batch-1 (adjacent: they coalesce)"
+                                   : "every other block (none adjacent: one descriptor each)",
+                               BENCH_WARMUPS);
         if (status == KVX_OK)
             bench_point_print(c, s, NULL, a->sizes[i], a->batch);
     }
@@ -770,9 +780,9 @@ static kvx_status_t workload_run(struct bench_client *c, struct bench_samples *s
         }
         for (size_t g = 0; g < num_groups; g++)
             groups[g] = (kvx_group_ids_t){ids, blocks};
-        status = bench_point_run(c, &request, 1, s);
+        status = bench_point_run(c, &request, 1, s); /* one warm-up: requests are large */
         if (status == KVX_OK && i == 0 && header)
-            bench_header_print(c, "requests of shuffled block ids, the same ids in every group");
+            bench_header_print(c, "requests of shuffled block ids, the same ids in every group", 1);
         if (status == KVX_OK)
             bench_point_print(c, s, name, a->sizes[i], blocks);
     }
