@@ -1,0 +1,51 @@
+/* fuzz_notify.c: libFuzzer target for the small messages agents exchange (notify.c): the
+ * done notification, a heartbeat's id list and its answer, each parsed from the same bytes.
+ * What parses must re-encode to the same bytes; aborts on a broken invariant. */
+#include "notify.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void invariant(bool holds, const char *what)
+{
+    if (!holds) {
+        fprintf(stderr, "invariant broken: %s\n", what);
+        abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char engine_id[ALIVE_ENGINE_ID_SIZE];
+    char text[ALIVE_ENGINE_ID_SIZE + 64];
+    uint64_t request_id;
+    uint64_t instance;
+    size_t count;
+
+    if (notify_done_parse(data, size, &request_id)) {
+        struct notify n = notify_done(request_id, 0);
+
+        invariant(size == sizeof(n), "a done is exactly one notification");
+        memcpy(&n.tp_rank, data + offsetof(struct notify, tp_rank), 2 * sizeof(uint32_t));
+        invariant(memcmp(&n, data, sizeof(n)) == 0, "a done re-encodes to its bytes");
+    }
+    if (heartbeat_ids_parse(data, size, &count)) {
+        invariant(count * sizeof(uint64_t) == size && count <= HEARTBEAT_MAX_IDS,
+                  "ids fill the frame, within the limit");
+        if (count > 0)
+            invariant(heartbeat_id(data, count - 1) == heartbeat_id(data, count - 1),
+                      "the last id is readable");
+    }
+    if (alive_answer_parse(data, size, &instance, engine_id)) {
+        size_t length = alive_answer_format(text, sizeof(text), instance, engine_id);
+
+        invariant(instance != 0 && strlen(engine_id) < ALIVE_ENGINE_ID_SIZE,
+                  "an answer names an instance and a bounded engine id");
+        invariant(length == size && memcmp(text, data, size) == 0,
+                  "an answer re-encodes to its bytes");
+    }
+    return 0;
+}

@@ -1,0 +1,99 @@
+/* notify.c: encoding and strict parsing of the done notification, the heartbeat's id list
+ * and its answer. Every length is checked before a byte is read; anything else is rejected
+ * whole, so a hostile peer can only have its message counted and dropped. */
+#include "notify.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+struct notify notify_done(uint64_t request_id, uint32_t tp_rank)
+{
+    return (struct notify){NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE, request_id, tp_rank, 0};
+}
+
+bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p)
+{
+    struct notify n;
+
+    if (size != sizeof(n))
+        return false;
+    memcpy(&n, data, sizeof(n));
+    if (n.magic != NOTIFY_MAGIC || n.version != NOTIFY_VERSION || n.kind != NOTIFY_DONE)
+        return false;
+    *request_id_p = n.request_id;
+    return true;
+}
+
+bool heartbeat_ids_parse(const void *data, size_t size, size_t *count_p)
+{
+    if ((data == NULL && size > 0) || size % sizeof(uint64_t) != 0 ||
+        size / sizeof(uint64_t) > HEARTBEAT_MAX_IDS)
+        return false;
+    *count_p = size / sizeof(uint64_t);
+    return true;
+}
+
+uint64_t heartbeat_id(const void *data, size_t index)
+{
+    uint64_t id;
+
+    memcpy(&id, (const char *)data + index * sizeof(id), sizeof(id));
+    return id;
+}
+
+/* An engine id as it may appear in an answer: printable, no spaces, not empty. */
+static bool engine_id_valid(const char *id, size_t length)
+{
+    if (length == 0 || length >= ALIVE_ENGINE_ID_SIZE)
+        return false;
+    for (size_t i = 0; i < length; i++) {
+        if (id[i] <= ' ' || id[i] > '~')
+            return false;
+    }
+    return true;
+}
+
+size_t alive_answer_format(char *text, size_t size, uint64_t instance, const char *engine_id)
+{
+    const char *id =
+        engine_id != NULL && engine_id_valid(engine_id, strlen(engine_id)) ? engine_id : "-";
+    int n = snprintf(text, size, "%s %016" PRIx64 " %s", ALIVE_ANSWER, instance, id);
+
+    return n > 0 && (size_t)n < size ? (size_t)n : 0;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+bool alive_answer_parse(const void *data, size_t size, uint64_t *instance_p,
+                        char engine_id[ALIVE_ENGINE_ID_SIZE])
+{
+    const char *text  = data;
+    size_t prefix     = strlen(ALIVE_ANSWER " ");
+    size_t id_at      = prefix + 16 + 1;
+    uint64_t instance = 0;
+
+    if (size <= id_at || memcmp(text, ALIVE_ANSWER " ", prefix) != 0 || text[id_at - 1] != ' ' ||
+        !engine_id_valid(text + id_at, size - id_at))
+        return false;
+    for (size_t i = prefix; i < prefix + 16; i++) {
+        int digit = hex_digit(text[i]);
+
+        if (digit < 0)
+            return false;
+        instance = instance << 4 | (uint64_t)digit;
+    }
+    if (instance == 0)
+        return false;
+    *instance_p = instance;
+    memcpy(engine_id, text + id_at, size - id_at);
+    engine_id[size - id_at] = '\0';
+    return true;
+}

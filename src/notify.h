@@ -1,0 +1,47 @@
+/* notify.h: the small messages between a decode and a prefill agent, as bytes: the `done`
+ * notification (a UCX active message after the data), and on the side channel the
+ * heartbeat's list of request ids and its answer. Pure: parsing outside bytes, fuzzed by
+ * fuzz/fuzz_notify.c. */
+#ifndef KVX_SRC_NOTIFY_H
+#define KVX_SRC_NOTIFY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define NOTIFY_MAGIC         0x4b565844u /* "KVXD" */
+#define NOTIFY_VERSION       1
+#define NOTIFY_DONE          1
+#define HEARTBEAT_MAX_IDS    65536       /* request ids in one heartbeat */
+#define ALIVE_ANSWER         "kvx-alive" /* then " INSTANCE ENGINE_ID" */
+#define ALIVE_ENGINE_ID_SIZE 256
+
+/* A notification on the wire: fixed size, little-endian like every kvx host. */
+struct notify {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t kind;
+    uint64_t request_id;
+    uint32_t tp_rank; /* of the sender */
+    uint32_t reserved;
+};
+
+struct notify notify_done(uint64_t request_id, uint32_t tp_rank);
+
+/* True when `data` is exactly a `done` notification of our version; its request id. */
+bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p);
+
+/* True when `data` is a list of at most HEARTBEAT_MAX_IDS request ids; *count_p of them,
+ * read with heartbeat_id (the bytes need not be aligned). */
+bool heartbeat_ids_parse(const void *data, size_t size, size_t *count_p);
+uint64_t heartbeat_id(const void *data, size_t index);
+
+/* The answer to a heartbeat: "kvx-alive " 16 hex digits of a non-zero instance, a space and
+ * the engine id ("-" when it has none; printable, no spaces, shorter than
+ * ALIVE_ENGINE_ID_SIZE). alive_answer_format returns the length written, 0 if it does not
+ * fit. */
+size_t alive_answer_format(char *text, size_t size, uint64_t instance, const char *engine_id);
+bool alive_answer_parse(const void *data, size_t size, uint64_t *instance_p,
+                        char engine_id[ALIVE_ENGINE_ID_SIZE]);
+
+#endif
