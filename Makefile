@@ -24,6 +24,7 @@ demo: build
 
 bench: build
 	$(BUILD)/bench/bench_register
+	@echo "transfers: $(BUILD)/kvx bench [--workload]; against the machine's limits: bench/limits.sh $(BUILD)"
 
 format:
 	clang-format -i include/*.h src/*.[ch] tools/*.[ch] tests/*.[ch] tests/support/*.[ch] bench/*.c fuzz/*.c
