@@ -160,6 +160,17 @@ void agent_xfers_progress(kvx_agent_t *agent)
     while (x != NULL) {
         if (!transport_op_pending(x->op)) {
             xfer_complete(x);
+        } else if (x->op->first_error != 0) {
+            /* A get failed (the peer died, say), so the transfer cannot succeed, and with no
+             * error mode on the endpoint its other gets may never complete: fail it now, not
+             * at the deadline. */
+            char what[300];
+
+            snprintf(what, sizeof(what), "%s",
+                     transport_op_status(x->op, "get") != KVX_OK ? kvx_errmsg() : "");
+            error_set(KVX_ERR_IO, "read %" PRIu64 ": %s (%zu of %zu gets still pending)",
+                      x->request_id, what, x->op->posted - x->op->completed, x->op->posted);
+            xfer_fail(x, KVX_ERR_IO);
         } else if (clock_seconds() > x->deadline) {
             error_set(KVX_ERR_IO,
                       "read %" PRIu64 ": %zu of %zu gets still pending at the %" PRIu32

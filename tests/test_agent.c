@@ -2,7 +2,7 @@
  * and between two real processes: a request held for two consumers is released after the
  * second `done` arrives over UCX, once, and a repeated `done` is counted and ignored. */
 #include "agent_hold.h"
-#include "layouts.h"
+#include "prefill.h"
 #include "prng.h"
 
 #include <setjmp.h>
@@ -153,51 +153,7 @@ static const char layout_json[] =
 /* An agent on the test layout. */
 static kvx_status_t agent_start(const kvx_agent_params_t *params, kvx_agent_t **agent_p)
 {
-    kvx_layout_t *layout = NULL;
-    kvx_status_t status  = layout_from_quoted(layout_json, &layout);
-
-    if (status == KVX_OK)
-        status = kvx_agent_create(layout, params, agent_p);
-    kvx_layout_destroy(layout);
-    return status;
-}
-
-/* A child prefill process reports that it serves by writing the address it listens on (a
- * free port the kernel picked) as ADDRESS_SIZE bytes. */
-#define ADDRESS_SIZE 64
-
-static void report_serving(int ready, const kvx_agent_t *agent)
-{
-    char address[ADDRESS_SIZE] = {0};
-
-    snprintf(address, sizeof(address), "%s", kvx_agent_listen_address(agent));
-    (void)!write(ready, address, sizeof(address));
-}
-
-/* Forks a prefill process running `serve(ready, go)` and waits until it serves; `address`
- * receives where. The parent closes its end of `ready` so that a child that fails to start
- * ends the wait with an error instead of a hang. `go` may be -1; `ready_p` may be NULL. */
-static pid_t start_prefill(int (*serve)(int ready, int go), int go, char address[ADDRESS_SIZE],
-                           int *ready_p)
-{
-    int ready[2];
-    pid_t pid;
-
-    assert_int_equal(pipe(ready), 0);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(ready[0]);
-        _exit(serve(ready[1], go));
-    }
-    close(ready[1]);
-    assert_int_equal(read(ready[0], address, ADDRESS_SIZE), ADDRESS_SIZE);
-    address[ADDRESS_SIZE - 1] = '\0';
-    if (ready_p != NULL)
-        *ready_p = ready[0]; /* the child says more on it */
-    else
-        close(ready[0]);
-    return pid;
+    return agent_from_quoted(layout_json, params, agent_p);
 }
 
 static const kvx_agent_params_t listen_params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN,

@@ -1,0 +1,37 @@
+/* prefill.h: the prefill processes of the two-process tests: a forked child that creates its
+ * agent, listens on a free port and reports where, so the parent (the decode side) connects
+ * to it. Nothing here knows what the child serves. */
+#ifndef KVX_TESTS_PREFILL_H
+#define KVX_TESTS_PREFILL_H
+
+#include "kvx.h"
+
+#include <sys/types.h>
+
+/* Bytes of the address a child reports: "HOST:PORT", NUL-padded. */
+#define ADDRESS_SIZE 64
+
+/* Creates an agent on the layout `quoted` (JSON with ' for "); returns the status. */
+kvx_status_t agent_from_quoted(const char *quoted, const kvx_agent_params_t *params,
+                               kvx_agent_t **agent_p);
+
+/* A child prefill process reports that it serves by writing the address it listens on (a
+ * free port the kernel picked) as ADDRESS_SIZE bytes on `ready`. */
+void report_serving(int ready, const kvx_agent_t *agent);
+
+/* Forks a prefill process running `serve(ready, go)`, whose return value is its exit
+ * status, and waits until it serves; `address` receives where. The parent closes its end of
+ * `ready` so that a child that fails to start ends the wait with an error instead of a hang.
+ * `go` may be -1; `ready_p` may be NULL, else it receives the parent's end of `ready`.
+ * Fork before this process creates an agent: UCX does not survive a fork, so a child forked
+ * while its parent has an agent cannot use UCX. */
+pid_t start_prefill(int (*serve)(int ready, int go), int go, char address[ADDRESS_SIZE],
+                    int *ready_p);
+
+/* start_prefill in two steps, for a process forked now that serves later (after its parent
+ * created an agent): the fork, which returns the parent's end of `ready` in *ready_p, and
+ * the wait until it serves. */
+pid_t prefill_fork(int (*serve)(int ready, int go), int go, int *ready_p);
+void prefill_wait_serving(int ready, char address[ADDRESS_SIZE]);
+
+#endif

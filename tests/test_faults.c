@@ -1,0 +1,1110 @@
+/* test_faults.c: the faults of issue 6 between real processes on loopback: a prefill process
+ * killed in the middle of a pull, a decode process killed while its blocks are held, a
+ * prefill process stopped past the deadline and past the heartbeats, stray and malformed
+ * notifications, and a soak of many requests with aborts after which nothing is held and the
+ * counts add up. Every read is checked byte for byte against the prefill side's pattern. */
+#include "agent.h"
+#include "clock.h"
+#include "prefill.h"
+#include "prng.h"
+
+#include <zmq.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#define PAGE         4096   /* bytes per block of the layouts of small tests */
+#define SMALL_BLOCKS 1024   /* 4 MiB: the layout of the tests that need no large pull */
+#define BIG_PAGE     512    /* bytes: small blocks make a pull of many gets */
+#define BIG_BLOCKS   524288 /* 256 MiB: a pull over TCP that takes long enough to be cut */
+#define SLACK_S      1.5    /* seconds a deadline may be overshot on a loaded machine (ASan) */
+
+/* An agent on a layout of `blocks` pages of `page` bytes, one MLA view over one storage;
+ * `storage`, when not NULL, is its memory (an engine's, which dies with its process), else
+ * kvx allocates it. */
+static kvx_status_t agent_on_blocks(uint64_t page, uint64_t blocks, void *storage,
+                                    kvx_agent_params_t params, kvx_agent_t **agent_p)
+{
+    char layout[512];
+
+    snprintf(layout, sizeof(layout),
+             "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': %llu}], 'views': ["
+             "{'name': 'layers.0.mla', 'kind': 'mla', 'storage': 'kv', 'page': %d, 'stride': %d,"
+             " 'num_blocks': %llu}]}",
+             (unsigned long long)(blocks * page), (int)page, (int)page, (unsigned long long)blocks);
+    if (storage != NULL) {
+        params.field_mask |= KVX_AGENT_PARAM_FIELD_STORAGE_BASES;
+        params.storage_bases = &storage;
+    }
+    return agent_from_quoted(layout, &params, agent_p);
+}
+
+/* The prefill side's bytes: word i of the storage is pattern_word(i), so a byte read from
+ * the wrong place, or not read at all, shows. */
+static uint64_t pattern_word(uint64_t index)
+{
+    return (index + 1) * 0x9e3779b97f4a7c15u;
+}
+
+static uint64_t *pattern_storage(uint64_t bytes)
+{
+    uint64_t *words = aligned_alloc(4096, bytes);
+
+    for (uint64_t i = 0; words != NULL && i < bytes / sizeof(*words); i++)
+        words[i] = pattern_word(i);
+    return words;
+}
+
+/* Bytes per block of the agent's one view. */
+static uint64_t block_len(const kvx_agent_t *agent)
+{
+    kvx_region_info_t info;
+
+    assert_int_equal(kvx_regions_get(kvx_agent_regions(agent), 0, &info), KVX_OK);
+    return info.block_len;
+}
+
+/* True when block `id` of the decode agent's storage holds the pattern. */
+static bool block_matches(const kvx_agent_t *agent, uint64_t id)
+{
+    const uint64_t *words = kvx_agent_storage(agent, 0, NULL);
+    uint64_t page         = block_len(agent);
+
+    for (uint64_t i = id * page / 8; i < (id + 1) * page / 8; i++) {
+        if (words[i] != pattern_word(i))
+            return false;
+    }
+    return true;
+}
+
+/* Checks that blocks `ids` of the decode agent's storage hold the pattern. */
+static void blocks_verify(const kvx_agent_t *agent, const uint64_t *ids, size_t count)
+{
+    for (size_t k = 0; k < count; k++) {
+        if (!block_matches(agent, ids[k]))
+            fail_msg("block %llu does not hold the prefill side's bytes",
+                     (unsigned long long)ids[k]);
+    }
+}
+
+/* Zeroes blocks `ids` of the decode agent's storage, so a read that loads nothing shows. */
+static void blocks_clear(const kvx_agent_t *agent, const uint64_t *ids, size_t count)
+{
+    char *base    = kvx_agent_storage(agent, 0, NULL);
+    uint64_t page = block_len(agent);
+
+    for (size_t k = 0; k < count; k++)
+        memset(base + ids[k] * page, 0, page);
+}
+
+/* Reads `count` blocks (the same ids on both sides) as request `request_id` and checks every
+ * byte. */
+static void read_verified(kvx_agent_t *agent, kvx_peer_t *peer, uint64_t request_id,
+                          const uint64_t *ids, size_t count)
+{
+    kvx_group_ids_t group = {ids, count};
+    kvx_request_t request = {&group, 1, NULL, 0};
+    kvx_status_t status;
+
+    blocks_clear(agent, ids, count);
+    status = kvx_read(agent, &peer, 1, request_id, &request, NULL);
+    if (status != KVX_OK)
+        fail_msg("read %llu: %s", (unsigned long long)request_id, kvx_errmsg());
+    blocks_verify(agent, ids, count);
+}
+
+/* What a test leaves behind when an assertion jumps out of it: the teardown ends these
+ * processes and destroys this agent, because the next test forks, and a child forked from a
+ * process that has an agent (a UCX context) cannot use UCX. */
+static struct leftovers {
+    pid_t pids[4];
+    kvx_agent_t *agent; /* the decode agent, or the prefill agent when the parent is P */
+} left;
+
+static pid_t child_track(pid_t pid)
+{
+    for (size_t i = 0; i < 4; i++) {
+        if (left.pids[i] == 0) {
+            left.pids[i] = pid;
+            return pid;
+        }
+    }
+    fail_msg("more than 4 child processes at once");
+    return pid;
+}
+
+/* Ends child `pid` with SIGKILL and reaps it. */
+static void child_kill(pid_t pid)
+{
+    for (size_t i = 0; i < 4; i++)
+        left.pids[i] = left.pids[i] == pid ? 0 : left.pids[i];
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+}
+
+/* Reaps child `pid`, which ends on its own, and returns its wait status. */
+static int child_wait(pid_t pid)
+{
+    int status;
+
+    for (size_t i = 0; i < 4; i++)
+        left.pids[i] = left.pids[i] == pid ? 0 : left.pids[i];
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return status;
+}
+
+/* This process's agent (the decode side, or P when the parent is P), tracked for the
+ * teardown. */
+static kvx_agent_t *agent_create_tracked(uint64_t page, uint64_t blocks, kvx_agent_params_t params)
+{
+    kvx_agent_t *agent = NULL;
+
+    if (agent_on_blocks(page, blocks, NULL, params, &agent) != KVX_OK)
+        fail_msg("agent: %s", kvx_errmsg());
+    left.agent = agent;
+    return agent;
+}
+
+static void agent_destroy(kvx_agent_t *agent)
+{
+    kvx_agent_destroy(agent);
+    left.agent = NULL;
+}
+
+static int leftovers_clean(void **state)
+{
+    (void)state;
+    kvx_agent_destroy(left.agent);
+    for (size_t i = 0; i < 4; i++) {
+        if (left.pids[i] != 0) {
+            kill(left.pids[i], SIGKILL);
+            waitpid(left.pids[i], NULL, 0);
+        }
+    }
+    left = (struct leftovers){0};
+    return 0;
+}
+
+/* What the next forked prefill process serves; the child inherits it through fork. */
+static struct prefill_config {
+    uint64_t page;          /* bytes per block of its layout */
+    uint64_t blocks;        /* of its layout, filled with the pattern */
+    const char *transports; /* NULL: kvx's default */
+    uint64_t hold[2];       /* requests held from the start for one consumer each; 0: none */
+    bool spare;             /* waits for a byte on `go` before it creates its agent */
+} config;
+
+/* A prefill process: serves `config` from its own memory until killed, and answers each byte
+ * on `go` (non-blocking) with its kvx_agent_stats on `ready`. */
+static int run_prefill(int ready, int go)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN,
+                                 .listen     = "127.0.0.1:0"};
+    struct pollfd started     = {.fd = go, .events = POLLIN};
+    uint64_t *storage;
+    kvx_agent_t *agent;
+    char c;
+
+    alarm(60);
+    if (config.spare && (poll(&started, 1, -1) != 1 || read(go, &c, 1) != 1))
+        return 9;
+    storage = pattern_storage(config.page * config.blocks);
+    if (config.transports != NULL) {
+        params.field_mask |= KVX_AGENT_PARAM_FIELD_TRANSPORTS;
+        params.transports = config.transports;
+    }
+    if (storage == NULL ||
+        agent_on_blocks(config.page, config.blocks, storage, params, &agent) != KVX_OK)
+        return 10;
+    for (size_t i = 0; i < 2; i++) {
+        kvx_group_ids_t group = {&config.hold[i], 1};
+
+        if (config.hold[i] != 0 && kvx_hold(agent, config.hold[i], &group, 1, 1) != KVX_OK)
+            return 11;
+    }
+    report_serving(ready, agent);
+    for (;;) {
+        kvx_agent_progress(agent, 10);
+        if (read(go, &c, 1) == 1) {
+            kvx_agent_stats_t stats;
+
+            kvx_agent_stats(agent, &stats);
+            (void)!write(ready, &stats, sizeof(stats));
+        }
+    }
+}
+
+/* The parent's handle on a prefill process. */
+struct prefill {
+    pid_t pid;
+    int ready; /* its answers */
+    int go;    /* our questions */
+    char address[ADDRESS_SIZE];
+};
+
+/* Forks a prefill process serving `config`; unless it is a spare, waits until it serves. */
+static void prefill_start(struct prefill *p)
+{
+    int go[2];
+
+    assert_null(left.agent); /* see struct leftovers */
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(fcntl(go[0], F_SETFL, O_NONBLOCK), 0);
+    p->pid = child_track(prefill_fork(run_prefill, go[0], &p->ready));
+    close(go[0]);
+    p->go = go[1];
+    if (!config.spare)
+        prefill_wait_serving(p->ready, p->address);
+}
+
+/* A spare prefill process, forked earlier, creates its agent now and serves. */
+static void prefill_start_spare(struct prefill *p)
+{
+    assert_int_equal(write(p->go, "g", 1), 1);
+    prefill_wait_serving(p->ready, p->address);
+}
+
+static void prefill_kill(struct prefill *p)
+{
+    child_kill(p->pid);
+    close(p->ready);
+    close(p->go);
+}
+
+/* Stops (SIGSTOP) or continues the prefill process, once the kernel says it did. */
+static void prefill_stop(const struct prefill *p)
+{
+    int status;
+
+    assert_int_equal(kill(p->pid, SIGSTOP), 0);
+    assert_int_equal(waitpid(p->pid, &status, WUNTRACED), p->pid);
+    assert_true(WIFSTOPPED(status));
+}
+
+static void prefill_continue(const struct prefill *p)
+{
+    assert_int_equal(kill(p->pid, SIGCONT), 0);
+}
+
+static kvx_agent_stats_t prefill_stats(const struct prefill *p)
+{
+    kvx_agent_stats_t stats;
+
+    assert_int_equal(write(p->go, "s", 1), 1);
+    assert_int_equal(read(p->ready, &stats, sizeof(stats)), sizeof(stats));
+    return stats;
+}
+
+/* The prefill process's stats once they reached these counts, or after 5 s: its progress
+ * gets to our messages in its own time. */
+static kvx_agent_stats_t prefill_stats_reach(const struct prefill *p, uint64_t dropped,
+                                             uint64_t unknown, uint64_t released)
+{
+    uint64_t start          = clock_ms();
+    kvx_agent_stats_t stats = prefill_stats(p);
+
+    while ((stats.notifications_dropped < dropped || stats.done_unknown < unknown ||
+            stats.released < released) &&
+           clock_ms() - start < 5000) {
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+        stats = prefill_stats(p);
+    }
+    return stats;
+}
+
+struct callback_log {
+    int calls;
+    kvx_status_t status;
+};
+
+static void on_xfer(void *arg, kvx_xfer_t *xfer, kvx_status_t status)
+{
+    struct callback_log *log = arg;
+
+    (void)xfer;
+    log->calls++;
+    log->status = status;
+}
+
+/* Checks that the failed transfer `xfer` reports exactly `ids` as not loaded. */
+static void failed_blocks_are(const kvx_xfer_t *xfer, const uint64_t *ids, size_t count)
+{
+    const kvx_group_ids_t *failed;
+    size_t num_failed;
+
+    kvx_xfer_failed_blocks(xfer, &failed, &num_failed);
+    assert_int_equal(num_failed, 1);
+    assert_int_equal(failed[0].count, count);
+    assert_memory_equal(failed[0].ids, ids, count * sizeof(*ids));
+}
+
+/* Forks a process that kills `pid` with SIGKILL after `ms` milliseconds, so that the kill
+ * lands while this process waits inside kvx. It never uses UCX, so it may be forked while
+ * this process has an agent. */
+static pid_t kill_later(pid_t pid, long ms)
+{
+    pid_t killer = fork();
+
+    assert_true(killer >= 0);
+    if (killer == 0) {
+        nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000}, NULL);
+        kill(pid, SIGKILL);
+        _exit(0);
+    }
+    return child_track(killer);
+}
+
+/* Issue 6: kill -9 of P in the middle of a large pull fails the request with all its block
+ * ids within the deadline, and the decode agent then reads from a new P. TCP only and many
+ * small gets (no two adjacent, so none coalesce), so that the pull lasts long enough to be
+ * cut; P's storage is its own memory, which dies with it. */
+static void prefill_killed_mid_pull_fails_the_read_then_a_new_prefill_serves(void **state)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TRANSPORTS |
+                                               KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                 .transports = "tcp",
+                                 .timeout_ms = 3000};
+    const long kill_ms        = 500;
+    size_t count              = BIG_BLOCKS / 2;
+    uint64_t *ids             = calloc(count, sizeof(*ids));
+    kvx_group_ids_t group     = {ids, count};
+    kvx_request_t request     = {&group, 1, NULL, 0};
+    struct callback_log log   = {0};
+    size_t loaded             = 0;
+    struct prefill p;
+    struct prefill spare;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_xfer_t *xfer;
+    kvx_agent_stats_t stats;
+    kvx_status_t status;
+    double start;
+    double elapsed;
+    pid_t killer;
+
+    (void)state;
+    assert_non_null(ids);
+    for (size_t i = 0; i < count; i++)
+        ids[i] = 2 * i;
+    config = (struct prefill_config){.page = BIG_PAGE, .blocks = BIG_BLOCKS, .transports = "tcp"};
+    prefill_start(&p);
+    config.spare = true;
+    prefill_start(&spare); /* the new P of the end, forked while we have no agent */
+    agent = agent_create_tracked(BIG_PAGE, BIG_BLOCKS, params);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+
+    start = clock_seconds();
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 1, &request, on_xfer, &log, &xfer), KVX_OK);
+    killer  = kill_later(p.pid, kill_ms);
+    status  = kvx_xfer_wait(xfer);
+    elapsed = clock_seconds() - start;
+    child_wait(killer);
+    prefill_kill(&p);
+    for (size_t i = 0; i < count; i++)
+        loaded += block_matches(agent, ids[i]);
+    print_message("killed mid pull: %zu of %zu blocks had arrived; failed after %.3f s: %s\n",
+                  loaded, count, elapsed, kvx_xfer_error(xfer));
+    assert_int_not_equal(status, KVX_OK); /* else the pull beat the kill: make it larger */
+    assert_true(elapsed > kill_ms / 1e3);
+    assert_true(elapsed < params.timeout_ms / 1e3 + SLACK_S);
+    assert_true(loaded < count);
+    assert_int_equal(log.calls, 1);
+    assert_int_equal(log.status, status);
+    failed_blocks_are(xfer, ids, count);
+    assert_non_null(kvx_peer_down_reason(peer));
+    kvx_xfer_destroy(xfer);
+    assert_int_equal(log.calls, 1);
+    kvx_agent_stats(agent, &stats);
+    assert_int_equal(stats.transfers, 0);
+    assert_int_equal(stats.transfers_failed, 1);
+    kvx_peer_destroy(peer);
+
+    prefill_start_spare(&spare);
+    assert_int_equal(kvx_agent_connect(agent, spare.address, &peer), KVX_OK);
+    read_verified(agent, peer, 2, ids, 4096);
+    kvx_agent_stats(agent, &stats);
+    assert_int_equal(stats.transfers, 1);
+    assert_int_equal(stats.transfers_failed, 1);
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&spare);
+    free(ids);
+}
+
+struct release_log {
+    int calls;
+    uint64_t request_id;
+    uint64_t block; /* the first block id of the last release */
+};
+
+static void on_release(void *arg, uint64_t request_id, const kvx_group_ids_t *groups,
+                       size_t num_groups)
+{
+    struct release_log *log = arg;
+
+    log->calls++;
+    log->request_id = request_id;
+    log->block      = num_groups > 0 && groups[0].count > 0 ? groups[0].ids[0] : UINT64_MAX;
+}
+
+/* A decode process: learns the prefill address on `in`, connects with heartbeats every
+ * 100 ms, wants request 5, says so on `out`, and progresses until killed. */
+static int run_wanting_decode(int in, int out)
+{
+    kvx_agent_params_t params = {.field_mask   = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
+                                 .heartbeat_ms = 100};
+    char address[ADDRESS_SIZE];
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+
+    alarm(30);
+    if (read(in, address, sizeof(address)) != sizeof(address))
+        return 10;
+    address[ADDRESS_SIZE - 1] = '\0';
+    if (agent_on_blocks(PAGE, SMALL_BLOCKS, NULL, params, &agent) != KVX_OK ||
+        kvx_agent_connect(agent, address, &peer) != KVX_OK ||
+        kvx_want(agent, &peer, 1, 5) != KVX_OK)
+        return 11;
+    (void)!write(out, "w", 1);
+    for (;;)
+        kvx_agent_progress(agent, 10);
+}
+
+/* Progresses `agent` for `ms` milliseconds. */
+static void progress_for(kvx_agent_t *agent, uint64_t ms)
+{
+    for (uint64_t start = clock_ms(); clock_ms() - start < ms;)
+        kvx_agent_progress(agent, 5);
+}
+
+/* Issue 6: kill -9 of D after P holds blocks: while D heartbeats, the hold outlives its lease
+ * several times; once D is killed, P releases it at the lease's expiry, once. Here the parent
+ * is P. The decode process is forked before P's agent exists, so it inherits no UCX or
+ * ZeroMQ state. */
+static void killed_decode_leaves_its_hold_to_expire(void **state)
+{
+    const uint32_t lease_ms    = 500;
+    kvx_agent_params_t params  = {.field_mask =
+                                      KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_LEASE_MS,
+                                  .listen   = "127.0.0.1:0",
+                                  .lease_ms = lease_ms};
+    uint64_t block             = 42;
+    kvx_group_ids_t group      = {&block, 1};
+    struct release_log log     = {0};
+    char address[ADDRESS_SIZE] = {0};
+    struct pollfd wanted;
+    int to_decode[2];
+    int from_decode[2];
+    kvx_agent_t *agent;
+    kvx_agent_stats_t stats;
+    uint64_t killed;
+    uint64_t released;
+    pid_t pid;
+    char c;
+
+    (void)state;
+    assert_int_equal(pipe(to_decode), 0);
+    assert_int_equal(pipe(from_decode), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(to_decode[1]);
+        close(from_decode[0]);
+        _exit(run_wanting_decode(to_decode[0], from_decode[1]));
+    }
+    child_track(pid);
+    close(to_decode[0]);
+    close(from_decode[1]); /* a decode process that dies early gives EOF */
+
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
+    kvx_agent_set_release_callback(agent, on_release, &log);
+    snprintf(address, sizeof(address), "%s", kvx_agent_listen_address(agent));
+    assert_int_equal(write(to_decode[1], address, sizeof(address)), sizeof(address));
+    wanted = (struct pollfd){.fd = from_decode[0], .events = POLLIN};
+    while (poll(&wanted, 1, 0) == 0) /* serve its connect meanwhile */
+        kvx_agent_progress(agent, 5);
+    assert_int_equal(read(from_decode[0], &c, 1), 1);
+    /* Held once it is wanted: the first heartbeat carrying it comes within 100 ms. */
+    assert_int_equal(kvx_hold(agent, 5, &group, 1, 1), KVX_OK);
+
+    progress_for(agent, 3 * lease_ms);
+    kvx_agent_stats(agent, &stats);
+    assert_int_equal(stats.held, 1);
+    assert_int_equal(stats.leases_expired, 0);
+    assert_int_equal(log.calls, 0);
+
+    child_kill(pid);
+    killed = clock_ms();
+    do {
+        kvx_agent_progress(agent, 5);
+        kvx_agent_stats(agent, &stats);
+    } while (stats.held > 0 && clock_ms() - killed < 5000);
+    released = clock_ms() - killed;
+    print_message("killed decode: hold expired %llu ms after the kill\n",
+                  (unsigned long long)released);
+    assert_true(released <= lease_ms + 500); /* at the lease, not much later */
+    assert_true(released >= 100);            /* the last heartbeat's extension still ran */
+    assert_int_equal(stats.held, 0);
+    assert_int_equal(stats.leases_expired, 1);
+    assert_int_equal(stats.released, 0);
+    assert_true(stats.notifications >= 5); /* the heartbeats that kept it */
+    assert_int_equal(log.calls, 1);
+    assert_int_equal(log.request_id, 5);
+    assert_int_equal(log.block, 42);
+    progress_for(agent, 50);
+    assert_int_equal(log.calls, 1);
+    agent_destroy(agent);
+    close(to_decode[1]);
+    close(from_decode[0]);
+}
+
+/* Issue 6: SIGSTOP of P past the deadline. UCX's TCP gets need the target's progress, so a
+ * stopped P stalls them: the read fails at its deadline with its block ids. After SIGCONT,
+ * late completions change nothing (one callback, one failure counted), and the peer,
+ * reconnected, reads again. */
+static void stopped_prefill_fails_the_read_at_its_deadline(void **state)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TRANSPORTS |
+                                               KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                 .transports = "tcp",
+                                 .timeout_ms = 1000};
+    uint64_t first[]          = {1, 5, 9};
+    uint64_t ids[64];
+    kvx_group_ids_t group   = {ids, 64};
+    kvx_request_t request   = {&group, 1, NULL, 0};
+    struct callback_log log = {0};
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_xfer_t *xfer;
+    kvx_agent_stats_t stats;
+    double start;
+    double elapsed;
+
+    (void)state;
+    for (size_t i = 0; i < 64; i++)
+        ids[i] = 100 + 3 * i;
+    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS, .transports = "tcp"};
+    prefill_start(&p);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    read_verified(agent, peer, 1, first, 3); /* wired up and working */
+
+    prefill_stop(&p);
+    blocks_clear(agent, ids, 64);
+    start = clock_seconds();
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 2, &request, on_xfer, &log, &xfer), KVX_OK);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_IO);
+    elapsed = clock_seconds() - start;
+    print_message("stopped prefill: failed after %.3f s: %s\n", elapsed, kvx_xfer_error(xfer));
+    assert_true(elapsed >= 0.95); /* the gets really stalled */
+    assert_true(elapsed < 1.0 + SLACK_S);
+    assert_non_null(strstr(kvx_xfer_error(xfer), "deadline"));
+    assert_int_equal(log.calls, 1);
+    failed_blocks_are(xfer, ids, 64);
+    assert_non_null(kvx_peer_down_reason(peer));
+
+    prefill_continue(&p);
+    progress_for(agent, 300); /* whatever P now answers arrives, and is ignored */
+    assert_int_equal(log.calls, 1);
+    assert_int_equal(kvx_xfer_status(xfer), KVX_ERR_IO);
+    kvx_agent_stats(agent, &stats);
+    assert_int_equal(stats.transfers, 1);
+    assert_int_equal(stats.transfers_failed, 1);
+    kvx_xfer_destroy(xfer);
+    assert_int_equal(log.calls, 1);
+
+    assert_int_equal(kvx_peer_reconnect(peer), KVX_OK);
+    assert_null(kvx_peer_down_reason(peer));
+    read_verified(agent, peer, 3, ids, 64);
+    kvx_agent_stats(agent, &stats);
+    assert_int_equal(stats.transfers, 2);
+    assert_int_equal(stats.transfers_failed, 1);
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
+/* Issue 6: a stopped P answers no heartbeat, so D's progress declares it dead after three
+ * silent intervals, with that reason; once P continues, a reconnect makes it usable. */
+static void stopped_prefill_is_dead_after_three_silent_heartbeats(void **state)
+{
+    const uint32_t heartbeat_ms = 100;
+    kvx_agent_params_t params   = {.field_mask   = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
+                                   .heartbeat_ms = heartbeat_ms};
+    uint64_t ids[]              = {2, 3, 700};
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_agent_stats_t stats;
+    uint64_t start;
+    uint64_t elapsed;
+
+    (void)state;
+    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS};
+    prefill_start(&p);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    read_verified(agent, peer, 1, ids, 3);
+    progress_for(agent, 3 * heartbeat_ms); /* heartbeats answered: alive */
+    assert_null(kvx_peer_down_reason(peer));
+
+    prefill_stop(&p);
+    start = clock_ms();
+    while (kvx_peer_down_reason(peer) == NULL && clock_ms() - start < 5000)
+        kvx_agent_progress(agent, 5);
+    elapsed = clock_ms() - start;
+    assert_non_null(kvx_peer_down_reason(peer));
+    print_message("stopped prefill: down after %llu ms: %s\n", (unsigned long long)elapsed,
+                  kvx_peer_down_reason(peer));
+    assert_non_null(strstr(kvx_peer_down_reason(peer), "no heartbeat answer"));
+    assert_true(elapsed >= 2 * heartbeat_ms);       /* not before three intervals of silence */
+    assert_true(elapsed <= 4 * heartbeat_ms + 600); /* nor much after */
+    kvx_agent_stats(agent, &stats);
+    assert_int_equal(stats.peers_dead, 1);
+    assert_true(stats.heartbeats_missed >= 2);
+
+    prefill_continue(&p);
+    assert_int_equal(kvx_peer_reconnect(peer), KVX_OK);
+    assert_null(kvx_peer_down_reason(peer));
+    read_verified(agent, peer, 2, ids, 3);
+    progress_for(agent, 3 * heartbeat_ms);
+    assert_null(kvx_peer_down_reason(peer));
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
+/* Sends `size` bytes of `note` on the peer's endpoint as a notification, the way a decode
+ * agent's done travels, without a read. */
+static void notify_send(kvx_agent_t *agent, kvx_peer_t *peer, const void *note, size_t size)
+{
+    assert_int_equal(
+        transport_am_send(agent->transport, peer->ep, AGENT_AM_NOTIFY, note, size, 2000), KVX_OK);
+}
+
+static void done_send(kvx_agent_t *agent, kvx_peer_t *peer, uint64_t request_id)
+{
+    struct agent_notify note = {
+        AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE, request_id, 0, 0};
+
+    notify_send(agent, peer, &note, sizeof(note));
+}
+
+/* Issue 6: a done for a request P never held, and a done repeated after the release, are
+ * counted as unknown and change nothing; P keeps serving and the real done releases. */
+static void unknown_and_repeated_dones_are_counted_and_ignored(void **state)
+{
+    uint64_t block7 = 7;
+    uint64_t block8 = 8;
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_agent_stats_t stats;
+
+    (void)state;
+    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS, .hold = {7, 8}};
+    prefill_start(&p);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, (kvx_agent_params_t){0});
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+
+    done_send(agent, peer, 99); /* never held */
+    read_verified(agent, peer, 8, &block8, 1);
+    done_send(agent, peer, 8); /* repeated */
+    stats = prefill_stats_reach(&p, 0, 2, 1);
+    assert_int_equal(stats.done_unknown, 2);
+    assert_int_equal(stats.released, 1);
+    assert_int_equal(stats.held, 1);
+    assert_int_equal(stats.notifications_dropped, 0);
+
+    read_verified(agent, peer, 7, &block7, 1);
+    stats = prefill_stats_reach(&p, 0, 2, 2);
+    assert_int_equal(stats.released, 2);
+    assert_int_equal(stats.held, 0);
+    assert_int_equal(stats.done_unknown, 2);
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
+/* Malformed notifications, each about held request 7: were one taken for a done, it would
+ * release 7 and the real done at the end would count as unknown. */
+static const struct bad_notify_case {
+    const char *rule; /* shown in the report */
+    size_t size;      /* bytes sent */
+    uint32_t magic;
+    uint16_t version;
+    uint16_t kind;
+} bad_notify_cases[] = {
+    {"empty", 0, AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE},
+    {"short", sizeof(struct agent_notify) - 1, AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION,
+     AGENT_NOTIFY_DONE},
+    {"bad_magic", sizeof(struct agent_notify), AGENT_NOTIFY_MAGIC ^ 1, AGENT_NOTIFY_VERSION,
+     AGENT_NOTIFY_DONE},
+    {"bad_version", sizeof(struct agent_notify), AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION + 1,
+     AGENT_NOTIFY_DONE},
+    {"wrong_kind", sizeof(struct agent_notify), AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION,
+     AGENT_NOTIFY_DONE + 1},
+    {"extra_bytes", sizeof(struct agent_notify) + 1, AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION,
+     AGENT_NOTIFY_DONE},
+};
+
+/* Issue 6: malformed notifications over UCX are counted as dropped and ignored; P keeps
+ * serving and the real done releases. */
+static void malformed_notifications_are_dropped_and_serving_goes_on(void **state)
+{
+    const size_t num_cases = sizeof(bad_notify_cases) / sizeof(bad_notify_cases[0]);
+    uint64_t block         = 7;
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_agent_stats_t stats;
+
+    (void)state;
+    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS, .hold = {7}};
+    prefill_start(&p);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, (kvx_agent_params_t){0});
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+
+    for (size_t i = 0; i < num_cases; i++) {
+        const struct bad_notify_case *c       = &bad_notify_cases[i];
+        struct agent_notify note              = {c->magic, c->version, c->kind, 7, 0, 0};
+        unsigned char bytes[sizeof(note) + 8] = {0};
+
+        memcpy(bytes, &note, sizeof(note));
+        notify_send(agent, peer, bytes, c->size);
+        stats = prefill_stats_reach(&p, i + 1, 0, 0);
+        if (stats.notifications_dropped != i + 1 || stats.held != 1 || stats.done_unknown != 0)
+            fail_msg("%s: dropped %llu, held %llu, unknown %llu", c->rule,
+                     (unsigned long long)stats.notifications_dropped,
+                     (unsigned long long)stats.held, (unsigned long long)stats.done_unknown);
+    }
+    read_verified(agent, peer, 7, &block, 1);
+    stats = prefill_stats_reach(&p, num_cases, 0, 1);
+    assert_int_equal(stats.released, 1);
+    assert_int_equal(stats.held, 0);
+    assert_int_equal(stats.done_unknown, 0);
+    assert_int_equal(stats.notifications_dropped, num_cases);
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
+/* Malformed side-channel messages from a DEALER socket (whose first frame a ROUTER sees after
+ * the sender's identity). */
+static const struct bad_side_case {
+    const char *rule;
+    const char *frames[4];
+    size_t sizes[4];
+    size_t num_frames;
+    const char *reply; /* how P's answer starts; NULL: no answer */
+} bad_side_cases[] = {
+    {"only_a_delimiter", {""}, {0}, 1, NULL},
+    {"heartbeat_without_ids", {"", AGENT_HEARTBEAT_REQUEST}, {0, 15}, 2, "kvx-error unknown"},
+    {"ids_of_seven_bytes",
+     {"", AGENT_HEARTBEAT_REQUEST, "1234567"},
+     {0, 15, 7},
+     3,
+     "kvx-error heartbeat of 7 bytes"},
+    {"unknown_request", {"", "kvx-lunch 1"}, {0, 11}, 2, "kvx-error unknown"},
+    {"no_delimiter", {AGENT_HEARTBEAT_REQUEST, "12345678"}, {15, 8}, 2, NULL},
+    {"extra_frames", {"", AGENT_HEARTBEAT_REQUEST, "12345678", "x"}, {0, 15, 8, 1}, 4, NULL},
+};
+
+/* Sends `num_frames` frames on `socket` as one message. */
+static void frames_send(void *socket, const char *const *frames, const size_t *sizes,
+                        size_t num_frames)
+{
+    for (size_t f = 0; f < num_frames; f++)
+        assert_int_equal(
+            zmq_send(socket, frames[f], sizes[f], f + 1 < num_frames ? ZMQ_SNDMORE : 0),
+            (int)sizes[f]);
+}
+
+/* The text of the answer waiting on a DEALER `socket` (after its empty delimiter), or "" if
+ * none came within `timeout_ms`. */
+static void answer_receive(void *socket, int timeout_ms, char *text, size_t size)
+{
+    zmq_pollitem_t item = {.socket = socket, .events = ZMQ_POLLIN};
+    int n;
+
+    text[0] = '\0';
+    if (zmq_poll(&item, 1, timeout_ms) <= 0)
+        return;
+    assert_int_equal(zmq_recv(socket, text, size - 1, 0), 0); /* the delimiter */
+    n = zmq_recv(socket, text, size - 1, 0);
+    assert_true(n >= 0);
+    text[n < (int)size - 1 ? n : (int)size - 1] = '\0';
+}
+
+/* Issue 6: malformed heartbeats and unknown requests on the side channel are counted as
+ * dropped (answered with an error where an answer can be routed); P keeps serving. */
+static void malformed_heartbeats_are_dropped_and_serving_goes_on(void **state)
+{
+    const size_t num_cases = sizeof(bad_side_cases) / sizeof(bad_side_cases[0]);
+    uint64_t block         = 7;
+    int linger             = 0;
+    char endpoint[ADDRESS_SIZE + 8];
+    char answer[300];
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_agent_stats_t stats;
+    void *context;
+    void *dealer;
+
+    (void)state;
+    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS, .hold = {7}};
+    prefill_start(&p);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, (kvx_agent_params_t){0});
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    context = zmq_ctx_new();
+    dealer  = zmq_socket(context, ZMQ_DEALER);
+    snprintf(endpoint, sizeof(endpoint), "tcp://%s", p.address);
+    assert_int_equal(zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof(linger)), 0);
+    assert_int_equal(zmq_connect(dealer, endpoint), 0);
+
+    /* A well-formed heartbeat first: the socket works, so silence below means none. */
+    frames_send(dealer, (const char *[]){"", AGENT_HEARTBEAT_REQUEST, (const char *)&block},
+                (const size_t[]){0, 15, 8}, 3);
+    answer_receive(dealer, 5000, answer, sizeof(answer));
+    assert_non_null(strstr(answer, AGENT_ALIVE_ANSWER));
+
+    for (size_t i = 0; i < num_cases; i++) {
+        const struct bad_side_case *c = &bad_side_cases[i];
+
+        frames_send(dealer, c->frames, c->sizes, c->num_frames);
+        stats = prefill_stats_reach(&p, i + 1, 0, 0);
+        if (stats.notifications_dropped != i + 1 || stats.held != 1)
+            fail_msg("%s: dropped %llu, held %llu", c->rule,
+                     (unsigned long long)stats.notifications_dropped,
+                     (unsigned long long)stats.held);
+        answer_receive(dealer, c->reply != NULL ? 5000 : 50, answer, sizeof(answer));
+        if (strncmp(answer, c->reply != NULL ? c->reply : "", strlen(c->reply ? c->reply : "")) !=
+                0 ||
+            (c->reply == NULL && answer[0] != '\0'))
+            fail_msg("%s: answered \"%s\"", c->rule, answer);
+    }
+    zmq_close(dealer);
+    zmq_ctx_term(context);
+
+    read_verified(agent, peer, 7, &block, 1);
+    stats = prefill_stats_reach(&p, num_cases, 0, 1);
+    assert_int_equal(stats.released, 1);
+    assert_int_equal(stats.held, 0);
+    assert_int_equal(stats.done_unknown, 0);
+    assert_int_equal(stats.notifications_dropped, num_cases);
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
+#define SOAK_MAX_BLOCKS 32  /* blocks of the largest soak request */
+#define SOAK_BATCH      200 /* requests P holds at once ahead of D's reads */
+#define SOAK_LEASE_MS   250
+
+/* The soak run, set before the fork so both processes derive the same requests. */
+static struct soak_config {
+    uint64_t seed;
+    size_t requests;
+} soak;
+
+/* A soak request: 1 to SOAK_MAX_BLOCKS blocks, adjacent or every other one, somewhere in the
+ * storage; about one in ten is aborted. Drawn in order from one generator on both sides. */
+struct soak_request {
+    uint64_t id;
+    uint64_t ids[SOAK_MAX_BLOCKS];
+    size_t count;
+    bool abort;
+};
+
+static void soak_request_next(struct prng *prng, uint64_t id, struct soak_request *r)
+{
+    uint64_t step = prng_range(prng, 1, 2);
+    uint64_t first;
+
+    r->id    = id;
+    r->count = prng_range(prng, 1, SOAK_MAX_BLOCKS);
+    first    = prng_range(prng, 0, SMALL_BLOCKS - 1 - (r->count - 1) * step);
+    for (size_t i = 0; i < r->count; i++)
+        r->ids[i] = first + i * step;
+    r->abort = prng_range(prng, 0, 9) == 0;
+}
+
+/* The soak's prefill process: on each 'b' on `go` it holds the next SOAK_BATCH requests for
+ * one consumer and answers 'h'; on 'e' it serves until nothing is held, then writes its
+ * stats on `ready` and exits. */
+static int run_soak_prefill(int ready, int go)
+{
+    kvx_agent_params_t params = {.field_mask =
+                                     KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_LEASE_MS,
+                                 .listen   = "127.0.0.1:0",
+                                 .lease_ms = SOAK_LEASE_MS};
+    uint64_t *storage         = pattern_storage(PAGE * SMALL_BLOCKS);
+    size_t held               = 0;
+    struct soak_request r;
+    kvx_agent_stats_t stats;
+    kvx_agent_t *agent;
+    struct prng prng;
+    char c = 0;
+
+    alarm(600);
+    prng_init(&prng, soak.seed);
+    if (storage == NULL || agent_on_blocks(PAGE, SMALL_BLOCKS, storage, params, &agent) != KVX_OK)
+        return 10;
+    report_serving(ready, agent);
+    while (c != 'e') {
+        /* Without waiting: a small get is emulated over active messages, which this side
+         * must answer, and a wait would sit in the side channel's poll meanwhile. */
+        kvx_agent_progress(agent, 0);
+        if (read(go, &c, 1) != 1 || c != 'b')
+            continue;
+        for (size_t i = 0; i < SOAK_BATCH && held < soak.requests; i++, held++) {
+            kvx_group_ids_t group;
+
+            soak_request_next(&prng, held + 1, &r);
+            group = (kvx_group_ids_t){r.ids, r.count};
+            if (kvx_hold(agent, r.id, &group, 1, 1) != KVX_OK)
+                return 11;
+        }
+        (void)!write(ready, "h", 1);
+    }
+    do {
+        kvx_agent_progress(agent, 5);
+        kvx_agent_stats(agent, &stats);
+    } while (stats.held > 0);
+    (void)!write(ready, &stats, sizeof(stats));
+    kvx_agent_destroy(agent);
+    free(storage);
+    return 0;
+}
+
+/* Issue 6: a soak of requests of random sizes with random aborts. D wants each batch (its
+ * heartbeats keep the leases), then reads each request, whose done releases it, or aborts
+ * it (kvx_unwant, no read), whose lease then expires. After it nothing is held, every hold
+ * was released or expired, no done was unknown, and every read succeeded with its bytes.
+ * KVX_SOAK_REQUESTS overrides the 10,000 requests, KVX_TEST_SEED the seed. */
+static void soak_releases_or_expires_every_hold(void **state)
+{
+    const char *requests       = getenv("KVX_SOAK_REQUESTS");
+    kvx_agent_params_t params  = {.field_mask   = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
+                                  .heartbeat_ms = 100};
+    struct soak_request *batch = calloc(SOAK_BATCH, sizeof(*batch));
+    uint64_t reads             = 0;
+    uint64_t aborts            = 0;
+    double start               = clock_seconds();
+    char address[ADDRESS_SIZE];
+    kvx_agent_stats_t d_stats;
+    kvx_agent_stats_t p_stats;
+    struct prng prng;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    int go[2];
+    int ready;
+    int exit_status;
+    pid_t pid;
+    char c;
+
+    (void)state;
+    assert_non_null(batch);
+    soak.seed     = prng_seed_from_env(2024);
+    soak.requests = requests != NULL && *requests != '\0' ? strtoull(requests, NULL, 0) : 10000;
+    prng_init(&prng, soak.seed);
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(fcntl(go[0], F_SETFL, O_NONBLOCK), 0);
+    pid = child_track(start_prefill(run_soak_prefill, go[0], address, &ready));
+    close(go[0]);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
+    assert_int_equal(kvx_agent_connect(agent, address, &peer), KVX_OK);
+
+    for (size_t done = 0; done < soak.requests;) {
+        size_t n = soak.requests - done < SOAK_BATCH ? soak.requests - done : SOAK_BATCH;
+
+        assert_int_equal(write(go[1], "b", 1), 1);
+        assert_int_equal(read(ready, &c, 1), 1); /* held */
+        for (size_t i = 0; i < n; i++) {
+            soak_request_next(&prng, done + i + 1, &batch[i]);
+            assert_int_equal(kvx_want(agent, &peer, 1, batch[i].id), KVX_OK);
+        }
+        for (size_t i = 0; i < n; i++) {
+            struct soak_request *r = &batch[i];
+            kvx_group_ids_t group  = {r->ids, r->count};
+            kvx_request_t request  = {&group, 1, NULL, 0};
+
+            if (r->abort) {
+                kvx_unwant(agent, &peer, 1, r->id);
+                aborts++;
+                continue;
+            }
+            blocks_clear(agent, r->ids, r->count);
+            if (kvx_read(agent, &peer, 1, r->id, &request, NULL) != KVX_OK)
+                fail_msg("seed %llu request %llu: %s", (unsigned long long)soak.seed,
+                         (unsigned long long)r->id, kvx_errmsg());
+            blocks_verify(agent, r->ids, r->count);
+            reads++;
+        }
+        done += n;
+    }
+    assert_int_equal(write(go[1], "e", 1), 1);
+    assert_int_equal(read(ready, &p_stats, sizeof(p_stats)), sizeof(p_stats));
+    exit_status = child_wait(pid);
+    close(ready);
+    close(go[1]);
+    kvx_agent_stats(agent, &d_stats);
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    free(batch);
+    print_message("soak: %zu requests (%llu read, %llu aborted) in %.1f s, seed %llu\n",
+                  soak.requests, (unsigned long long)reads, (unsigned long long)aborts,
+                  clock_seconds() - start, (unsigned long long)soak.seed);
+
+    assert_true(WIFEXITED(exit_status));
+    assert_int_equal(WEXITSTATUS(exit_status), 0);
+    assert_int_equal(p_stats.held, 0);
+    assert_int_equal(p_stats.released + p_stats.leases_expired, soak.requests);
+    assert_int_equal(p_stats.released, reads);
+    assert_int_equal(p_stats.leases_expired, aborts);
+    assert_int_equal(p_stats.done_unknown, 0);
+    assert_int_equal(p_stats.notifications_dropped, 0);
+    assert_int_equal(d_stats.transfers, reads);
+    assert_int_equal(d_stats.transfers_failed, 0);
+    assert_int_equal(d_stats.notifications_failed, 0);
+    assert_int_equal(d_stats.peers_dead, 0);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(prefill_killed_mid_pull_fails_the_read_then_a_new_prefill_serves,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(killed_decode_leaves_its_hold_to_expire, leftovers_clean),
+        cmocka_unit_test_teardown(stopped_prefill_fails_the_read_at_its_deadline, leftovers_clean),
+        cmocka_unit_test_teardown(stopped_prefill_is_dead_after_three_silent_heartbeats,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(unknown_and_repeated_dones_are_counted_and_ignored,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(malformed_notifications_are_dropped_and_serving_goes_on,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(malformed_heartbeats_are_dropped_and_serving_goes_on,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(soak_releases_or_expires_every_hold, leftovers_clean),
+    };
+
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]); /* one test by name, when debugging */
+    setenv("UCX_NET_DEVICES", "lo", 1);  /* never another interface */
+    alarm(800);                          /* a hang fails the run instead of stalling CI */
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
