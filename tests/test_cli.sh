@@ -9,6 +9,7 @@ passed=0
 failed=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo} # kvx bench's processes stay on loopback
 
 check() { # check RULE COMMAND...: passes when the command succeeds
   local rule=$1
@@ -93,6 +94,21 @@ sed 's/"page": 65536, "stride": 65536/"page": 32768, "stride": 65536/' "$models/
 check "compat lists table differences on stdout" bash -c "'$kvx' compat '$models/llama3-8b.json' '$tmp/half.json' >'$tmp/diff' 2>'$tmp/err'; [[ \$? -eq 2 ]] && [[ \$(grep -c '^difference: region .* block_len: local 65536, remote 32768' '$tmp/diff') -eq 32 ]] && grep -q '^kvx: error: 32 differences' '$tmp/err'"
 check "compat across TP: local TP 2 reads half blocks from TP 1" bash -c "'$kvx' compat '$tmp/half.json' '$models/llama3-8b.json' --local-tp 2 --local-rank 1 | grep -q '^compatible'"
 check "compat push vs pull hash" bash -c "'$kvx' compat '$models/llama3-8b.json' '$models/llama3-8b.json' --mode push | grep -q '^compatible'"
+
+# kvx bench: a smoke test that the sweep and the workload run, not a measurement (STYLE.md 6).
+check "bench sweep prints a row for 4K" \
+  bash -c "'$kvx' bench --block-sizes 4K --iters 3 --batch 4 >'$tmp/bench' && grep -Eq '^ +4K +4 +4 ' '$tmp/bench'"
+check "bench --json prints one object per point" \
+  bash -c "'$kvx' bench --block-sizes 4K --iters 3 --batch 4 --json >'$tmp/bench.json' && [[ \$(wc -l <'$tmp/bench.json') -eq 1 ]] && grep -Eq '^\{\"kvx_bench\": 1, .*\"posted\": 4,' '$tmp/bench.json'"
+check "bench --mode push runs" \
+  bash -c "'$kvx' bench --mode push --block-sizes 4K --iters 3 --batch 4 >'$tmp/bench' && grep -Eq '^ +4K +4 +4 ' '$tmp/bench'"
+check "bench --workload rescales a built-in layout and runs" \
+  bash -c "'$kvx' bench --workload --layouts llama3-8b --tokens 1K --iters 2 >'$tmp/bench' && grep -Eq '^llama3-8b +1024 +64 ' '$tmp/bench'"
+check "bench: unknown mode exits 2" status_and_one_error_line 2 "--mode: pull or push" bench --mode sideways
+check "bench: unknown mode: one error line" test "$(grep -c '^kvx: error: ' "$tmp/stderr")" -eq 1
+check "bench: bad size suffix exits 2" \
+  status_and_one_error_line 2 '--block-sizes: "4X" is not a list' bench --block-sizes 4X
+check "bench: bad size suffix: exactly one stderr line" test "$(wc -l <"$tmp/stderr")" -eq 1
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -1,10 +1,10 @@
 /* bench.c: `kvx bench`, bandwidth and latency of transfers between a prefill (P) and a decode
- * (D) process: a sweep of block sizes on a synthetic layout, or KV-shaped requests on the
- * built-in model layouts. Measurement and output only; the agent does the work, and the
- * limits it is compared against are measured by bench/limits.sh. */
+ * (D) process: the options, the prefill process, timing and output of a point, and the sweep
+ * of block sizes on a synthetic layout. The KV-shaped --workload is bench_workload.c's.
+ * Measurement only; the agent does the work, and bench/limits.sh measures the limits. */
 #include "bench.h"
 
-#include "builtin_layouts.h"
+#include "bench_workload.h"
 #include "cli.h"
 #include "verify.h"
 
@@ -18,15 +18,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define BENCH_MAX_POINTS    16                  /* block sizes or token counts in one list */
-#define BENCH_MAX_LAYOUTS   8                   /* --layouts entries */
 #define BENCH_MAX_SIDE      (UINT64_C(8) << 30) /* bytes of storage per process: 2 fit in RAM */
 #define BENCH_MAX_BATCH     65536               /* blocks per transfer */
 #define BENCH_MAX_ITERS     1000000
-#define BENCH_WARMUPS       3    /* untimed transfers per point: lazy wire-up */
-#define BENCH_SWEEP_ITERS   100  /* default timed transfers per sweep point */
-#define BENCH_REQUEST_ITERS 10   /* default timed requests per workload point */
-#define BENCH_SEED          2026 /* block-id shuffle of the workload */
+#define BENCH_WARMUPS       3   /* untimed transfers per point: lazy wire-up */
+#define BENCH_SWEEP_ITERS   100 /* default timed transfers per sweep point */
+#define BENCH_REQUEST_ITERS 10  /* default timed requests per workload point */
 
 static const char usage_bench[] =
     "usage: kvx bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--batch N]\n"
@@ -65,45 +62,6 @@ static const char usage_bench[] =
     "                       (malloc'd storage, push) then wait for its next poll\n"
     "  --layouts LIST       workload layouts; default llama3-8b,deepseek-v3-mla,\n"
     "                       deepseek-v4-flash,deepseek-v4.1\n";
-
-/* What the options ask for. Lists are parsed into arrays once. */
-struct bench_args {
-    bool push;
-    bool use_malloc;
-    bool json;
-    bool contiguous;
-    bool workload;
-    bool idle_prefill; /* P waits in kvx_agent_progress's polls, as kvx serve, not spinning */
-    uint64_t sizes[BENCH_MAX_POINTS]; /* bytes per block (sweep) or tokens (workload) */
-    size_t num_sizes;
-    uint64_t batch; /* blocks per transfer */
-    uint64_t iters; /* 0: the default of the mode */
-    const char *transports;
-    const char *peer;
-    const char *listen;
-    const char *layouts[BENCH_MAX_LAYOUTS];
-    size_t num_layouts;
-};
-
-/* Samples of one point, in ns, and what the last transfer reported. */
-struct bench_samples {
-    uint64_t *wall; /* whole call: post + wait + destroy (pull) or kvx_write (push) */
-    uint64_t *post; /* the kvx_read_post call alone (pull) */
-    uint64_t *xfer; /* kvx_read_stats_t.seconds */
-    uint64_t *plan; /* kvx_peer_plan_request alone */
-    size_t count;
-    kvx_read_stats_t stats;
-};
-
-/* The decode side of a run: its agent, the peer, and a plan to time planning on. */
-struct bench_client {
-    const struct bench_args *args;
-    kvx_agent_t *agent;
-    kvx_peer_t *peer;
-    kvx_peer_plan_t *plan;
-    kvx_pairs_t *pairs;
-    uint64_t request_id;
-};
 
 static uint64_t now_ns(void)
 {
@@ -319,100 +277,6 @@ static kvx_status_t sweep_layout_create(const struct bench_args *a, kvx_layout_t
     return KVX_OK;
 }
 
-/* The value of the JSON number after `"key":` at text[i], or -1 when text[i] starts no such
- * key. *end_p gets the index after the number. */
-static int64_t json_number_at(const char *text, size_t len, size_t i, const char *key,
-                              size_t *end_p)
-{
-    size_t key_len = strlen(key);
-    size_t j       = i + key_len + 2;
-    int64_t value  = 0;
-
-    if (i + key_len + 2 > len || text[i] != '"' || strncmp(text + i + 1, key, key_len) != 0 ||
-        text[i + key_len + 1] != '"')
-        return -1;
-    while (j < len && (text[j] == ' ' || text[j] == ':'))
-        j++;
-    if (j >= len || text[j] < '0' || text[j] > '9')
-        return -1;
-    for (; j < len && text[j] >= '0' && text[j] <= '9'; j++)
-        value = value * 10 + (text[j] - '0');
-    *end_p = j;
-    return value;
-}
-
-/* A copy of a model layout's text with every view's num_blocks set to `blocks` and every
- * storage's size scaled by blocks / num_blocks. Valid for the built-in models, whose views all
- * have one num_blocks and whose storages are exactly that many rows (docs/models.md); kvx
- * validates the result like any layout. NULL when the text is not of that shape. */
-static char *layout_text_rescale(const char *text, size_t len, uint64_t blocks, size_t *len_p)
-{
-    int64_t file_blocks = -1;
-    size_t out_len      = 0;
-    char *out;
-
-    for (size_t i = 0, end; i < len; i++) {
-        int64_t n = json_number_at(text, len, i, "num_blocks", &end);
-
-        if (n > 0 && file_blocks > 0 && n != file_blocks)
-            return NULL;
-        if (n > 0)
-            file_blocks = n;
-    }
-    out = malloc(len * 2 + 64);
-    if (file_blocks <= 0 || out == NULL) {
-        free(out);
-        return NULL;
-    }
-    for (size_t i = 0; i < len;) {
-        size_t end;
-        int64_t n    = json_number_at(text, len, i, "num_blocks", &end);
-        int64_t size = n < 0 ? json_number_at(text, len, i, "size", &end) : -1;
-
-        if (n < 0 && size < 0) {
-            out[out_len++] = text[i++];
-            continue;
-        }
-        if (size >= 0 && size % file_blocks != 0) {
-            free(out);
-            return NULL;
-        }
-        out_len +=
-            (size_t)sprintf(out + out_len, "\"%s\": %" PRIu64, n >= 0 ? "num_blocks" : "size",
-                            n >= 0 ? blocks : (uint64_t)size / (uint64_t)file_blocks * blocks);
-        i = end;
-    }
-    *len_p = out_len;
-    return out;
-}
-
-/* The built-in layout `name` with `blocks` blocks per view. */
-static kvx_status_t workload_layout_create(const char *name, uint64_t blocks,
-                                           kvx_layout_t **layout_p)
-{
-    for (size_t i = 0; i < num_builtin_layouts; i++) {
-        const struct builtin_layout *b = &builtin_layouts[i];
-        kvx_status_t status;
-        size_t len;
-        char *text;
-
-        if (strcmp(b->name, name) != 0)
-            continue;
-        text = layout_text_rescale(b->json, b->size, blocks, &len);
-        if (text == NULL) {
-            fprintf(stderr, "kvx: error: --layouts: %s cannot be rescaled\n", name);
-            return KVX_ERR_INVALID;
-        }
-        status = kvx_layout_load_buffer(text, len, layout_p);
-        free(text);
-        if (status != KVX_OK)
-            cli_fail(status);
-        return status;
-    }
-    fprintf(stderr, "kvx: error: --layouts: no built-in layout %s (see kvx demo --tables)\n", name);
-    return KVX_ERR_INVALID;
-}
-
 static void storages_free(void **bases, size_t count)
 {
     for (size_t s = 0; bases != NULL && s < count; s++)
@@ -575,8 +439,8 @@ static kvx_status_t bench_transfer(struct bench_client *c, const kvx_request_t *
 }
 
 /* Warm-ups, then args->iters timed transfers of `request` into *s (sorted afterwards). */
-static kvx_status_t bench_point_run(struct bench_client *c, const kvx_request_t *request,
-                                    size_t warmups, struct bench_samples *s)
+kvx_status_t bench_point_run(struct bench_client *c, const kvx_request_t *request, size_t warmups,
+                             struct bench_samples *s)
 {
     kvx_status_t status = KVX_OK;
 
@@ -608,8 +472,8 @@ static void size_text(uint64_t bytes, char *buf, size_t size)
 
 /* One point, as a table row or a JSON object. `workload` names the layout (NULL: sweep);
  * `size` is bytes per block (sweep) or tokens (workload); `blocks` blocks per group. */
-static void bench_point_print(const struct bench_client *c, const struct bench_samples *s,
-                              const char *workload, uint64_t size, uint64_t blocks)
+void bench_point_print(const struct bench_client *c, const struct bench_samples *s,
+                       const char *workload, uint64_t size, uint64_t blocks)
 {
     const struct bench_args *a = c->args;
     uint64_t total_ns          = 0;
@@ -668,7 +532,8 @@ static void bench_point_print(const struct bench_client *c, const struct bench_s
     fflush(stdout);
 }
 
-static void bench_header_print(const struct bench_client *c, const char *what, int warmups)
+/* The table's header (nothing with --json); `what` says which blocks a transfer moves. */
+void bench_header_print(const struct bench_client *c, const char *what, int warmups)
 {
     const struct bench_args *a = c->args;
 
@@ -738,53 +603,6 @@ static kvx_status_t sweep_run(struct bench_client *c, struct bench_samples *s, u
                                BENCH_WARMUPS);
         if (status == KVX_OK)
             bench_point_print(c, s, NULL, a->sizes[i], a->batch);
-    }
-    return status;
-}
-
-/* The workload on a connected client: one point per token count, `blocks` capacity. */
-static kvx_status_t workload_run(struct bench_client *c, struct bench_samples *s, uint64_t *ids,
-                                 const char *name, uint64_t capacity, bool header)
-{
-    const struct bench_args *a   = c->args;
-    const kvx_regions_t *regions = kvx_agent_regions(c->agent);
-    uint64_t block_size          = kvx_regions_block_size(regions);
-    kvx_group_ids_t groups[BENCH_MAX_POINTS];
-    size_t num_groups   = 1;
-    unsigned rng        = BENCH_SEED;
-    kvx_status_t status = KVX_OK;
-
-    for (size_t r = 0; r < kvx_regions_count(regions); r++) {
-        kvx_region_info_t info;
-
-        kvx_regions_get(regions, r, &info);
-        if (info.group >= 0 && (size_t)info.group + 1 > num_groups)
-            num_groups = (size_t)info.group + 1;
-    }
-    if (num_groups > BENCH_MAX_POINTS)
-        num_groups = BENCH_MAX_POINTS;
-    for (size_t i = 0; status == KVX_OK && i < a->num_sizes; i++) {
-        uint64_t blocks       = (a->sizes[i] + block_size - 1) / block_size;
-        kvx_request_t request = {groups, num_groups, NULL, 0};
-
-        /* Distinct ids in random order, as an engine's free list hands them out after a
-         * while: neighbours rarely continue each other, so little coalesces. */
-        for (uint64_t b = 0; b < capacity; b++)
-            ids[b] = b;
-        for (uint64_t b = 0; b < blocks; b++) {
-            uint64_t j   = b + (uint64_t)rand_r(&rng) % (capacity - b);
-            uint64_t tmp = ids[b];
-
-            ids[b] = ids[j];
-            ids[j] = tmp;
-        }
-        for (size_t g = 0; g < num_groups; g++)
-            groups[g] = (kvx_group_ids_t){ids, blocks};
-        status = bench_point_run(c, &request, 1, s); /* one warm-up: requests are large */
-        if (status == KVX_OK && i == 0 && header)
-            bench_header_print(c, "requests of shuffled block ids, the same ids in every group", 1);
-        if (status == KVX_OK)
-            bench_point_print(c, s, name, a->sizes[i], blocks);
     }
     return status;
 }
@@ -877,21 +695,9 @@ int bench_main(int argc, char **argv)
         return ret;
     }
     for (size_t l = 0; l < a.num_layouts && ret <= 0; l++) {
-        uint64_t capacity = 0;
-        uint64_t block_size;
+        uint64_t capacity;
 
-        /* Capacity: the largest request's blocks, so the largest request takes every block
-         * (in shuffled order) and a Llama-8B 32k request needs 4 GiB per side, not 8. */
-        if (workload_layout_create(a.layouts[l], 1, &layout) != KVX_OK)
-            return EXIT_BAD_INPUT;
-        block_size = kvx_layout_block_size(layout);
-        kvx_layout_destroy(layout);
-        for (size_t i = 0; i < a.num_sizes; i++) {
-            uint64_t blocks = (a.sizes[i] + block_size - 1) / block_size;
-
-            capacity = blocks > capacity ? blocks : capacity;
-        }
-        if (workload_layout_create(a.layouts[l], capacity, &layout) != KVX_OK)
+        if (workload_layout_create(&a, a.layouts[l], &layout, &capacity) != KVX_OK)
             return EXIT_BAD_INPUT;
         ret = bench_layout_run(&a, layout, a.layouts[l], capacity, l == 0);
         kvx_layout_destroy(layout);
