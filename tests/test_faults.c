@@ -29,7 +29,9 @@
 #define SMALL_BLOCKS 1024   /* 4 MiB: the layout of the tests that need no large pull */
 #define BIG_PAGE     512    /* bytes: small blocks make a pull of many gets */
 #define BIG_BLOCKS   524288 /* 256 MiB: a pull over TCP that takes long enough to be cut */
-#define SLACK_S      1.5    /* seconds a deadline may be overshot on a loaded machine (ASan) */
+/* Seconds a failure may come past its deadline: closing a dead peer's endpoint may wait 1 s,
+ * and a loaded machine (ASan, ctest -j2) adds its own delay. */
+#define SLACK_S 2.0
 
 /* An agent on a layout of `blocks` pages of `page` bytes, one MLA view over one storage;
  * `storage`, when not NULL, is its memory (an engine's, which dies with its process), else
@@ -350,6 +352,37 @@ static void failed_blocks_are(const kvx_xfer_t *xfer, const uint64_t *ids, size_
     assert_memory_equal(failed[0].ids, ids, count * sizeof(*ids));
 }
 
+/* Destroys an agent whose worker still holds the requests of gets cut by a dead peer: UCX
+ * warns once per request at the worker's end, hundreds of thousands of lines after a large
+ * pull, so they go to a file and only their count to the log. */
+static void agent_destroy_counting_warnings(kvx_agent_t *agent)
+{
+    FILE *log       = tmpfile();
+    int saved_out   = dup(STDOUT_FILENO);
+    int saved_err   = dup(STDERR_FILENO);
+    size_t warnings = 0;
+    char line[512];
+
+    assert_non_null(log);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(fileno(log), STDOUT_FILENO);
+    dup2(fileno(log), STDERR_FILENO);
+    agent_destroy(agent);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, STDOUT_FILENO);
+    dup2(saved_err, STDERR_FILENO);
+    close(saved_out);
+    close(saved_err);
+    rewind(log);
+    while (fgets(line, sizeof(line), log) != NULL)
+        warnings += strstr(line, "WARN") != NULL;
+    fclose(log);
+    print_message("destroying the agent: UCX warned %zu times (requests of the cut gets)\n",
+                  warnings);
+}
+
 /* Forks a process that kills `pid` with SIGKILL after `ms` milliseconds, so that the kill
  * lands while this process waits inside kvx. It never uses UCX, so it may be forked while
  * this process has an agent. */
@@ -404,9 +437,10 @@ static void prefill_killed_mid_pull_fails_the_read_then_a_new_prefill_serves(voi
     prefill_start(&spare); /* the new P of the end, forked while we have no agent */
     agent = agent_create_tracked(BIG_PAGE, BIG_BLOCKS, params);
     assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    read_verified(agent, peer, 1, (const uint64_t[]){1, 3}, 2); /* wired up: data flows */
 
     start = clock_seconds();
-    assert_int_equal(kvx_read_post(agent, &peer, 1, 1, &request, on_xfer, &log, &xfer), KVX_OK);
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 2, &request, on_xfer, &log, &xfer), KVX_OK);
     killer  = kill_later(p.pid, kill_ms);
     status  = kvx_xfer_wait(xfer);
     elapsed = clock_seconds() - start;
@@ -427,18 +461,18 @@ static void prefill_killed_mid_pull_fails_the_read_then_a_new_prefill_serves(voi
     kvx_xfer_destroy(xfer);
     assert_int_equal(log.calls, 1);
     kvx_agent_stats(agent, &stats);
-    assert_int_equal(stats.transfers, 0);
+    assert_int_equal(stats.transfers, 1);
     assert_int_equal(stats.transfers_failed, 1);
     kvx_peer_destroy(peer);
 
     prefill_start_spare(&spare);
     assert_int_equal(kvx_agent_connect(agent, spare.address, &peer), KVX_OK);
-    read_verified(agent, peer, 2, ids, 4096);
+    read_verified(agent, peer, 3, ids, 4096);
     kvx_agent_stats(agent, &stats);
-    assert_int_equal(stats.transfers, 1);
+    assert_int_equal(stats.transfers, 2);
     assert_int_equal(stats.transfers_failed, 1);
     kvx_peer_destroy(peer);
-    agent_destroy(agent);
+    agent_destroy_counting_warnings(agent);
     prefill_kill(&spare);
     free(ids);
 }
@@ -555,7 +589,7 @@ static void killed_decode_leaves_its_hold_to_expire(void **state)
     print_message("killed decode: hold expired %llu ms after the kill\n",
                   (unsigned long long)released);
     assert_true(released <= lease_ms + 500); /* at the lease, not much later */
-    assert_true(released >= 100);            /* the last heartbeat's extension still ran */
+    assert_true(released >= 50); /* not at the kill: the last heartbeat's extension ran */
     assert_int_equal(stats.held, 0);
     assert_int_equal(stats.leases_expired, 1);
     assert_int_equal(stats.released, 0);
@@ -913,7 +947,11 @@ static void malformed_heartbeats_are_dropped_and_serving_goes_on(void **state)
 
 #define SOAK_MAX_BLOCKS 32  /* blocks of the largest soak request */
 #define SOAK_BATCH      200 /* requests P holds at once ahead of D's reads */
-#define SOAK_LEASE_MS   250
+/* Leases short enough that aborted requests expire within the run, yet five heartbeats long:
+ * on a loaded CI machine (ASan, ctest -j2) these spinning processes starve for 100s of ms,
+ * and a lease of two heartbeats then expired under 1% of the reads. */
+#define SOAK_LEASE_MS     1000
+#define SOAK_HEARTBEAT_MS 200
 
 /* The soak run, set before the fork so both processes derive the same requests. */
 static struct soak_config {
@@ -1000,7 +1038,7 @@ static void soak_releases_or_expires_every_hold(void **state)
 {
     const char *requests       = getenv("KVX_SOAK_REQUESTS");
     kvx_agent_params_t params  = {.field_mask   = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
-                                  .heartbeat_ms = 100};
+                                  .heartbeat_ms = SOAK_HEARTBEAT_MS};
     struct soak_request *batch = calloc(SOAK_BATCH, sizeof(*batch));
     uint64_t reads             = 0;
     uint64_t aborts            = 0;
