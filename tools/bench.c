@@ -240,8 +240,8 @@ static kvx_status_t sweep_layout_create(const struct bench_args *a, kvx_layout_t
     uint64_t total      = 0;
 
     for (size_t i = 0; status == KVX_OK && i < a->num_sizes; i++) {
-        char storage[32];
-        char view[32];
+        char storage[48];
+        char view[48];
         uint64_t size;
 
         snprintf(storage, sizeof(storage), "bench.%zu", i);
