@@ -554,8 +554,12 @@ KVX_API void *kvx_agent_storage(const kvx_agent_t *agent, size_t index, uint64_t
  * to listen on port 0; NULL for an agent that does not listen. */
 KVX_API const char *kvx_agent_listen_address(const kvx_agent_t *agent);
 
-/* Serves the side channel (metadata requests) and progresses the transport (notifications)
- * for up to `timeout_ms`; returns after the first event or the timeout. */
+/* Serves the side channel (metadata requests, heartbeats, pushes), progresses the transport
+ * (notifications, peers' operations that need this worker), completes posted transfers,
+ * heartbeats peers and expires leases, for up to `timeout_ms`: returns after the first event
+ * or the timeout. While idle it sleeps on the side channel and UCX's wakeup descriptor, at
+ * most 5 ms at a time; 0 polls once. Create agents after any fork(): UCX in a child forked
+ * from a process with an agent does not work. */
 KVX_API kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms);
 
 /* A histogram with power-of-two buckets: bucket 0 counts values <= 1, bucket i values in

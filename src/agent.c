@@ -26,28 +26,22 @@
 #define AGENT_DEFAULT_LEASE_MS     30000
 #define AGENT_DEFAULT_HEARTBEAT_MS 5000
 #define AGENT_DEFAULT_PEER_TTL_MS  3600000
-#define AGENT_POLL_MS              5 /* longest wait on the side channel before the transport progresses */
+#define AGENT_POLL_MS              5 /* longest sleep: leases and heartbeats stay this punctual */
+#define AGENT_PROGRESS_ROUNDS      1024 /* UCX progress rounds in one turn of kvx_agent_progress */
 
 /* A notification from a decode agent: `done` for one request. Anything malformed is counted
  * and dropped. */
 static void agent_on_notify(void *arg, const void *data, size_t size)
 {
     kvx_agent_t *agent = arg;
-    struct agent_notify n;
+    uint64_t request_id;
 
-    if (size < sizeof(n)) {
+    if (!notify_done_parse(data, size, &request_id)) {
         agent->stats.notifications_dropped++;
         return;
     }
-    memcpy(&n, data, sizeof(n));
-    if (n.magic != AGENT_NOTIFY_MAGIC || n.version != AGENT_NOTIFY_VERSION) {
-        agent->stats.notifications_dropped++;
-    } else if (n.kind == AGENT_NOTIFY_DONE && size == sizeof(n)) {
-        agent->stats.notifications++;
-        hold_table_done(&agent->holds, n.request_id);
-    } else {
-        agent->stats.notifications_dropped++;
-    }
+    agent->stats.notifications++;
+    hold_table_done(&agent->holds, request_id);
 }
 
 void agent_log(kvx_agent_t *agent, const char *format, ...)
@@ -306,7 +300,8 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
     if ((mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL &&
         (status = agent_listen(agent, params->listen)) != KVX_OK)
         goto err;
-    *agent_p = agent;
+    agent->event_fd = transport_event_fd(agent->transport);
+    *agent_p        = agent;
     return KVX_OK;
 
 err:
@@ -352,23 +347,19 @@ static bool frame_is(zmq_msg_t *f, const char *text)
  * answer says who we are. A malformed list is counted and answered with an error. */
 static void heartbeat_serve(kvx_agent_t *agent, zmq_msg_t *ids, char *reply, size_t size)
 {
-    size_t bytes = zmq_msg_size(ids);
     uint64_t now = clock_ms();
+    size_t count;
 
-    if (bytes % sizeof(uint64_t) != 0 || bytes / sizeof(uint64_t) > AGENT_HEARTBEAT_MAX) {
+    if (!heartbeat_ids_parse(zmq_msg_data(ids), zmq_msg_size(ids), &count)) {
         agent->stats.notifications_dropped++;
-        snprintf(reply, size, "kvx-error heartbeat of %zu bytes is not a list of ids", bytes);
+        snprintf(reply, size, "kvx-error heartbeat of %zu bytes is not a list of ids",
+                 zmq_msg_size(ids));
         return;
     }
     agent->stats.notifications++;
-    for (size_t i = 0; i < bytes / sizeof(uint64_t); i++) {
-        uint64_t id;
-
-        memcpy(&id, (const char *)zmq_msg_data(ids) + i * sizeof(id), sizeof(id));
-        hold_table_extend(&agent->holds, id, now);
-    }
-    snprintf(reply, size, "%s %016" PRIx64 " %s", AGENT_ALIVE_ANSWER, agent->instance,
-             agent->engine_id[0] != '\0' ? agent->engine_id : "-");
+    for (size_t i = 0; i < count; i++)
+        hold_table_extend(&agent->holds, heartbeat_id(zmq_msg_data(ids), i), now);
+    alive_answer_format(reply, size, agent->instance, agent->engine_id);
 }
 
 /* Answers one side-channel request, if one is waiting: the metadata, or a push served and
@@ -435,32 +426,43 @@ out:
 
 kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms)
 {
-    zmq_pollitem_t item = {.socket = agent->router, .events = ZMQ_POLLIN};
-    int waited_ms       = 0;
+    /* The side channel, and UCX's event descriptor: an idle agent sleeps until either has
+     * work instead of for a fixed step, so a peer's operations that need our worker (gets
+     * of engine memory, puts, wire-up) do not wait for the next turn. */
+    zmq_pollitem_t items[2] = {{.socket = agent->router, .events = ZMQ_POLLIN},
+                               {.fd = agent->event_fd, .events = ZMQ_POLLIN}};
+    zmq_pollitem_t *poll    = agent->router != NULL ? &items[0] : &items[1];
+    int num_items           = (agent->router != NULL) + (agent->event_fd >= 0);
+    uint64_t timeout        = timeout_ms > 0 ? (uint64_t)timeout_ms : 0;
+    uint64_t start          = clock_ms();
 
     for (;;) {
-        unsigned events = 0;
+        unsigned events  = 0;
+        uint64_t elapsed = clock_ms() - start;
+        int sleep_ms;
 
-        /* UCX first: notifications must not wait behind the side channel. */
-        while (transport_progress(agent->transport) > 0)
+        /* UCX first: notifications must not wait behind the side channel. Bounded, so that
+         * a peer keeping the worker busy (a large pull of our memory) cannot hold the call. */
+        for (int round = 0;
+             round < AGENT_PROGRESS_ROUNDS && transport_progress(agent->transport) > 0; round++)
             events++;
         agent_xfers_progress(agent);
         agent_peers_progress(agent);
         events += hold_table_expire(&agent->holds, clock_ms());
-        /* Polls of a few ms keep the transport progressing while the side channel is quiet
-         * without spinning; UCX's wakeup descriptor would make it exact (not used yet). */
-        if (agent->router != NULL) {
-            if (zmq_poll(&item, 1, timeout_ms > 0 ? AGENT_POLL_MS : 0) < 0 && zmq_errno() != EINTR)
-                return error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
-            if (item.revents & ZMQ_POLLIN) {
-                agent_serve_one(agent);
-                events++;
-            }
-        } else if (timeout_ms > 0) {
-            zmq_poll(NULL, 0, AGENT_POLL_MS); /* a sleep */
+        /* A few ms at most, so that leases and heartbeats stay on time; no sleep once
+         * something happened, or when arming finds UCX events already pending. */
+        sleep_ms = events > 0 || elapsed >= timeout    ? 0
+                   : timeout - elapsed < AGENT_POLL_MS ? (int)(timeout - elapsed)
+                                                       : AGENT_POLL_MS;
+        if (sleep_ms > 0 && agent->event_fd >= 0 && !transport_arm(agent->transport))
+            sleep_ms = 0;
+        if (zmq_poll(poll, num_items, sleep_ms) < 0 && zmq_errno() != EINTR)
+            return error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
+        if (agent->router != NULL && (items[0].revents & ZMQ_POLLIN)) {
+            agent_serve_one(agent);
+            events++;
         }
-        waited_ms += AGENT_POLL_MS;
-        if (events > 0 || waited_ms >= timeout_ms)
+        if (events > 0 || clock_ms() - start >= timeout)
             return KVX_OK;
     }
 }

@@ -4,27 +4,15 @@
 #define KVX_SRC_AGENT_H
 
 #include "agent_hold.h"
+#include "notify.h"
 #include "stats.h"
 #include "regions.h"
 #include "transport.h"
 
-/* Side-channel request of a decode agent, and the notification it sends after a read. */
+/* Side-channel request of a decode agent, and the active message of its notifications
+ * (notify.h has their bytes). */
 #define AGENT_METADATA_REQUEST "kvx-metadata 1"
 #define AGENT_AM_NOTIFY        1
-#define AGENT_NOTIFY_MAGIC     0x4b565844u /* "KVXD" */
-#define AGENT_NOTIFY_VERSION   1
-#define AGENT_NOTIFY_DONE      1
-#define AGENT_HEARTBEAT_MAX    65536 /* request ids in one heartbeat */
-
-/* A notification on the wire: fixed size, little-endian like every kvx host. */
-struct agent_notify {
-    uint32_t magic;
-    uint16_t version;
-    uint16_t kind;
-    uint64_t request_id;
-    uint32_t tp_rank; /* of the sender */
-    uint32_t reserved;
-};
 
 struct kvx_agent {
     kvx_regions_t *regions;
@@ -38,6 +26,7 @@ struct kvx_agent {
     uint32_t timeout_ms;
     void *zmq;                /* ZeroMQ context */
     void *router;             /* the listening side channel, or NULL */
+    int event_fd;             /* UCX's wakeup descriptor, or -1: progress sleeps on it */
     char listen_address[300]; /* "HOST:PORT" it is bound to (the real port when given 0) */
     void *metadata;           /* this agent's packed metadata, served to peers */
     size_t metadata_size;
@@ -83,7 +72,6 @@ struct kvx_peer {
 };
 
 #define AGENT_HEARTBEAT_REQUEST "kvx-heartbeat 1" /* then a frame of request ids */
-#define AGENT_ALIVE_ANSWER      "kvx-alive"       /* then " INSTANCE ENGINE_ID" */
 
 /* One line to the agent's log callback, if any. */
 __attribute__((format(printf, 2, 3))) void agent_log(kvx_agent_t *agent, const char *format, ...);

@@ -44,19 +44,18 @@ static bool heartbeat_send(kvx_peer_t *peer, const uint64_t *ids, size_t count)
 static bool answer_receive(kvx_peer_t *peer)
 {
     char text[300];
-    char engine[256] = "";
+    char engine[ALIVE_ENGINE_ID_SIZE];
     uint64_t instance;
     int size;
 
     /* The empty delimiter, then the answer; DEALER keeps the frames of one message. */
-    if (zmq_recv(peer->dealer, text, sizeof(text) - 1, ZMQ_DONTWAIT) < 0)
+    if (zmq_recv(peer->dealer, text, sizeof(text), ZMQ_DONTWAIT) < 0)
         return false;
-    size = zmq_recv(peer->dealer, text, sizeof(text) - 1, ZMQ_DONTWAIT);
+    size = zmq_recv(peer->dealer, text, sizeof(text), ZMQ_DONTWAIT);
     if (size < 0)
         return false;
-    text[size < (int)sizeof(text) - 1 ? size : (int)sizeof(text) - 1] = '\0';
-    if (sscanf(text, AGENT_ALIVE_ANSWER " %" SCNx64 " %255s", &instance, engine) < 1)
-        return true; /* not an answer of ours: ignored */
+    if (size > (int)sizeof(text) || !alive_answer_parse(text, (size_t)size, &instance, engine))
+        return true; /* not an answer of ours (an error text, garbage): ignored */
     if (peer->instance == 0) {
         peer->instance = instance;
     } else if (instance != peer->instance) {
@@ -193,9 +192,9 @@ static kvx_status_t peer_want(kvx_peer_t *peer, uint64_t request_id)
         if (peer->wanted[i] == request_id)
             return KVX_OK;
     }
-    if (peer->num_wanted == AGENT_HEARTBEAT_MAX)
+    if (peer->num_wanted == HEARTBEAT_MAX_IDS)
         return error_set(KVX_ERR_INVALID, "want: peer %s already has %d wanted requests",
-                         peer->address, AGENT_HEARTBEAT_MAX);
+                         peer->address, HEARTBEAT_MAX_IDS);
     if (peer->num_wanted == peer->wanted_capacity) {
         size_t capacity = peer->wanted_capacity > 0 ? 2 * peer->wanted_capacity : 16;
         uint64_t *grown = realloc(peer->wanted, capacity * sizeof(*grown));
@@ -250,9 +249,9 @@ kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
 {
     if (agent == NULL || (peers == NULL && num_peers > 0) || (request_ids == NULL && count > 0))
         return error_set(KVX_ERR_INVALID, "heartbeat: agent, peers and ids are required");
-    if (count > AGENT_HEARTBEAT_MAX)
+    if (count > HEARTBEAT_MAX_IDS)
         return error_set(KVX_ERR_INVALID, "heartbeat: %zu ids is more than %d", count,
-                         AGENT_HEARTBEAT_MAX);
+                         HEARTBEAT_MAX_IDS);
     for (size_t i = 0; i < num_peers; i++) {
         if (peers[i]->dealer == NULL)
             return error_set(KVX_ERR_IO, "heartbeat: peer %s is down (%s); reconnect it",

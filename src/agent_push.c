@@ -152,9 +152,8 @@ out:
 static kvx_status_t push_serve_checked(kvx_agent_t *agent, const struct push_request *req,
                                        kvx_peer_t *peer)
 {
-    struct agent_notify note = {AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE,
-                                req->request_id,    agent->tp_rank,       0};
-    kvx_request_t request    = {req->groups, req->num_groups,
+    struct notify note    = notify_done(req->request_id, agent->tp_rank);
+    kvx_request_t request = {req->groups, req->num_groups,
                              req->has_remote ? req->groups + req->num_groups : NULL,
                              req->has_remote ? req->num_groups : 0};
     kvx_metadata_info_t info;

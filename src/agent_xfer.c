@@ -125,9 +125,8 @@ void agent_xfers_fail_peer(kvx_agent_t *agent, const kvx_peer_t *peer, const cha
  * the data is here, and complete. */
 static void xfer_complete(kvx_xfer_t *x)
 {
-    struct agent_notify note = {AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE,
-                                x->request_id,      x->agent->tp_rank,    0};
-    kvx_status_t status      = transport_op_status(x->op, "get");
+    struct notify note  = notify_done(x->request_id, x->agent->tp_rank);
+    kvx_status_t status = transport_op_status(x->op, "get");
 
     x->stats.seconds = clock_seconds() - x->start;
     for (size_t i = 0; i < x->num_reads && status == KVX_OK; i++) {

@@ -58,7 +58,7 @@ static kvx_status_t ucs_error(const char *what, ucs_status_t status)
 kvx_status_t transport_create(const char *tls, struct transport **transport_p)
 {
     ucp_params_t params         = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                                   .features   = UCP_FEATURE_RMA | UCP_FEATURE_AM};
+                                   .features   = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
     ucp_worker_params_t wparams = {.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                                    .thread_mode = UCS_THREAD_MODE_SINGLE};
     struct transport *t         = calloc(1, sizeof(*t));
@@ -132,6 +132,18 @@ void transport_op_release(struct transport *t, struct transport_op *op)
 unsigned transport_progress(struct transport *t)
 {
     return ucp_worker_progress(t->worker);
+}
+
+int transport_event_fd(struct transport *t)
+{
+    int fd = -1;
+
+    return ucp_worker_get_efd(t->worker, &fd) == UCS_OK ? fd : -1;
+}
+
+bool transport_arm(struct transport *t)
+{
+    return ucp_worker_arm(t->worker) == UCS_OK;
 }
 
 /* Waits for a request without a callback; cancels it after `timeout_ms`. */
@@ -279,8 +291,9 @@ void transport_ep_destroy(struct transport *t, struct transport_ep *ep)
     if (ep == NULL)
         return;
     /* A forced close cancels what is outstanding; what a dead peer leaves pending anyway
-     * keeps its completion counter (in ep) alive until the worker goes. */
-    request_wait(t, ucp_ep_close_nbx(ep->ep, &param), "closing an endpoint", 1000);
+     * keeps its completion counter (in ep) alive until the worker goes. The wait is short:
+     * it blocks the caller, and a dead peer's close never completes. */
+    request_wait(t, ucp_ep_close_nbx(ep->ep, &param), "closing an endpoint", 100);
     transport_free_later(t, ep, transport_op_pending(&ep->op));
 }
 

@@ -98,4 +98,10 @@ void transport_ep_describe(struct transport_ep *ep, char *buf, size_t size);
 /* Progresses the worker once; returns the number of events it handled. */
 unsigned transport_progress(struct transport *t);
 
+/* Sleeping until UCX has work: the worker's event file descriptor (-1 if it has none), and
+ * arming it, which returns false when events are already pending (progress again instead
+ * of sleeping). */
+int transport_event_fd(struct transport *t);
+bool transport_arm(struct transport *t);
+
 #endif

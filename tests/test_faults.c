@@ -731,8 +731,7 @@ static void notify_send(kvx_agent_t *agent, kvx_peer_t *peer, const void *note, 
 
 static void done_send(kvx_agent_t *agent, kvx_peer_t *peer, uint64_t request_id)
 {
-    struct agent_notify note = {
-        AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE, request_id, 0, 0};
+    struct notify note = {NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE, request_id, 0, 0};
 
     notify_send(agent, peer, &note, sizeof(note));
 }
@@ -782,17 +781,12 @@ static const struct bad_notify_case {
     uint16_t version;
     uint16_t kind;
 } bad_notify_cases[] = {
-    {"empty", 0, AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION, AGENT_NOTIFY_DONE},
-    {"short", sizeof(struct agent_notify) - 1, AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION,
-     AGENT_NOTIFY_DONE},
-    {"bad_magic", sizeof(struct agent_notify), AGENT_NOTIFY_MAGIC ^ 1, AGENT_NOTIFY_VERSION,
-     AGENT_NOTIFY_DONE},
-    {"bad_version", sizeof(struct agent_notify), AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION + 1,
-     AGENT_NOTIFY_DONE},
-    {"wrong_kind", sizeof(struct agent_notify), AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION,
-     AGENT_NOTIFY_DONE + 1},
-    {"extra_bytes", sizeof(struct agent_notify) + 1, AGENT_NOTIFY_MAGIC, AGENT_NOTIFY_VERSION,
-     AGENT_NOTIFY_DONE},
+    {"empty", 0, NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE},
+    {"short", sizeof(struct notify) - 1, NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE},
+    {"bad_magic", sizeof(struct notify), NOTIFY_MAGIC ^ 1, NOTIFY_VERSION, NOTIFY_DONE},
+    {"bad_version", sizeof(struct notify), NOTIFY_MAGIC, NOTIFY_VERSION + 1, NOTIFY_DONE},
+    {"wrong_kind", sizeof(struct notify), NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE + 1},
+    {"extra_bytes", sizeof(struct notify) + 1, NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE},
 };
 
 /* Issue 6: malformed notifications over UCX are counted as dropped and ignored; P keeps
@@ -814,7 +808,7 @@ static void malformed_notifications_are_dropped_and_serving_goes_on(void **state
 
     for (size_t i = 0; i < num_cases; i++) {
         const struct bad_notify_case *c       = &bad_notify_cases[i];
-        struct agent_notify note              = {c->magic, c->version, c->kind, 7, 0, 0};
+        struct notify note                    = {c->magic, c->version, c->kind, 7, 0, 0};
         unsigned char bytes[sizeof(note) + 8] = {0};
 
         memcpy(bytes, &note, sizeof(note));
@@ -914,7 +908,7 @@ static void malformed_heartbeats_are_dropped_and_serving_goes_on(void **state)
     frames_send(dealer, (const char *[]){"", AGENT_HEARTBEAT_REQUEST, (const char *)&block},
                 (const size_t[]){0, 15, 8}, 3);
     answer_receive(dealer, 5000, answer, sizeof(answer));
-    assert_non_null(strstr(answer, AGENT_ALIVE_ANSWER));
+    assert_non_null(strstr(answer, ALIVE_ANSWER));
 
     for (size_t i = 0; i < num_cases; i++) {
         const struct bad_side_case *c = &bad_side_cases[i];
@@ -1004,9 +998,9 @@ static int run_soak_prefill(int ready, int go)
         return 10;
     report_serving(ready, agent);
     while (c != 'e') {
-        /* Without waiting: a small get is emulated over active messages, which this side
-         * must answer, and a wait would sit in the side channel's poll meanwhile. */
-        kvx_agent_progress(agent, 0);
+        /* A small get of engine memory is emulated over active messages, which this side
+         * must answer: progress sleeps on UCX's wakeup descriptor, so waiting costs none. */
+        kvx_agent_progress(agent, 5);
         if (read(go, &c, 1) != 1 || c != 'b')
             continue;
         for (size_t i = 0; i < SOAK_BATCH && held < soak.requests; i++, held++) {
