@@ -206,6 +206,7 @@ static struct prefill_config {
     const char *transports; /* NULL: kvx's default */
     uint64_t hold[2];       /* requests held from the start for one consumer each; 0: none */
     bool spare;             /* waits for a byte on `go` before it creates its agent */
+    const char *listen;     /* NULL: a free port */
 } config;
 
 /* A prefill process: serves `config` from its own memory until killed, and answers each byte
@@ -223,6 +224,8 @@ static int run_prefill(int ready, int go)
     if (config.spare && (poll(&started, 1, -1) != 1 || read(go, &c, 1) != 1))
         return 9;
     storage = pattern_storage(config.page * config.blocks);
+    if (config.listen != NULL)
+        params.listen = config.listen;
     if (config.transports != NULL) {
         params.field_mask |= KVX_AGENT_PARAM_FIELD_TRANSPORTS;
         params.transports = config.transports;
@@ -721,6 +724,53 @@ static void stopped_prefill_is_dead_after_three_silent_heartbeats(void **state)
     prefill_kill(&p);
 }
 
+/* A prefill process restarted at the same address (a crash and a supervisor's restart) is
+ * noticed at its first heartbeat answer, whatever its engine id: another instance answers.
+ * The peer goes down saying so, and kvx_peer_reconnect picks the new process up. */
+static void restarted_prefill_at_the_same_address_is_noticed(void **state)
+{
+    const uint32_t heartbeat_ms = 500; /* silence would take 1.5 s: the restart comes first */
+    kvx_agent_params_t params   = {.field_mask   = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
+                                   .heartbeat_ms = heartbeat_ms};
+    uint64_t ids[]              = {5, 6, 9};
+    struct prefill first;
+    struct prefill second;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_agent_stats_t stats;
+    uint64_t start;
+
+    (void)state;
+    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS};
+    prefill_start(&first);
+    /* The successor is forked now, before this process has an agent, and binds later. */
+    config = (struct prefill_config){
+        .page = PAGE, .blocks = SMALL_BLOCKS, .spare = true, .listen = first.address};
+    prefill_start(&second);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
+    assert_int_equal(kvx_agent_connect(agent, first.address, &peer), KVX_OK);
+    read_verified(agent, peer, 1, ids, 3);
+
+    prefill_kill(&first);
+    prefill_start_spare(&second);
+    assert_string_equal(second.address, first.address);
+    start = clock_ms();
+    while (kvx_peer_down_reason(peer) == NULL && clock_ms() - start < 5000)
+        kvx_agent_progress(agent, 5);
+    assert_non_null(kvx_peer_down_reason(peer));
+    print_message("restarted prefill: down after %llu ms: %s\n",
+                  (unsigned long long)(clock_ms() - start), kvx_peer_down_reason(peer));
+    assert_non_null(strstr(kvx_peer_down_reason(peer), "restarted: instance "));
+    kvx_agent_stats(agent, &stats);
+    assert_int_equal(stats.peers_dead, 1);
+
+    assert_int_equal(kvx_peer_reconnect(peer), KVX_OK);
+    read_verified(agent, peer, 2, ids, 3);
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&second);
+}
+
 /* Sends `size` bytes of `note` on the peer's endpoint as a notification, the way a decode
  * agent's done travels, without a read. */
 static void notify_send(kvx_agent_t *agent, kvx_peer_t *peer, const void *note, size_t size)
@@ -1124,6 +1174,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(killed_decode_leaves_its_hold_to_expire, leftovers_clean),
         cmocka_unit_test_teardown(stopped_prefill_fails_the_read_at_its_deadline, leftovers_clean),
         cmocka_unit_test_teardown(stopped_prefill_is_dead_after_three_silent_heartbeats,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(restarted_prefill_at_the_same_address_is_noticed,
                                   leftovers_clean),
         cmocka_unit_test_teardown(unknown_and_repeated_dones_are_counted_and_ignored,
                                   leftovers_clean),
