@@ -78,7 +78,7 @@ static void histogram(struct text *t, const char *labels, const char *name, cons
     text_printf(t, "# HELP kvx_%s %s\n# TYPE kvx_%s histogram\n", name, help, name);
     for (int i = 0; i < KVX_HISTOGRAM_BUCKETS - 1; i++) {
         cumulative += h->buckets[i];
-        text_printf(t, "kvx_%s_bucket{%s,le=\"%.17g\"} %" PRIu64 "\n", name, labels,
+        text_printf(t, "kvx_%s_bucket{%s,le=\"%.9g\"} %" PRIu64 "\n", name, labels,
                     ldexp(1, i) * scale, cumulative);
     }
     text_printf(t, "kvx_%s_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", name, labels, h->count);

@@ -771,6 +771,46 @@ static void restarted_prefill_at_the_same_address_is_noticed(void **state)
     prefill_kill(&second);
 }
 
+/* A peer with nothing wanted and nothing moving is dropped after its TTL (not counted dead);
+ * a wanted request keeps it, and kvx_peer_reconnect brings it back. */
+static void idle_peer_is_dropped_after_its_ttl(void **state)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS |
+                                               KVX_AGENT_PARAM_FIELD_PEER_TTL_MS,
+                                 .heartbeat_ms = 50,
+                                 .peer_ttl_ms  = 300};
+    uint64_t ids[]            = {1, 4};
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_agent_stats_t stats;
+
+    (void)state;
+    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS};
+    prefill_start(&p);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    read_verified(agent, peer, 1, ids, 2);
+    assert_int_equal(kvx_want(agent, &peer, 1, 77), KVX_OK);
+    progress_for(agent, 600); /* twice the TTL, but request 77 is wanted */
+    assert_null(kvx_peer_down_reason(peer));
+    kvx_unwant(agent, &peer, 1, 77);
+    progress_for(agent, 600);
+    assert_non_null(kvx_peer_down_reason(peer));
+    assert_non_null(strstr(kvx_peer_down_reason(peer), "dropped: idle for "));
+    kvx_agent_stats(agent, &stats);
+    assert_int_equal(stats.peers_idle, 1);
+    assert_int_equal(stats.peers_dead, 0);
+    assert_int_equal(kvx_read(agent, &peer, 1, 2,
+                              &(kvx_request_t){&(kvx_group_ids_t){ids, 2}, 1, NULL, 0}, NULL),
+                     KVX_ERR_IO); /* down until reconnected */
+    assert_int_equal(kvx_peer_reconnect(peer), KVX_OK);
+    read_verified(agent, peer, 3, ids, 2);
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
 /* Sends `size` bytes of `note` on the peer's endpoint as a notification, the way a decode
  * agent's done travels, without a read. */
 static void notify_send(kvx_agent_t *agent, kvx_peer_t *peer, const void *note, size_t size)
@@ -1177,6 +1217,7 @@ int main(int argc, char **argv)
                                   leftovers_clean),
         cmocka_unit_test_teardown(restarted_prefill_at_the_same_address_is_noticed,
                                   leftovers_clean),
+        cmocka_unit_test_teardown(idle_peer_is_dropped_after_its_ttl, leftovers_clean),
         cmocka_unit_test_teardown(unknown_and_repeated_dones_are_counted_and_ignored,
                                   leftovers_clean),
         cmocka_unit_test_teardown(malformed_notifications_are_dropped_and_serving_goes_on,

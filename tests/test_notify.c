@@ -1,0 +1,118 @@
+/* test_notify.c: the bytes of the messages between agents (notify.c): a done parses only at
+ * its exact size, magic, version and kind; heartbeat id lists are whole ids within the limit;
+ * an answer names a non-zero instance in 16 lowercase hex digits and a printable engine id,
+ * and formats back to the same bytes. */
+#include "notify.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+static void done_parses_only_its_exact_form(void **state)
+{
+    struct notify note = notify_done(42, 3);
+    unsigned char bytes[sizeof(note) + 1];
+    uint64_t id = 0;
+
+    (void)state;
+    memcpy(bytes, &note, sizeof(note));
+    assert_true(notify_done_parse(bytes, sizeof(note), &id));
+    assert_int_equal(id, 42);
+    assert_false(notify_done_parse(bytes, sizeof(note) - 1, &id)); /* short */
+    assert_false(notify_done_parse(bytes, sizeof(note) + 1, &id)); /* extra bytes */
+    assert_false(notify_done_parse(bytes, 0, &id));
+    for (size_t field = 0; field < 3; field++) { /* magic, version, kind */
+        struct notify bad = note;
+
+        if (field == 0)
+            bad.magic ^= 1;
+        else if (field == 1)
+            bad.version++;
+        else
+            bad.kind++;
+        assert_false(notify_done_parse(&bad, sizeof(bad), &id));
+    }
+}
+
+static void heartbeat_ids_are_whole_and_bounded(void **state)
+{
+    static uint64_t ids[HEARTBEAT_MAX_IDS + 1];
+    size_t count = 99;
+
+    (void)state;
+    ids[2] = 0x0102030405060708u;
+    assert_true(heartbeat_ids_parse(NULL, 0, &count));
+    assert_int_equal(count, 0);
+    assert_true(heartbeat_ids_parse(ids, 3 * sizeof(uint64_t), &count));
+    assert_int_equal(count, 3);
+    assert_int_equal(heartbeat_id(ids, 2), 0x0102030405060708u);
+    assert_false(heartbeat_ids_parse(ids, 7, &count)); /* not whole ids */
+    assert_true(heartbeat_ids_parse(ids, HEARTBEAT_MAX_IDS * sizeof(uint64_t), &count));
+    assert_false(heartbeat_ids_parse(ids, (HEARTBEAT_MAX_IDS + 1) * sizeof(uint64_t), &count));
+}
+
+static void answers_round_trip(void **state)
+{
+    char text[ALIVE_ENGINE_ID_SIZE + 64];
+    char engine[ALIVE_ENGINE_ID_SIZE];
+    uint64_t instance = 0;
+    size_t length     = alive_answer_format(text, sizeof(text), 0xdeadbeef, "prefill-7");
+
+    (void)state;
+    assert_string_equal(text, "kvx-alive 00000000deadbeef prefill-7");
+    assert_true(alive_answer_parse(text, length, &instance, engine));
+    assert_int_equal(instance, 0xdeadbeef);
+    assert_string_equal(engine, "prefill-7");
+    /* No engine id, or one an answer cannot carry (a space), is sent as "-". */
+    alive_answer_format(text, sizeof(text), 1, "");
+    assert_string_equal(text, "kvx-alive 0000000000000001 -");
+    alive_answer_format(text, sizeof(text), 1, "two words");
+    assert_string_equal(text, "kvx-alive 0000000000000001 -");
+    assert_int_equal(alive_answer_format(text, 20, 1, "x"), 0); /* does not fit */
+}
+
+static void answers_reject_anything_else(void **state)
+{
+    static const char *const bad[] = {
+        "",
+        "kvx-alive",
+        "kvx-alive 00000000deadbeef",     /* no engine id */
+        "kvx-alive 00000000deadbeef ",    /* empty engine id */
+        "kvx-alive 0000000000000000 x",   /* instance 0 means "unknown" */
+        "kvx-alive 00000000DEADBEEF x",   /* uppercase */
+        "kvx-alive 00000000deadbee x",    /* 15 digits */
+        "kvx-alive 00000000deadbeef0 x",  /* 17 digits */
+        "kvx-alive  00000000deadbeef x",  /* two spaces */
+        "kvx-alive 00000000deadbeef x y", /* a space in the engine id */
+        "kvx-alive 00000000deadbeef x\n", /* a control character */
+        "kvx-error heartbeat of 7 bytes is not a list of ids",
+    };
+    char long_answer[ALIVE_ENGINE_ID_SIZE + 64];
+    char engine[ALIVE_ENGINE_ID_SIZE];
+    uint64_t instance;
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_false(alive_answer_parse(bad[i], strlen(bad[i]), &instance, engine));
+    memset(long_answer, 'e', sizeof(long_answer));
+    memcpy(long_answer, "kvx-alive 0000000000000001 ", 27);
+    assert_false(alive_answer_parse(long_answer, 27 + ALIVE_ENGINE_ID_SIZE, &instance, engine));
+    assert_true(alive_answer_parse(long_answer, 27 + ALIVE_ENGINE_ID_SIZE - 1, &instance, engine));
+    assert_int_equal(strlen(engine), ALIVE_ENGINE_ID_SIZE - 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(done_parses_only_its_exact_form),
+        cmocka_unit_test(heartbeat_ids_are_whole_and_bounded),
+        cmocka_unit_test(answers_round_trip),
+        cmocka_unit_test(answers_reject_anything_else),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
