@@ -126,25 +126,30 @@ static bool size_list_parse(const char *option, const char *text, uint64_t *size
     return true;
 }
 
-/* Splits "a,b" into names[] (pointers into a copy kept for the process's life). */
-static bool name_list_parse(const char *option, const char *text, const char **names, size_t *n_p)
+/* Splits "a,b" into a->layouts[], pointers into a->layout_text (a copy: no allocation). */
+static bool layout_list_parse(const char *option, const char *text, struct bench_args *a)
 {
-    char *copy = strdup(text);
-    size_t n   = 0;
+    size_t n = 0;
 
-    for (char *save = NULL, *name = copy != NULL ? strtok_r(copy, ",", &save) : NULL; name != NULL;
+    if (strlen(text) >= sizeof(a->layout_text)) {
+        fprintf(stderr, "kvx: error: %s: longer than %zu characters\n", option,
+                sizeof(a->layout_text) - 1);
+        return false;
+    }
+    strcpy(a->layout_text, text);
+    for (char *save = NULL, *name = strtok_r(a->layout_text, ",", &save); name != NULL;
          name = strtok_r(NULL, ",", &save)) {
         if (n == BENCH_MAX_LAYOUTS) {
             fprintf(stderr, "kvx: error: %s: more than %d names\n", option, BENCH_MAX_LAYOUTS);
             return false;
         }
-        names[n++] = name;
+        a->layouts[n++] = name;
     }
     if (n == 0) {
         fprintf(stderr, "kvx: error: %s: \"%s\" names nothing\n", option, text);
         return false;
     }
-    *n_p = n;
+    a->num_layouts = n;
     return true;
 }
 
@@ -192,7 +197,7 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
         else if (strcmp(arg, "--listen") == 0)
             a->listen = value;
         else if (strcmp(arg, "--layouts") == 0) {
-            if (!name_list_parse(arg, value, a->layouts, &a->num_layouts))
+            if (!layout_list_parse(arg, value, a))
                 return EXIT_BAD_INPUT;
         } else if (strcmp(arg, "--batch") == 0) {
             if (!cli_parse_number(arg, value, BENCH_MAX_BATCH, &a->batch) || a->batch == 0)
@@ -221,8 +226,8 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
                          a->sizes, &a->num_sizes))
         return EXIT_BAD_INPUT;
     if (a->num_layouts == 0)
-        name_list_parse("--layouts", "llama3-8b,deepseek-v3-mla,deepseek-v4-flash,deepseek-v4.1",
-                        a->layouts, &a->num_layouts);
+        layout_list_parse("--layouts", "llama3-8b,deepseek-v3-mla,deepseek-v4-flash,deepseek-v4.1",
+                          a);
     if (a->workload && (a->peer != NULL || a->listen != NULL) && a->num_layouts != 1)
         return cli_usage_error("bench: --workload with --peer or --listen takes one --layouts",
                                usage_bench);

@@ -24,7 +24,8 @@ struct bench_args {
     const char *transports;
     const char *peer;
     const char *listen;
-    const char *layouts[BENCH_MAX_LAYOUTS];
+    const char *layouts[BENCH_MAX_LAYOUTS]; /* into layout_text */
+    char layout_text[512];
     size_t num_layouts;
 };
 
