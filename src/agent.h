@@ -36,6 +36,7 @@ struct kvx_agent {
     kvx_agent_stats_t stats; /* the hold counters are the hold table's */
     struct hold_table holds; /* requests held for their consumers */
     struct kvx_xfer *xfers;  /* posted transfers in flight, a list for O(1) removal */
+    uint64_t xfers_unlinked; /* transfers that left the list: iterations notice removals */
     struct kvx_peer *peers;  /* connected peers, heartbeated by progress */
     char *engine_id;
     uint64_t instance; /* random per agent: a restart at the same address answers another */

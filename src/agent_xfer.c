@@ -52,6 +52,7 @@ static void xfer_unlink(kvx_xfer_t *x)
     if (x->next != NULL)
         x->next->prev = x->prev;
     x->prev = x->next = NULL;
+    agent->xfers_unlinked++;
 }
 
 void agent_count_transfer(kvx_agent_t *agent, const kvx_read_stats_t *stats, kvx_status_t status)
@@ -157,6 +158,9 @@ void agent_xfers_progress(kvx_agent_t *agent)
     kvx_xfer_t *x = agent->xfers;
 
     while (x != NULL) {
+        kvx_xfer_t *next  = x->next;
+        uint64_t unlinked = agent->xfers_unlinked;
+
         if (!transport_op_pending(x->op)) {
             xfer_complete(x);
         } else if (x->op->first_error != 0) {
@@ -178,10 +182,12 @@ void agent_xfers_progress(kvx_agent_t *agent)
                       agent->timeout_ms);
             xfer_fail(x, KVX_ERR_IO);
         } else {
-            x = x->next;
+            x = next;
             continue;
         }
-        x = agent->xfers; /* finishing one may have finished others: start over */
+        /* Failing one fails the others sharing its peers (and a callback may destroy
+         * transfers): go on from `next` only if x was the one to leave the list. */
+        x = agent->xfers_unlinked == unlinked + 1 ? next : agent->xfers;
     }
 }
 
