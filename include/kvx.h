@@ -680,7 +680,8 @@ typedef struct kvx_read_stats {
 typedef struct kvx_xfer kvx_xfer_t;
 
 /* Called exactly once when a posted transfer completes or fails, from kvx_agent_progress()
- * or kvx_xfer_wait(), never inside kvx_read_post(). */
+ * or kvx_xfer_wait(), never inside kvx_read_post(). It may post and destroy other transfers,
+ * but destroys its own only when no kvx_xfer_wait() is waiting on it. */
 typedef void (*kvx_xfer_cb_t)(void *arg, kvx_xfer_t *xfer, kvx_status_t status);
 
 /* Posts a pull of one request (as kvx_read, without waiting) and returns its handle: the
