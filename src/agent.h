@@ -32,12 +32,14 @@ struct kvx_agent {
     size_t metadata_size;
     void *push_metadata; /* the same in push mode, sent with push requests */
     size_t push_metadata_size;
-    kvx_pairs_t *pairs;      /* reused by every read */
-    kvx_agent_stats_t stats; /* the hold counters are the hold table's */
-    struct hold_table holds; /* requests held for their consumers */
-    struct kvx_xfer *xfers;  /* posted transfers in flight, a list for O(1) removal */
-    uint64_t xfers_unlinked; /* transfers that left the list: iterations notice removals */
-    struct kvx_peer *peers;  /* connected peers, heartbeated by progress */
+    kvx_pairs_t *pairs;               /* reused by every read */
+    kvx_agent_stats_t stats;          /* the hold counters are the hold table's */
+    struct hold_table holds;          /* requests held for their consumers */
+    struct kvx_xfer *xfers;           /* posted transfers in flight, a list for O(1) removal */
+    uint64_t xfers_unlinked;          /* transfers that left the list: iterations notice removals */
+    struct kvx_peer *peers;           /* connected peers, heartbeated by progress */
+    struct push_writer *push_writers; /* decode agents this one pushes to (agent_push.c) */
+    uint64_t push_uses;
     char *engine_id;
     uint64_t instance; /* random per agent: a restart at the same address answers another */
     uint32_t heartbeat_ms;

@@ -146,34 +146,125 @@ out:
     return status;
 }
 
-/* Writes this rank's share of `req` into the decode agent `peer` stands for: plan from the
- * decode side's view (it is the one whose blocks are filled), then one put per pair from
- * this side's memory, a flush, and a notification. */
-static kvx_status_t push_serve_checked(kvx_agent_t *agent, const struct push_request *req,
-                                       kvx_peer_t *peer)
+/* The decode agents this one has written to, kept so that a push does not create an endpoint,
+ * unpack keys and prepare a plan every time (about a millisecond): a writer is found by the
+ * exact bytes of the metadata its push requests carry, which name its worker, so a restarted
+ * decode process is a new writer. Least recently used goes first; a failed write drops its
+ * writer. */
+#define PUSH_WRITERS 16
+
+struct push_writer {
+    void *metadata;
+    size_t metadata_size;
+    kvx_peer_t *peer;
+    uint64_t used; /* agent->push_uses when last used */
+};
+
+static void push_writer_drop(struct push_writer *w)
+{
+    kvx_peer_destroy(w->peer);
+    free(w->metadata);
+    *w = (struct push_writer){0};
+}
+
+void push_writers_free(kvx_agent_t *agent)
+{
+    for (size_t i = 0; agent->push_writers != NULL && i < PUSH_WRITERS; i++)
+        push_writer_drop(&agent->push_writers[i]);
+    free(agent->push_writers);
+    agent->push_writers = NULL;
+}
+
+/* The decode agent of `req` as a peer of ours: its metadata checked (hash for push mode, then
+ * the tables through the planner, from its view: it is the one whose blocks are filled), its
+ * endpoint and keys. */
+static kvx_status_t push_writer_connect(kvx_agent_t *agent, const struct push_request *req,
+                                        kvx_peer_t **peer_p)
+{
+    kvx_peer_t *peer = calloc(1, sizeof(*peer));
+    kvx_metadata_info_t info;
+    kvx_peer_plan_params_t params;
+    kvx_status_t status;
+
+    if (peer == NULL)
+        return error_no_memory("a push peer");
+    peer->agent = agent;
+    status = kvx_metadata_unpack(req->metadata, req->metadata_size, agent->regions, KVX_MODE_PUSH,
+                                 &peer->metadata);
+    if (status == KVX_OK) {
+        kvx_metadata_get_info(peer->metadata, &info);
+        params = (kvx_peer_plan_params_t){
+            .field_mask = KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP |
+                          KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK |
+                          KVX_PEER_PLAN_PARAM_FIELD_REMOTE_TP,
+            .local_tp   = info.tp_size,
+            .local_rank = info.tp_rank,
+            .remote_tp  = agent->tp_size,
+        };
+        status = kvx_peer_plan_create(kvx_metadata_regions(peer->metadata), agent->regions, &params,
+                                      &peer->plan);
+    }
+    if (status == KVX_OK)
+        status = agent_peer_transport_connect(peer);
+    if (status != KVX_OK) {
+        kvx_peer_destroy(peer);
+        return status;
+    }
+    *peer_p = peer;
+    return KVX_OK;
+}
+
+/* The writer for `req`'s metadata: cached, or connected now in the least recently used
+ * slot. */
+static kvx_status_t push_writer_find(kvx_agent_t *agent, const struct push_request *req,
+                                     struct push_writer **writer_p)
+{
+    struct push_writer *oldest = NULL;
+    kvx_status_t status;
+
+    if (agent->push_writers == NULL &&
+        (agent->push_writers = calloc(PUSH_WRITERS, sizeof(*agent->push_writers))) == NULL)
+        return error_no_memory("push writers");
+    agent->push_uses++;
+    for (size_t i = 0; i < PUSH_WRITERS; i++) {
+        struct push_writer *w = &agent->push_writers[i];
+
+        if (w->peer != NULL && w->metadata_size == req->metadata_size &&
+            memcmp(w->metadata, req->metadata, req->metadata_size) == 0) {
+            w->used   = agent->push_uses;
+            *writer_p = w;
+            return KVX_OK;
+        }
+        if (oldest == NULL || w->used < oldest->used)
+            oldest = w;
+    }
+    push_writer_drop(oldest);
+    oldest->metadata = malloc(req->metadata_size);
+    if (oldest->metadata == NULL)
+        return error_no_memory("a push writer");
+    status = push_writer_connect(agent, req, &oldest->peer);
+    if (status != KVX_OK) {
+        push_writer_drop(oldest);
+        return status;
+    }
+    memcpy(oldest->metadata, req->metadata, req->metadata_size);
+    oldest->metadata_size = req->metadata_size;
+    oldest->used          = agent->push_uses;
+    *writer_p             = oldest;
+    return KVX_OK;
+}
+
+/* Writes this rank's share of `req` into the decode agent `peer` stands for: plan the request
+ * from the decode side's view, one put per pair from this side's memory, a flush, and a
+ * notification. */
+static kvx_status_t push_write(kvx_agent_t *agent, const struct push_request *req, kvx_peer_t *peer)
 {
     struct notify note    = notify_done(req->request_id, agent->tp_rank);
     kvx_request_t request = {req->groups, req->num_groups,
                              req->has_remote ? req->groups + req->num_groups : NULL,
                              req->has_remote ? req->num_groups : 0};
-    kvx_metadata_info_t info;
-    kvx_peer_plan_params_t params;
-    kvx_status_t status;
+    kvx_status_t status   = kvx_peer_plan_request(peer->plan, &request, agent->pairs);
 
-    kvx_metadata_get_info(peer->metadata, &info);
-    params = (kvx_peer_plan_params_t){
-        .field_mask = KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP | KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK |
-                      KVX_PEER_PLAN_PARAM_FIELD_REMOTE_TP,
-        .local_tp   = info.tp_size,
-        .local_rank = info.tp_rank,
-        .remote_tp  = agent->tp_size,
-    };
-    status = kvx_peer_plan_create(kvx_metadata_regions(peer->metadata), agent->regions, &params,
-                                  &peer->plan);
-    if (status == KVX_OK)
-        status = kvx_peer_plan_request(peer->plan, &request, agent->pairs);
-    if (status == KVX_OK)
-        status = agent_peer_transport_connect(peer);
     for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(agent->pairs); r++) {
         uint32_t rank;
         size_t count;
@@ -206,23 +297,17 @@ static kvx_status_t push_serve_checked(kvx_agent_t *agent, const struct push_req
 kvx_status_t push_serve(kvx_agent_t *agent, const void *body, size_t size)
 {
     struct push_request req;
-    kvx_peer_t *peer;
-    kvx_status_t status = push_request_decode(body, size, &req);
+    struct push_writer *writer = NULL;
+    kvx_status_t status        = push_request_decode(body, size, &req);
 
     if (status != KVX_OK)
         return status;
-    /* The decode agent as a peer of ours, for this request: its endpoint, keys and plan. */
-    peer = calloc(1, sizeof(*peer));
-    if (peer == NULL) {
-        push_request_free(&req);
-        return error_no_memory("a push peer");
+    status = push_writer_find(agent, &req, &writer);
+    if (status == KVX_OK) {
+        status = push_write(agent, &req, writer->peer);
+        if (status != KVX_OK)
+            push_writer_drop(writer); /* a dead or broken writer: connect afresh next time */
     }
-    peer->agent = agent;
-    status = kvx_metadata_unpack(req.metadata, req.metadata_size, agent->regions, KVX_MODE_PUSH,
-                                 &peer->metadata);
-    if (status == KVX_OK)
-        status = push_serve_checked(agent, &req, peer);
-    kvx_peer_destroy(peer);
     push_request_free(&req);
     return status;
 }

@@ -30,7 +30,12 @@ kvx_status_t push_request_encode(uint64_t request_id, const void *metadata, size
 kvx_status_t push_request_decode(const void *buf, size_t size, struct push_request *req);
 void push_request_free(struct push_request *req);
 
-/* The prefill side's handling of one push request body. */
+/* The prefill side's handling of one push request body: the writer (the decode agent as a
+ * peer of ours) is connected once and kept, then this rank's share is put, flushed and
+ * notified. */
 kvx_status_t push_serve(kvx_agent_t *agent, const void *body, size_t size);
+
+/* Drops every kept writer (agent destruction). */
+void push_writers_free(kvx_agent_t *agent);
 
 #endif
