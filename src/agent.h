@@ -85,6 +85,13 @@ kvx_status_t agent_peer_live_start(kvx_peer_t *peer);
 void agent_peer_live_stop(kvx_peer_t *peer);
 void agent_peers_progress(kvx_agent_t *agent);
 
+/* A request on the peer's side-channel socket (the one heartbeats use, kept open), and its
+ * one reply frame (malloc'd, NUL-terminated), waiting at most the agent's timeout while
+ * progressing our worker. Heartbeat answers that come first are taken as such: the peer
+ * answers one socket's requests in order. A peer that does not answer in time is down. */
+kvx_status_t agent_peer_request(kvx_peer_t *peer, const void *const *frames, const size_t *sizes,
+                                size_t num_frames, void **reply_p, size_t *reply_size_p);
+
 /* Marks `peer` down with `reason` (once): its endpoint and heartbeats close and every
  * transfer in flight with it fails with the reason. */
 void agent_peer_down(kvx_peer_t *peer, const char *reason);

@@ -39,23 +39,16 @@ static bool heartbeat_send(kvx_peer_t *peer, const uint64_t *ids, size_t count)
     return sent;
 }
 
-/* Reads one answer if one is waiting: "kvx-alive INSTANCE ENGINE_ID". Returns false when
- * none was waiting; an answer from another instance marks the peer down (restarted). */
-static bool answer_receive(kvx_peer_t *peer)
+/* Takes `text` as a heartbeat answer if it is one ("kvx-alive INSTANCE ENGINE_ID"): the peer
+ * answered, or, from another instance, restarted (the peer goes down). False when it is
+ * something else. */
+static bool answer_take(kvx_peer_t *peer, const void *text, size_t size)
 {
-    char text[300];
     char engine[ALIVE_ENGINE_ID_SIZE];
     uint64_t instance;
-    int size;
 
-    /* The empty delimiter, then the answer; DEALER keeps the frames of one message. */
-    if (zmq_recv(peer->dealer, text, sizeof(text), ZMQ_DONTWAIT) < 0)
+    if (!alive_answer_parse(text, size, &instance, engine))
         return false;
-    size = zmq_recv(peer->dealer, text, sizeof(text), ZMQ_DONTWAIT);
-    if (size < 0)
-        return false;
-    if (size > (int)sizeof(text) || !alive_answer_parse(text, (size_t)size, &instance, engine))
-        return true; /* not an answer of ours (an error text, garbage): ignored */
     if (peer->instance == 0) {
         peer->instance = instance;
     } else if (instance != peer->instance) {
@@ -66,10 +59,39 @@ static bool answer_receive(kvx_peer_t *peer)
                  " was (engine id \"%.64s\")",
                  instance, peer->instance, engine);
         agent_peer_down(peer, reason);
-        return false;
+        return true;
     }
     peer->waiting_since_ms = 0;
     return true;
+}
+
+/* Receives one message from the peer's socket if one is waiting: the empty delimiter, then
+ * the message (DEALER keeps the frames of one message together). */
+static bool message_receive(kvx_peer_t *peer, zmq_msg_t *msg)
+{
+    zmq_msg_t delimiter;
+    bool received;
+
+    zmq_msg_init(&delimiter);
+    received = zmq_msg_recv(&delimiter, peer->dealer, ZMQ_DONTWAIT) >= 0 &&
+               zmq_msg_recv(msg, peer->dealer, ZMQ_DONTWAIT) >= 0;
+    zmq_msg_close(&delimiter);
+    return received;
+}
+
+/* Reads one message if one is waiting and takes it as a heartbeat answer; anything else (an
+ * error text, garbage) is ignored. False when none was waiting or the peer went down. */
+static bool answer_receive(kvx_peer_t *peer)
+{
+    zmq_msg_t msg;
+    bool received;
+
+    zmq_msg_init(&msg);
+    received = message_receive(peer, &msg);
+    if (received)
+        answer_take(peer, zmq_msg_data(&msg), zmq_msg_size(&msg));
+    zmq_msg_close(&msg);
+    return received && peer->dealer != NULL;
 }
 
 kvx_status_t agent_peer_live_start(kvx_peer_t *peer)
@@ -261,4 +283,56 @@ kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
                              zmq_strerror(zmq_errno()));
     }
     return KVX_OK;
+}
+
+kvx_status_t agent_peer_request(kvx_peer_t *peer, const void *const *frames, const size_t *sizes,
+                                size_t num_frames, void **reply_p, size_t *reply_size_p)
+{
+    kvx_agent_t *agent = peer->agent;
+    uint64_t start     = clock_ms();
+    bool sent          = true;
+    char reason[160];
+
+    if (peer->dealer == NULL)
+        return error_set(KVX_ERR_IO, "peer %s (rank %" PRIu32 ") is down (%s); connect again",
+                         peer->address, peer->tp_rank, peer->down);
+    /* Never blocks: a stalled peer's queue is full, and its silence will declare it dead. */
+    sent = zmq_send(peer->dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) == 0;
+    for (size_t i = 0; sent && i < num_frames; i++)
+        sent = zmq_send(peer->dealer, frames[i], sizes[i],
+                        ZMQ_DONTWAIT | (i + 1 < num_frames ? ZMQ_SNDMORE : 0)) >= 0;
+    if (!sent)
+        return error_set(KVX_ERR_IO, "peer %s: %s", peer->address, zmq_strerror(zmq_errno()));
+    /* Wait while progressing our worker: a writer connecting back to us (push mode) needs our
+     * side of UCX's wire-up. */
+    while (clock_ms() - start < agent->timeout_ms && peer->dealer != NULL) {
+        zmq_pollitem_t item = {.socket = peer->dealer, .events = ZMQ_POLLIN};
+        zmq_msg_t msg;
+
+        while (transport_progress(agent->transport) > 0)
+            ;
+        if (zmq_poll(&item, 1, 1) <= 0)
+            continue;
+        zmq_msg_init(&msg);
+        if (message_receive(peer, &msg) &&
+            !answer_take(peer, zmq_msg_data(&msg), zmq_msg_size(&msg))) {
+            *reply_size_p = zmq_msg_size(&msg);
+            *reply_p      = malloc(*reply_size_p + 1);
+            if (*reply_p != NULL) {
+                memcpy(*reply_p, zmq_msg_data(&msg), *reply_size_p);
+                ((char *)*reply_p)[*reply_size_p] = '\0'; /* text replies print safely */
+            }
+            zmq_msg_close(&msg);
+            return *reply_p != NULL ? KVX_OK : error_no_memory("the peer's reply");
+        }
+        zmq_msg_close(&msg);
+    }
+    if (peer->dealer == NULL)
+        return error_set(KVX_ERR_IO, "peer %s went down waiting for an answer: %s", peer->address,
+                         peer->down);
+    /* A late reply would be taken for the next request's: the peer is down instead. */
+    snprintf(reason, sizeof(reason), "dead: no answer to a request within %" PRIu32 " ms",
+             agent->timeout_ms);
+    agent_peer_down(peer, reason);
+    return error_set(KVX_ERR_IO, "peer %s: %s", peer->address, reason);
 }

@@ -266,15 +266,9 @@ kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
                                rank, num_peers);
             break;
         }
-        if (peer->down[0] != '\0') {
-            status = error_set(KVX_ERR_IO,
-                               "write: peer %s (rank %" PRIu32 ") is down (%s); connect again",
-                               peer->address, rank, peer->down);
-            break;
-        }
-        status = agent_side_request(
-            agent, peer->address, (const void *const[]){AGENT_PUSH_REQUEST, body},
-            (const size_t[]){strlen(AGENT_PUSH_REQUEST), size}, 2, &reply, &reply_size);
+        status = agent_peer_request(peer, (const void *const[]){AGENT_PUSH_REQUEST, body},
+                                    (const size_t[]){strlen(AGENT_PUSH_REQUEST), size}, 2, &reply,
+                                    &reply_size);
         if (status != KVX_OK)
             break;
         if (strcmp(reply, AGENT_PUSH_DONE) != 0)
