@@ -215,6 +215,7 @@ void kvx_agent_destroy(kvx_agent_t *agent)
     while (agent->peers != NULL)
         kvx_peer_destroy(agent->peers); /* their sockets must close before the context */
     push_writers_free(agent);
+    agent_xfers_free_pool(agent);
     if (agent->router != NULL)
         zmq_close(agent->router);
     if (agent->zmq != NULL)

@@ -32,11 +32,13 @@ struct kvx_agent {
     size_t metadata_size;
     void *push_metadata; /* the same in push mode, sent with push requests */
     size_t push_metadata_size;
-    kvx_pairs_t *pairs;               /* reused by every read */
-    kvx_agent_stats_t stats;          /* the hold counters are the hold table's */
-    struct hold_table holds;          /* requests held for their consumers */
-    struct kvx_xfer *xfers;           /* posted transfers in flight, a list for O(1) removal */
-    uint64_t xfers_unlinked;          /* transfers that left the list: iterations notice removals */
+    kvx_pairs_t *pairs;         /* reused by every read */
+    kvx_agent_stats_t stats;    /* the hold counters are the hold table's */
+    struct hold_table holds;    /* requests held for their consumers */
+    struct kvx_xfer *xfers;     /* posted transfers in flight, a list for O(1) removal */
+    uint64_t xfers_unlinked;    /* transfers that left the list: iterations notice removals */
+    struct kvx_xfer *xfer_pool; /* finished transfers kept for reuse (agent_xfer.c) */
+    size_t xfer_pooled;
     struct kvx_peer *peers;           /* connected peers, heartbeated by progress */
     struct push_writer *push_writers; /* decode agents this one pushes to (agent_push.c) */
     uint64_t push_uses;
@@ -95,6 +97,9 @@ kvx_status_t agent_peer_request(kvx_peer_t *peer, const void *const *frames, con
 /* Marks `peer` down with `reason` (once): its endpoint and heartbeats close and every
  * transfer in flight with it fails with the reason. */
 void agent_peer_down(kvx_peer_t *peer, const char *reason);
+
+/* Frees the transfers kept for reuse (agent destruction). */
+void agent_xfers_free_pool(kvx_agent_t *agent);
 
 /* Fails every transfer in flight that reads from or notifies `peer` (agent_xfer.c). */
 void agent_xfers_fail_peer(kvx_agent_t *agent, const kvx_peer_t *peer, const char *reason);

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#define XFER_POOL_MAX 64 /* finished transfer objects an agent keeps for its next posts */
+
 struct kvx_xfer {
     kvx_agent_t *agent;
     uint64_t request_id;
@@ -21,8 +23,12 @@ struct kvx_xfer {
     kvx_peer_t **peers; /* read from (first num_reads), then only notified */
     size_t num_reads;
     size_t num_peers;
+    size_t peers_capacity;
     kvx_group_ids_t *groups; /* the local ids, reported when the transfer fails */
     size_t num_groups;
+    size_t groups_capacity;
+    uint64_t *ids; /* the groups' ids, one after another */
+    size_t ids_capacity;
     kvx_read_stats_t stats;
     kvx_status_t status;
     char error[512];
@@ -191,36 +197,110 @@ void agent_xfers_progress(kvx_agent_t *agent)
     }
 }
 
+/* Grows `*buf` to hold `count` items of `size` bytes; its capacity is kept for reuse. */
+static bool buffer_reserve(void **buf, size_t *capacity, size_t count, size_t size)
+{
+    void *grown;
+
+    if (count <= *capacity)
+        return true;
+    grown = realloc(*buf, count * size);
+    if (grown == NULL)
+        return false;
+    *buf      = grown;
+    *capacity = count;
+    return true;
+}
+
 /* Copies the request's local ids, to report them if the transfer fails. */
 static kvx_status_t xfer_groups_copy(kvx_xfer_t *x, const kvx_request_t *request)
 {
-    x->groups = calloc(request->num_local_groups, sizeof(*x->groups));
-    if (x->groups == NULL)
+    size_t total = 0;
+
+    for (size_t g = 0; g < request->num_local_groups; g++)
+        total += request->local[g].count;
+    if (!buffer_reserve((void **)&x->groups, &x->groups_capacity, request->num_local_groups + 1,
+                        sizeof(*x->groups)) ||
+        !buffer_reserve((void **)&x->ids, &x->ids_capacity, total + 1, sizeof(*x->ids)))
         return error_no_memory("a transfer");
     x->num_groups = request->num_local_groups;
+    total         = 0;
     for (size_t g = 0; g < x->num_groups; g++) {
-        size_t n      = request->local[g].count;
-        uint64_t *ids = malloc((n > 0 ? n : 1) * sizeof(*ids));
+        size_t n = request->local[g].count;
 
-        if (ids == NULL)
-            return error_no_memory("a transfer");
         if (n > 0)
-            memcpy(ids, request->local[g].ids, n * sizeof(*ids));
-        x->groups[g] = (kvx_group_ids_t){ids, n};
+            memcpy(x->ids + total, request->local[g].ids, n * sizeof(*x->ids));
+        x->groups[g] = (kvx_group_ids_t){x->ids + total, n};
+        total += n;
     }
     return KVX_OK;
 }
-
-static void xfer_free(kvx_xfer_t *x)
+/* A transfer object with its buffers: the agent's last finished one, or a new one. Per
+ * request, posting then allocates nothing once the pool has objects of the sizes needed. */
+static kvx_xfer_t *xfer_get(kvx_agent_t *agent)
 {
-    transport_op_release(x->agent->transport, x->op);
-    for (size_t g = 0; x->groups != NULL && g < x->num_groups; g++)
-        free((void *)x->groups[g].ids);
+    kvx_xfer_t *x = agent->xfer_pool;
+
+    if (x != NULL) {
+        agent->xfer_pool = x->next;
+        agent->xfer_pooled--;
+    } else if ((x = calloc(1, sizeof(*x))) == NULL) {
+        return NULL;
+    }
+    if (x->op == NULL)
+        x->op = calloc(1, sizeof(*x->op));
+    else
+        *x->op = (struct transport_op){0};
+    *x = (kvx_xfer_t){.agent           = agent,
+                      .op              = x->op,
+                      .peers           = x->peers,
+                      .peers_capacity  = x->peers_capacity,
+                      .groups          = x->groups,
+                      .groups_capacity = x->groups_capacity,
+                      .ids             = x->ids,
+                      .ids_capacity    = x->ids_capacity,
+                      .status          = KVX_INPROGRESS};
+    return x;
+}
+
+static void xfer_release(kvx_xfer_t *x)
+{
+    free(x->op);
     free(x->groups);
+    free(x->ids);
     free(x->peers);
     free(x);
 }
 
+/* Back to the agent's pool, or freed. Operations a dead peer left pending keep their
+ * completion counter, which the transport frees with the worker. */
+static void xfer_free(kvx_xfer_t *x)
+{
+    kvx_agent_t *agent = x->agent;
+
+    if (x->op != NULL && transport_op_pending(x->op)) {
+        transport_op_release(agent->transport, x->op);
+        x->op = NULL;
+    }
+    if (agent->xfer_pooled == XFER_POOL_MAX) {
+        xfer_release(x);
+        return;
+    }
+    x->next          = agent->xfer_pool;
+    agent->xfer_pool = x;
+    agent->xfer_pooled++;
+}
+
+void agent_xfers_free_pool(kvx_agent_t *agent)
+{
+    while (agent->xfer_pool != NULL) {
+        kvx_xfer_t *x = agent->xfer_pool;
+
+        agent->xfer_pool = x->next;
+        xfer_release(x);
+    }
+    agent->xfer_pooled = 0;
+}
 /* The peers of a planned request: each read rank's, then the notify-only ranks' we know. */
 static kvx_status_t xfer_peers_find(kvx_xfer_t *x, kvx_peer_t *const *peers, size_t num_peers)
 {
@@ -229,8 +309,8 @@ static kvx_status_t xfer_peers_find(kvx_xfer_t *x, kvx_peer_t *const *peers, siz
     size_t reads                = kvx_pairs_num_reads(pairs);
     size_t notifies             = kvx_peer_plan_num_notifies(plan);
 
-    x->peers = calloc(reads + notifies + 1, sizeof(*x->peers));
-    if (x->peers == NULL)
+    if (!buffer_reserve((void **)&x->peers, &x->peers_capacity, reads + notifies + 1,
+                        sizeof(*x->peers)))
         return error_no_memory("a transfer");
     for (size_t r = 0; r < reads; r++) {
         uint32_t rank;
@@ -273,15 +353,12 @@ kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
     status = kvx_peer_plan_request(peers[0]->plan, request, agent->pairs);
     if (status != KVX_OK)
         return status;
-    x = calloc(1, sizeof(*x));
+    x = xfer_get(agent);
     if (x == NULL)
         return error_no_memory("a transfer");
-    *x     = (kvx_xfer_t){.agent      = agent,
-                          .request_id = request_id,
-                          .status     = KVX_INPROGRESS,
-                          .callback   = callback,
-                          .arg        = arg,
-                          .op         = calloc(1, sizeof(*x->op))};
+    x->request_id = request_id;
+    x->callback   = callback;
+    x->arg        = arg;
     status = x->op != NULL ? xfer_peers_find(x, peers, num_peers) : error_no_memory("a transfer");
     if (status == KVX_OK)
         status = xfer_groups_copy(x, request);
