@@ -94,9 +94,13 @@ void agent_peers_progress(kvx_agent_t *agent);
 kvx_status_t agent_peer_request(kvx_peer_t *peer, const void *const *frames, const size_t *sizes,
                                 size_t num_frames, void **reply_p, size_t *reply_size_p);
 
-/* Marks `peer` down with `reason` (once): its endpoint and heartbeats close and every
- * transfer in flight with it fails with the reason. */
-void agent_peer_down(kvx_peer_t *peer, const char *reason);
+/* A reply's bytes as a malloc'd copy with a NUL after them, so text replies print safely. */
+kvx_status_t agent_reply_copy(const void *data, size_t size, void **reply_p, size_t *size_p);
+
+/* Marks `peer` down with `reason` (once), counted as a dead peer when `dead` (not when
+ * dropped for idling): its endpoint and heartbeats close and every transfer in flight with
+ * it fails with the reason. */
+void agent_peer_down(kvx_peer_t *peer, const char *reason, bool dead);
 
 /* Frees the transfers kept for reuse (agent destruction). */
 void agent_xfers_free_pool(kvx_agent_t *agent);

@@ -58,7 +58,7 @@ static bool answer_take(kvx_peer_t *peer, const void *text, size_t size)
                  "restarted: instance %016" PRIx64 " answers where %016" PRIx64
                  " was (engine id \"%.64s\")",
                  instance, peer->instance, engine);
-        agent_peer_down(peer, reason);
+        agent_peer_down(peer, reason, true);
         return true;
     }
     peer->waiting_since_ms = 0;
@@ -97,7 +97,8 @@ static bool answer_receive(kvx_peer_t *peer)
 kvx_status_t agent_peer_live_start(kvx_peer_t *peer)
 {
     kvx_agent_t *agent = peer->agent;
-    int high_water     = 8; /* heartbeats queued for a stalled peer; more only repeat */
+    int high_water     = 8;    /* heartbeats queued for a stalled peer; more only repeat */
+    int64_t max_answer = 4096; /* answers and push replies are short: a longer one is hostile */
     int linger         = 0;
     char endpoint[300];
     kvx_status_t status = agent_endpoint(peer->address, "peer", endpoint, sizeof(endpoint));
@@ -107,17 +108,20 @@ kvx_status_t agent_peer_live_start(kvx_peer_t *peer)
     peer->dealer = zmq_socket(agent->zmq, ZMQ_DEALER);
     if (peer->dealer == NULL ||
         zmq_setsockopt(peer->dealer, ZMQ_SNDHWM, &high_water, sizeof(high_water)) != 0 ||
+        zmq_setsockopt(peer->dealer, ZMQ_MAXMSGSIZE, &max_answer, sizeof(max_answer)) != 0 ||
         zmq_setsockopt(peer->dealer, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
         zmq_connect(peer->dealer, endpoint) != 0)
         return error_set(KVX_ERR_IO, "heartbeats: %s", zmq_strerror(zmq_errno()));
     heartbeat_send(peer, NULL, 0);
-    for (uint64_t start = clock_ms(); !answer_receive(peer);) {
+    /* The first answer names the instance; anything else it may send first is ignored. */
+    for (uint64_t start = clock_ms(); peer->instance == 0;) {
         zmq_pollitem_t item = {.socket = peer->dealer, .events = ZMQ_POLLIN};
 
         if (clock_ms() - start > agent->timeout_ms)
             return error_set(KVX_ERR_IO, "no heartbeat answer within %" PRIu32 " ms",
                              agent->timeout_ms);
-        zmq_poll(&item, 1, 10);
+        if (zmq_poll(&item, 1, 10) > 0)
+            answer_receive(peer);
     }
     peer->last_used_ms = clock_ms();
     peer->next         = agent->peers;
@@ -143,15 +147,17 @@ void agent_peer_live_stop(kvx_peer_t *peer)
     peer->prev = peer->next = NULL;
 }
 
-void agent_peer_down(kvx_peer_t *peer, const char *reason)
+void agent_peer_down(kvx_peer_t *peer, const char *reason, bool dead)
 {
     kvx_agent_t *agent = peer->agent;
 
     if (peer->down[0] != '\0')
         return;
     snprintf(peer->down, sizeof(peer->down), "%s", reason);
-    if (strncmp(reason, "dropped", 7) != 0)
+    if (dead)
         agent->stats.peers_dead++;
+    else
+        agent->stats.peers_idle++;
     agent_log(agent, "peer %s (rank %" PRIu32 ") down: %s", peer->address, peer->tp_rank, reason);
     agent_xfers_fail_peer(agent, peer, reason);
     if (peer->ep != NULL) {
@@ -188,7 +194,7 @@ void agent_peers_progress(kvx_agent_t *agent)
                      "dead: no heartbeat answer for %" PRIu64 " ms (%d intervals of %" PRIu32
                      " ms)",
                      now - peer->waiting_since_ms, LIVE_MISSED_INTERVALS, agent->heartbeat_ms);
-            agent_peer_down(peer, reason);
+            agent_peer_down(peer, reason, true);
             continue;
         }
         /* Transfers mark their peers used when they post and finish; deadlines are far
@@ -196,10 +202,9 @@ void agent_peers_progress(kvx_agent_t *agent)
         if (peer->num_wanted > 0)
             peer->last_used_ms = now;
         else if (now - peer->last_used_ms > agent->peer_ttl_ms) {
-            agent->stats.peers_idle++;
             snprintf(reason, sizeof(reason), "dropped: idle for %" PRIu64 " ms",
                      now - peer->last_used_ms);
-            agent_peer_down(peer, reason);
+            agent_peer_down(peer, reason, false);
             continue;
         }
         if (now - peer->last_heartbeat_ms >= agent->heartbeat_ms)
@@ -316,14 +321,11 @@ kvx_status_t agent_peer_request(kvx_peer_t *peer, const void *const *frames, con
         zmq_msg_init(&msg);
         if (message_receive(peer, &msg) &&
             !answer_take(peer, zmq_msg_data(&msg), zmq_msg_size(&msg))) {
-            *reply_size_p = zmq_msg_size(&msg);
-            *reply_p      = malloc(*reply_size_p + 1);
-            if (*reply_p != NULL) {
-                memcpy(*reply_p, zmq_msg_data(&msg), *reply_size_p);
-                ((char *)*reply_p)[*reply_size_p] = '\0'; /* text replies print safely */
-            }
+            kvx_status_t status =
+                agent_reply_copy(zmq_msg_data(&msg), zmq_msg_size(&msg), reply_p, reply_size_p);
+
             zmq_msg_close(&msg);
-            return *reply_p != NULL ? KVX_OK : error_no_memory("the peer's reply");
+            return status;
         }
         zmq_msg_close(&msg);
     }
@@ -333,6 +335,6 @@ kvx_status_t agent_peer_request(kvx_peer_t *peer, const void *const *frames, con
     /* A late reply would be taken for the next request's: the peer is down instead. */
     snprintf(reason, sizeof(reason), "dead: no answer to a request within %" PRIu32 " ms",
              agent->timeout_ms);
-    agent_peer_down(peer, reason);
+    agent_peer_down(peer, reason, true);
     return error_set(KVX_ERR_IO, "peer %s: %s", peer->address, reason);
 }

@@ -40,6 +40,19 @@ void kvx_peer_destroy(kvx_peer_t *peer)
     free(peer);
 }
 
+kvx_status_t agent_reply_copy(const void *data, size_t size, void **reply_p, size_t *size_p)
+{
+    char *copy = malloc(size + 1);
+
+    if (copy == NULL)
+        return error_no_memory("the peer's reply");
+    memcpy(copy, data, size);
+    copy[size] = '\0';
+    *reply_p   = copy;
+    *size_p    = size;
+    return KVX_OK;
+}
+
 kvx_status_t agent_side_request(kvx_agent_t *agent, const char *address, const void *const *frames,
                                 const size_t *sizes, size_t num_frames, void **reply_p,
                                 size_t *reply_size_p)
@@ -91,13 +104,8 @@ kvx_status_t agent_side_request(kvx_agent_t *agent, const char *address, const v
     } else if (zmq_msg_more(&reply)) {
         status = error_set(KVX_ERR_INVALID, "peer %s: the reply has more than one frame", address);
     } else {
-        *reply_size_p = zmq_msg_size(&reply);
-        *reply_p      = malloc(*reply_size_p + 1);
-        status        = *reply_p != NULL ? KVX_OK : error_no_memory("the peer's reply");
-        if (status == KVX_OK) {
-            memcpy(*reply_p, zmq_msg_data(&reply), *reply_size_p);
-            ((char *)*reply_p)[*reply_size_p] = '\0'; /* text replies print safely */
-        }
+        status =
+            agent_reply_copy(zmq_msg_data(&reply), zmq_msg_size(&reply), reply_p, reply_size_p);
     }
     zmq_msg_close(&reply);
     zmq_close(socket);
@@ -219,7 +227,7 @@ kvx_status_t kvx_peer_reconnect(kvx_peer_t *peer)
         char what[600];
 
         snprintf(what, sizeof(what), "reconnect failed: %s", kvx_errmsg());
-        agent_peer_down(peer, what);
+        agent_peer_down(peer, what, true);
         return error_set(status, "%s", what + strlen("reconnect failed: "));
     }
     if (peer->instance != instance)

@@ -105,7 +105,7 @@ static void xfer_fail(kvx_xfer_t *x, kvx_status_t status)
     snprintf(reason, sizeof(reason), "closed: read %" PRIu64 " failed", x->request_id);
     xfer_unlink(x);
     for (size_t i = 0; i < x->num_reads; i++)
-        agent_peer_down(x->peers[i], reason);
+        agent_peer_down(x->peers[i], reason, true);
     xfer_finish(x, status);
 }
 
@@ -384,7 +384,7 @@ kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
             snprintf(reason, sizeof(reason), "closed: posting read %" PRIu64 " failed: %s",
                      request_id, kvx_errmsg());
             for (size_t i = 0; i < x->num_reads; i++)
-                agent_peer_down(x->peers[i], reason);
+                agent_peer_down(x->peers[i], reason, true);
             error_set(status, "%s", reason + strlen("closed: "));
             xfer_free(x);
             return status;
