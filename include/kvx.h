@@ -625,21 +625,12 @@ KVX_API void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t
 KVX_API kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id,
                               const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers);
 
-typedef struct kvx_hold_stats {
-    uint64_t held;     /* requests held now */
-    uint64_t released; /* released after every consumer's done */
-    uint64_t unknown;  /* done for a request not held (unknown or repeated): counted, ignored */
-    uint64_t expired;  /* released when the lease expired */
-} kvx_hold_stats_t;
-
 /* Decode side: tells each prefill rank in `peers` now that the requests `request_ids` are
  * still wanted, extending their leases to max(old, now + 2/3 lease). At most 65,536 ids.
  * kvx_agent_progress does the same on its own every heartbeat_ms for the ids kvx_want
  * registered; this call is for engines that keep their own list. */
 KVX_API kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                                    const uint64_t *request_ids, size_t count);
-
-KVX_API void kvx_agent_hold_stats(const kvx_agent_t *agent, kvx_hold_stats_t *stats_p);
 
 /* Decode side: request `request_id` is wanted from each of `peers`: progress's heartbeats
  * carry it (keeping its lease alive on the prefill side) until a transfer of it completes or

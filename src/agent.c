@@ -482,9 +482,3 @@ kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_i
         return error_set(KVX_ERR_INVALID, "hold: no agent");
     return hold_table_add(&agent->holds, request_id, groups, num_groups, consumers, clock_ms());
 }
-
-void kvx_agent_hold_stats(const kvx_agent_t *agent, kvx_hold_stats_t *stats_p)
-{
-    *stats_p = (kvx_hold_stats_t){agent->holds.count, agent->holds.released, agent->holds.unknown,
-                                  agent->holds.expired};
-}

@@ -167,7 +167,7 @@ static int run_prefill(int ready, int go)
     uint64_t block         = 5;
     kvx_group_ids_t group  = {&block, 1};
     kvx_agent_t *agent;
-    kvx_hold_stats_t stats;
+    kvx_agent_stats_t stats;
 
     (void)go;
     alarm(30);
@@ -179,10 +179,10 @@ static int run_prefill(int ready, int go)
     report_serving(ready, agent);
     do {
         kvx_agent_progress(agent, 10);
-        kvx_agent_hold_stats(agent, &stats);
-    } while (stats.released + stats.unknown < 2);
+        kvx_agent_stats(agent, &stats);
+    } while (stats.released + stats.done_unknown < 2);
     kvx_agent_destroy(agent);
-    return stats.held == 0 && stats.released == 1 && stats.unknown == 1 && log.count == 1 &&
+    return stats.held == 0 && stats.released == 1 && stats.done_unknown == 1 && log.count == 1 &&
                    log.ids[0] == 7 && log.blocks == 5
                ? 0
                : 12;
@@ -312,7 +312,7 @@ static int run_lease_server(int ready, int go)
                                  .lease_ms = 300};
     struct release_log log    = {0};
     kvx_agent_t *agent;
-    kvx_hold_stats_t stats;
+    kvx_agent_stats_t stats;
     struct timespec start;
     struct timespec now;
     double released_at[3] = {0};
@@ -337,11 +337,11 @@ static int run_lease_server(int ready, int go)
         for (size_t i = before; i < log.count; i++)
             released_at[log.ids[i] % 3] =
                 (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) * 1e-9;
-        kvx_agent_hold_stats(agent, &stats);
+        kvx_agent_stats(agent, &stats);
     } while (stats.held > 0);
     kvx_agent_destroy(agent);
     /* 2: at its lease. 1: heartbeats for 1 s kept it, then at most a lease after. */
-    return stats.expired == 2 && released_at[2] > 0.25 && released_at[2] < 0.9 &&
+    return stats.leases_expired == 2 && released_at[2] > 0.25 && released_at[2] < 0.9 &&
                    released_at[1] > 1.0 && released_at[1] < 2.5
                ? 0
                : 12;
