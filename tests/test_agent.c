@@ -3,6 +3,7 @@
  * second `done` arrives over UCX, once, and a repeated `done` is counted and ignored. */
 #include "agent_hold.h"
 #include "prefill.h"
+#include "xfer_log.h"
 #include "prng.h"
 
 #include <setjmp.h>
@@ -231,20 +232,6 @@ static int run_server(int ready, int go)
     report_serving(ready, agent);
     for (;;)
         kvx_agent_progress(agent, 10);
-}
-
-struct callback_log {
-    int calls;
-    kvx_status_t status;
-};
-
-static void on_xfer(void *arg, kvx_xfer_t *xfer, kvx_status_t status)
-{
-    struct callback_log *log = arg;
-
-    (void)xfer;
-    log->calls++;
-    log->status = status;
 }
 
 /* A posted read completes through progress with one callback; after the prefill process is

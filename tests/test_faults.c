@@ -6,6 +6,7 @@
 #include "agent.h"
 #include "clock.h"
 #include "prefill.h"
+#include "xfer_log.h"
 #include "prng.h"
 
 #include <zmq.h>
@@ -327,20 +328,6 @@ static kvx_agent_stats_t prefill_stats_reach(const struct prefill *p, uint64_t d
         stats = prefill_stats(p);
     }
     return stats;
-}
-
-struct callback_log {
-    int calls;
-    kvx_status_t status;
-};
-
-static void on_xfer(void *arg, kvx_xfer_t *xfer, kvx_status_t status)
-{
-    struct callback_log *log = arg;
-
-    (void)xfer;
-    log->calls++;
-    log->status = status;
 }
 
 /* Checks that the failed transfer `xfer` reports exactly `ids` as not loaded. */
@@ -862,6 +849,26 @@ static void unknown_and_repeated_dones_are_counted_and_ignored(void **state)
     prefill_kill(&p);
 }
 
+/* After `dropped` malformed messages, P still serves: a verified read of held request 7 and
+ * its real done release it, with every malformed message counted and none taken for a done.
+ * Ends the test's processes and agent. */
+static void serving_goes_on(struct prefill *p, kvx_agent_t *agent, kvx_peer_t *peer,
+                            uint64_t dropped)
+{
+    uint64_t block = 7;
+    kvx_agent_stats_t stats;
+
+    read_verified(agent, peer, 7, &block, 1);
+    stats = prefill_stats_reach(p, dropped, 0, 1);
+    assert_int_equal(stats.released, 1);
+    assert_int_equal(stats.held, 0);
+    assert_int_equal(stats.done_unknown, 0);
+    assert_int_equal(stats.notifications_dropped, dropped);
+    kvx_peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(p);
+}
+
 /* Malformed notifications, each about held request 7: were one taken for a done, it would
  * release 7 and the real done at the end would count as unknown. */
 static const struct bad_notify_case {
@@ -884,7 +891,6 @@ static const struct bad_notify_case {
 static void malformed_notifications_are_dropped_and_serving_goes_on(void **state)
 {
     const size_t num_cases = sizeof(bad_notify_cases) / sizeof(bad_notify_cases[0]);
-    uint64_t block         = 7;
     struct prefill p;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
@@ -909,15 +915,7 @@ static void malformed_notifications_are_dropped_and_serving_goes_on(void **state
                      (unsigned long long)stats.notifications_dropped,
                      (unsigned long long)stats.held, (unsigned long long)stats.done_unknown);
     }
-    read_verified(agent, peer, 7, &block, 1);
-    stats = prefill_stats_reach(&p, num_cases, 0, 1);
-    assert_int_equal(stats.released, 1);
-    assert_int_equal(stats.held, 0);
-    assert_int_equal(stats.done_unknown, 0);
-    assert_int_equal(stats.notifications_dropped, num_cases);
-    kvx_peer_destroy(peer);
-    agent_destroy(agent);
-    prefill_kill(&p);
+    serving_goes_on(&p, agent, peer, num_cases);
 }
 
 /* Malformed side-channel messages from a DEALER socket (whose first frame a ROUTER sees after
@@ -1018,15 +1016,7 @@ static void malformed_heartbeats_are_dropped_and_serving_goes_on(void **state)
     zmq_close(dealer);
     zmq_ctx_term(context);
 
-    read_verified(agent, peer, 7, &block, 1);
-    stats = prefill_stats_reach(&p, num_cases, 0, 1);
-    assert_int_equal(stats.released, 1);
-    assert_int_equal(stats.held, 0);
-    assert_int_equal(stats.done_unknown, 0);
-    assert_int_equal(stats.notifications_dropped, num_cases);
-    kvx_peer_destroy(peer);
-    agent_destroy(agent);
-    prefill_kill(&p);
+    serving_goes_on(&p, agent, peer, num_cases);
 }
 
 #define SOAK_MAX_BLOCKS 32  /* blocks of the largest soak request */
