@@ -5,22 +5,12 @@
 set -u
 kvx=$1
 src=$2
-passed=0
-failed=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo} # kvx bench's processes stay on loopback
 
-check() { # check RULE COMMAND...: passes when the command succeeds
-  local rule=$1
-  shift
-  if "$@"; then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAILED: $rule"
-  fi
-}
+# shellcheck source=support/check.sh
+source "$src/tests/support/check.sh"
 
 plan_matches_expected() {
   "$kvx" plan --json "$src/layouts/examples/$1" >"$tmp/out.json" &&
@@ -110,5 +100,4 @@ check "bench: bad size suffix exits 2" \
   status_and_one_error_line 2 '--block-sizes: "4X" is not a list' bench --block-sizes 4X
 check "bench: bad size suffix: exactly one stderr line" test "$(wc -l <"$tmp/stderr")" -eq 1
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+checks_done

@@ -7,10 +7,9 @@ set -u
 kvx=$1
 src=$2
 export UCX_NET_DEVICES=lo # never another interface
-passed=0
-failed=0
 tmp=$(mktemp -d)
-servers=()
+servers=() # pids of the running servers, and their logs
+logs=()
 cleanup() {
   for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
@@ -18,41 +17,39 @@ cleanup() {
 }
 trap cleanup EXIT
 
-check() {
-  local rule=$1
-  shift
-  if "$@"; then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAILED: $rule"
-  fi
-}
+# shellcheck source=support/check.sh
+source "$src/tests/support/check.sh"
 
-port=0
 # serve LAYOUT [OPTIONS...]: starts P on a free port the kernel picks (never one in use) and
-# waits until it serves; sets $addr from its "serving ... on HOST:PORT:" line.
+# waits until it serves; sets $addr from its "serving ... on HOST:PORT:" line and $log.
 serve() {
   local layout=$1
   shift
-  port=$((port + 1)) # numbers the server's log file
-  "$kvx" serve "$layout" --listen 127.0.0.1:0 --fill 42 "$@" >"$tmp/serve.$port" 2>&1 &
+  log=$tmp/serve.${#logs[@]}
+  "$kvx" serve "$layout" --listen 127.0.0.1:0 --fill 42 "$@" >"$log" 2>&1 &
   servers+=($!)
+  logs+=("$log")
   for _ in $(seq 100); do
-    addr=$(sed -n 's/^serving .* on \([0-9.]*:[0-9]*\): .*/\1/p' "$tmp/serve.$port" 2>/dev/null)
+    addr=$(sed -n 's/^serving .* on \([0-9.]*:[0-9]*\): .*/\1/p' "$log" 2>/dev/null)
     [ -n "$addr" ] && return 0
     sleep 0.1
   done
-  echo "server did not start: $(cat "$tmp/serve.$port")"
+  echo "server did not start: $(cat "$log")"
   return 1
+}
+
+# serve_tp2 LAYOUT: prefill ranks 0 and 1 of TP 2; sets $p0, $p1, and $addr to both.
+serve_tp2() {
+  serve "$1" --tp-rank 0 --tp-size 2 && p0=$addr &&
+    serve "$1" --tp-rank 1 --tp-size 2 && p1=$addr && addr=$p0,$p1
 }
 
 # stop_server: stops the last server started, checking it exits cleanly on SIGTERM.
 stop_server() {
   local pid=${servers[-1]}
-  kill -TERM "$pid" && wait "$pid" && grep -q '^stopped: ' "$tmp/serve.$port" ||
+  kill -TERM "$pid" && wait "$pid" && grep -q '^stopped: ' "${logs[-1]}" ||
     { echo "server $pid did not stop cleanly"; failed=$((failed + 1)); }
-  unset 'servers[-1]'
+  unset 'servers[-1]' 'logs[-1]'
 }
 
 # fetch_verified LAYOUT BLOCKS [OPTIONS...]: D pulls from $addr and checks every byte.
@@ -126,14 +123,11 @@ scaled "$llama" "$tmp/attn-bs32.json" 65536 131072 2048 16 134217728 2097152 16 
 mla=$src/layouts/models/deepseek-v3-mla.json
 scaled "$mla" "$tmp/mla.json" 41984 41984 1024 16 42991616 671744
 
-serve "$tmp/attn-half.json" --tp-rank 0 --tp-size 2
-p0=$addr
-serve "$tmp/attn-half.json" --tp-rank 1 --tp-size 2
-p1=$addr
+serve_tp2 "$tmp/attn-half.json"
 check "attn, P TP 2 -> D TP 1: head slices from both ranks, verified" \
-  bash -c "addr='$p0,$p1'; $(declare -f fetch_verified); kvx='$kvx' tmp='$tmp' fetch_verified '$tmp/attn-full.json' '0:0-7,20'"
+  fetch_verified "$tmp/attn-full.json" '0:0-7,20'
 check "attn, P TP 2 -> D TP 1, push: both ranks write their slices, verified" \
-  bash -c "addr='$p0,$p1'; $(declare -f fetch_verified); kvx='$kvx' tmp='$tmp' fetch_verified '$tmp/attn-full.json' '0:1-4' --push"
+  fetch_verified "$tmp/attn-full.json" '0:1-4' --push
 stop_server
 stop_server
 serve "$tmp/attn-full.json"
@@ -146,20 +140,18 @@ check "attn, block-size ratio 2: each D block is two P blocks, verified" \
 check "attn, P TP 1 -> D TP 2 rank 1, push: P writes the other half, verified" \
   fetch_verified "$tmp/attn-half.json" '0:11-13' --tp-rank 1 --tp-size 2 --push
 stop_server
-serve "$tmp/mla.json" --tp-rank 0 --tp-size 2
-p0=$addr
-serve "$tmp/mla.json" --tp-rank 1 --tp-size 2
-p1=$addr
+serve_tp2 "$tmp/mla.json"
 check "MLA, P TP 2 -> D TP 1: whole blocks from rank 0 only, verified" \
-  bash -c "addr='$p0,$p1'; $(declare -f fetch_verified); kvx='$kvx' tmp='$tmp' fetch_verified '$tmp/mla.json' '0:0-15'"
+  fetch_verified "$tmp/mla.json" '0:0-15'
+addr=$p1
 check "MLA, P TP 2 -> D TP 2 rank 1: replicated blocks from rank 1, verified" \
-  bash -c "addr='$p1'; $(declare -f fetch_verified); kvx='$kvx' tmp='$tmp' fetch_verified '$tmp/mla.json' '0:2,4,6' --tp-rank 1 --tp-size 2"
+  fetch_verified "$tmp/mla.json" '0:2,4,6' --tp-rank 1 --tp-size 2
 stop_server
 stop_server
 
 # Observability: Prometheus metrics, fetch --json, state changes at --verbose.
 serve "$tmp/v41.json" --metrics 127.0.0.1:0 --verbose
-metrics=$(sed -n 's|^metrics on \(http://[0-9.]*:[0-9]*/metrics\)$|\1|p' "$tmp/serve.$port")
+metrics=$(sed -n 's|^metrics on \(http://[0-9.]*:[0-9]*/metrics\)$|\1|p' "$log")
 check "fetch --json: one object with the outcome, figures and stats" \
   bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:0-3;1:1;2:1' --verify --fill 42 --json | python3 -c \"import json,sys; d=json.load(sys.stdin); assert d['ok'] and d['verified']=='verified' and d['stats']['transfers']==1 and d['stats']['transfer_bytes']['count']==1 and d['bytes']>0, d\""
 check "fetch --verbose: the connection is logged, no block is" \
@@ -179,5 +171,4 @@ check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && ta
 
 check "kvx demo --p-tp 2 --d-tp 2: four processes, every byte verified" bash -c "'$kvx' demo --p-tp 2 --d-tp 2 >'$tmp/demo2' 2>&1 && tail -n 1 '$tmp/demo2' | grep -qx verified"
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+checks_done
