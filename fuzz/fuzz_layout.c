@@ -1,5 +1,6 @@
 /* fuzz_layout.c: libFuzzer target of the layout reader (formats.md) and of registration
  * (regions.md): any bytes either fail with a message or give a table whose invariants hold. */
+#include "fuzz_invariant.h"
 #include "error.h"
 #include "layout.h"
 
@@ -8,7 +9,6 @@
 #include <cjson/cJSON.h>
 
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,21 +21,6 @@ typedef unsigned __int128 u128; /* sums of two 63-bit products never overflow it
 
 /* Highest group id for which the harness builds a request (one id array per group). */
 #define FUZZ_MAX_REQUEST_GROUPS 64
-
-static void fuzz_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-/* A broken invariant: say which, then abort so libFuzzer keeps the input as a crash. */
-static void fuzz_fail(const char *fmt, ...)
-{
-    va_list ap;
-
-    fprintf(stderr, "fuzz_layout: invariant broken: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\n  last kvx message: %s\n", kvx_errmsg());
-    abort();
-}
 
 static uint64_t gcd_u64(uint64_t a, uint64_t b)
 {

@@ -1,19 +1,12 @@
 /* fuzz_notify.c: libFuzzer target for the small messages agents exchange (notify.c): the
  * done notification, a heartbeat's id list and its answer, each parsed from the same bytes.
  * What parses must re-encode to the same bytes; aborts on a broken invariant. */
+#include "fuzz_invariant.h"
 #include "notify.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void invariant(bool holds, const char *what)
-{
-    if (!holds) {
-        fprintf(stderr, "invariant broken: %s\n", what);
-        abort();
-    }
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

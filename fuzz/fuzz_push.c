@@ -1,18 +1,11 @@
 /* fuzz_push.c: libFuzzer target for the push request decoder (agent_push.c), the bytes a
  * decode agent sends a prefill agent's side channel. A decoded request must respect every
  * limit; a rejected one must leave a message. Aborts on a broken invariant. */
+#include "fuzz_invariant.h"
 #include "agent_push.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-static void invariant(bool holds, const char *what)
-{
-    if (!holds) {
-        fprintf(stderr, "invariant broken: %s\n", what);
-        abort();
-    }
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,7 @@
 /* fuzz_wire.c: libFuzzer target of the handshake decoder and the remote-table check
  * (kvx.h "Wire"): any bytes either fail with a message or decode to metadata whose
  * invariants hold; validation agrees with the planner, and a re-pack decodes the same. */
+#include "fuzz_invariant.h"
 #include "error.h"
 #include "regions.h"
 
@@ -9,7 +10,6 @@
 #include <cjson/cJSON.h>
 
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,21 +45,6 @@ static const char local_layout[] =
     " \"page\": 512, \"stride\": 512, \"num_blocks\": 8, \"group\": 3}]}";
 
 static kvx_regions_t *local;
-
-static void fuzz_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-/* A broken invariant: say which, then abort so libFuzzer keeps the input as a crash. */
-static void fuzz_fail(const char *fmt, ...)
-{
-    va_list ap;
-
-    fprintf(stderr, "fuzz_wire: invariant broken: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\n  last kvx message: %s\n", kvx_errmsg());
-    abort();
-}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
