@@ -3,6 +3,7 @@
  * forked child's memory, over the same blocks `kvx bench` moves. Bench-only; no kvx calls. */
 #define _GNU_SOURCE /* process_vm_readv */
 #include "bench_common.h"
+#include "size_list.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -45,27 +46,7 @@ static uint64_t block_offset(const struct probe_args *a, uint64_t size, uint64_t
 
 static bool sizes_parse(const char *text, struct probe_args *a)
 {
-    a->num_sizes = 0;
-    for (const char *p = text; *p != '\0';) {
-        char *end;
-        uint64_t v = strtoull(p, &end, 10);
-        int shift  = 0;
-
-        if (end == p || a->num_sizes == PROBE_MAX_SIZES)
-            return false;
-        if (*end == 'K' || *end == 'k')
-            shift = 10;
-        else if (*end == 'M' || *end == 'm')
-            shift = 20;
-        else if (*end == 'G' || *end == 'g')
-            shift = 30;
-        end += shift != 0;
-        if (v == 0 || v > (UINT64_C(1) << 34) || (*end != ',' && *end != '\0'))
-            return false;
-        a->sizes[a->num_sizes++] = v << shift;
-        p                        = *end == ',' ? end + 1 : end;
-    }
-    return a->num_sizes > 0;
+    return size_list_parse(text, UINT64_C(1) << 34, a->sizes, PROBE_MAX_SIZES, &a->num_sizes);
 }
 
 static void result_print(const char *probe, const struct probe_args *a, uint64_t size,

@@ -6,9 +6,9 @@
 
 #include "bench_workload.h"
 #include "cli.h"
+#include "size_list.h"
 #include "verify.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -89,41 +89,14 @@ static double percentile_us(const uint64_t *sorted, size_t n, double p)
     return (double)sorted[rank == 0 ? 0 : rank - 1] / 1e3;
 }
 
-/* Parses "4K,64K,1M" (suffixes K, M, G: powers of 1024) into sizes[]; false with the error
- * printed when an entry is not a positive number or there are too many. */
-static bool size_list_parse(const char *option, const char *text, uint64_t *sizes, size_t *n_p)
+/* --block-sizes or --tokens into sizes[]; false with the error printed. */
+static bool size_option_parse(const char *option, const char *text, uint64_t *sizes, size_t *n_p)
 {
-    size_t n = 0;
-
-    for (const char *p = text;;) {
-        char *end;
-        uint64_t value;
-        int shift = 0;
-
-        errno = 0;
-        value = strtoull(p, &end, 10);
-        if (*end == 'K' || *end == 'k')
-            shift = 10;
-        else if (*end == 'M' || *end == 'm')
-            shift = 20;
-        else if (*end == 'G' || *end == 'g')
-            shift = 30;
-        if (*p < '0' || *p > '9' || errno != 0 || value == 0 || value > (UINT64_C(1) << 40) ||
-            n == BENCH_MAX_POINTS || (*end != '\0' && *end != ',' && shift == 0) ||
-            (shift != 0 && end[1] != '\0' && end[1] != ',')) {
-            fprintf(stderr,
-                    "kvx: error: %s: \"%s\" is not a list of up to %d sizes such as 4K,1M\n",
-                    option, text, BENCH_MAX_POINTS);
-            return false;
-        }
-        sizes[n++] = value << shift;
-        end += shift != 0;
-        if (*end == '\0')
-            break;
-        p = end + 1;
-    }
-    *n_p = n;
-    return true;
+    if (size_list_parse(text, UINT64_C(1) << 40, sizes, BENCH_MAX_POINTS, n_p))
+        return true;
+    fprintf(stderr, "kvx: error: %s: \"%s\" is not a list of up to %d sizes such as 4K,1M\n",
+            option, text, BENCH_MAX_POINTS);
+    return false;
 }
 
 /* Splits "a,b" into a->layouts[], pointers into a->layout_text (a copy: no allocation). */
@@ -219,11 +192,11 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
     if (a->peer != NULL && a->listen != NULL)
         return cli_usage_error("bench: --peer and --listen are the two ends; give one",
                                usage_bench);
-    if (!size_list_parse(a->workload ? "--tokens" : "--block-sizes",
-                         sizes != NULL ? sizes
-                         : a->workload ? "1K,8K,32K"
-                                       : "4K,64K,1M,16M",
-                         a->sizes, &a->num_sizes))
+    if (!size_option_parse(a->workload ? "--tokens" : "--block-sizes",
+                           sizes != NULL ? sizes
+                           : a->workload ? "1K,8K,32K"
+                                         : "4K,64K,1M,16M",
+                           a->sizes, &a->num_sizes))
         return EXIT_BAD_INPUT;
     if (a->num_layouts == 0)
         layout_list_parse("--layouts", "llama3-8b,deepseek-v3-mla,deepseek-v4-flash,deepseek-v4.1",
