@@ -268,24 +268,14 @@ static kvx_status_t push_write(kvx_agent_t *agent, const struct push_request *re
     for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(agent->pairs); r++) {
         uint32_t rank;
         size_t count;
-        const kvx_pair_t *p              = kvx_pairs_read(agent->pairs, r, &rank, &count);
-        struct transport_targets targets = {agent->bases, peer->remote_bases, peer->rkeys};
-        kvx_pair_t *swapped;
+        const kvx_pair_t *p = kvx_pairs_read(agent->pairs, r, &rank, &count);
+        /* The plan is the decode side's: its "local" is our destination. */
+        struct transport_targets targets = {agent->bases, peer->remote_bases, peer->rkeys, true};
 
         if (rank != agent->tp_rank)
             continue; /* another prefill rank writes that share */
-        /* The plan is the decode side's: its "local" is our destination. */
-        swapped = malloc((count > 0 ? count : 1) * sizeof(*swapped));
-        if (swapped == NULL) {
-            status = error_no_memory("push pairs");
-            break;
-        }
-        for (size_t i = 0; i < count; i++)
-            swapped[i] = (kvx_pair_t){p[i].remote_storage, p[i].local_storage, p[i].remote_offset,
-                                      p[i].local_offset, p[i].len};
-        status = transport_rma(agent->transport, peer->ep, true, swapped, count, &targets,
+        status = transport_rma(agent->transport, peer->ep, true, p, count, &targets,
                                (int)agent->timeout_ms);
-        free(swapped);
     }
     /* The puts were flushed: the data is there before the notification. */
     if (status == KVX_OK)

@@ -374,7 +374,7 @@ kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
         size_t count;
         const kvx_pair_t *pairs          = kvx_pairs_read(agent->pairs, r, NULL, &count);
         kvx_peer_t *peer                 = x->peers[r];
-        struct transport_targets targets = {agent->bases, peer->remote_bases, peer->rkeys};
+        struct transport_targets targets = {agent->bases, peer->remote_bases, peer->rkeys, false};
 
         status = transport_rma_post(peer->ep, false, pairs, count, &targets, x->op);
         if (status != KVX_OK) {

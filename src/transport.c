@@ -350,9 +350,13 @@ kvx_status_t transport_rma_post(struct transport_ep *ep, bool put, const kvx_pai
         return error_set(KVX_ERR_IO, "transport: the endpoint failed earlier");
     for (size_t i = 0; i < count; i++) {
         const kvx_pair_t *p = &pairs[i];
-        void *local         = (char *)targets->local_bases[p->local_storage] + p->local_offset;
-        uint64_t remote     = targets->remote_bases[p->remote_storage] + p->remote_offset;
-        ucp_rkey_h rkey     = targets->rkeys[p->remote_storage]->rkey;
+        uint32_t ls         = targets->mirrored ? p->remote_storage : p->local_storage;
+        uint32_t rs         = targets->mirrored ? p->local_storage : p->remote_storage;
+        void *local         = (char *)targets->local_bases[ls] +
+                      (targets->mirrored ? p->remote_offset : p->local_offset);
+        uint64_t remote =
+            targets->remote_bases[rs] + (targets->mirrored ? p->local_offset : p->remote_offset);
+        ucp_rkey_h rkey     = targets->rkeys[rs]->rkey;
         ucs_status_ptr_t sp = put ? ucp_put_nbx(ep->ep, local, p->len, remote, rkey, &param)
                                   : ucp_get_nbx(ep->ep, local, p->len, remote, rkey, &param);
 

@@ -47,6 +47,7 @@ struct transport_targets {
     void *const *local_bases;
     const uint64_t *remote_bases;
     struct transport_rkey *const *rkeys;
+    bool mirrored; /* the pairs are the peer's plan: their remote side is ours (push) */
 };
 
 /* Completion counting of one batch of operations. It must live until every posted

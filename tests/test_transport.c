@@ -184,7 +184,7 @@ static void transfers_move_exact_bytes_between_processes(void **state)
         void *local_bases[1]             = {local};
         uint64_t remote_bases[1]         = {remote_base};
         struct transport_rkey *rkeys[1]  = {rkey};
-        struct transport_targets targets = {local_bases, remote_bases, rkeys};
+        struct transport_targets targets = {local_bases, remote_bases, rkeys, false};
         bool is_read[NUM_BLOCKS]         = {false};
 
         assert_int_equal(transport_rma(t, ep, false, pairs, 8, &targets, TIMEOUT_MS), KVX_OK);
