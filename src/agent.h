@@ -128,10 +128,4 @@ kvx_peer_t *agent_peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint3
 /* "tcp://HOST:PORT" for a side-channel address "HOST:PORT"; `what` names it in errors. */
 kvx_status_t agent_endpoint(const char *address, const char *what, char *endpoint, size_t size);
 
-/* The side channel's request-reply on a fresh REQ socket to `address`: sends the frames,
- * returns the one reply frame (malloc'd) or an error after the agent's timeout. */
-kvx_status_t agent_side_request(kvx_agent_t *agent, const char *address, const void *const *frames,
-                                const size_t *sizes, size_t num_frames, void **reply_p,
-                                size_t *reply_size_p);
-
 #endif

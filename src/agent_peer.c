@@ -53,52 +53,34 @@ kvx_status_t agent_reply_copy(const void *data, size_t size, void **reply_p, siz
     return KVX_OK;
 }
 
-kvx_status_t agent_side_request(kvx_agent_t *agent, const char *address, const void *const *frames,
-                                const size_t *sizes, size_t num_frames, void **reply_p,
-                                size_t *reply_size_p)
+/* Asks the agent listening at `address` for its metadata on a fresh REQ socket; the reply
+ * (malloc'd) within the agent's timeout, at most KVX_MAX_METADATA_SIZE bytes. */
+static kvx_status_t metadata_request(kvx_agent_t *agent, const char *address, void **reply_p,
+                                     size_t *reply_size_p)
 {
     int64_t max_reply = KVX_MAX_METADATA_SIZE;
     int timeout       = (int)agent->timeout_ms;
     int linger        = 0;
     void *socket      = zmq_socket(agent->zmq, ZMQ_REQ);
-    kvx_status_t status;
     char endpoint[300];
     zmq_msg_t reply;
-    bool sent = true;
+    kvx_status_t status = agent_endpoint(address, "peer", endpoint, sizeof(endpoint));
 
-    status = agent_endpoint(address, "peer", endpoint, sizeof(endpoint));
-    if (status != KVX_OK) {
-        if (socket != NULL)
-            zmq_close(socket);
-        return status;
-    }
-    if (socket == NULL ||
+    if (status != KVX_OK || socket == NULL ||
         zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
         zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof(timeout)) != 0 ||
         zmq_setsockopt(socket, ZMQ_SNDTIMEO, &timeout, sizeof(timeout)) != 0 ||
         zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
-        zmq_connect(socket, endpoint) != 0)
-        sent = false;
-    for (size_t i = 0; sent && i < num_frames; i++)
-        sent = zmq_send(socket, frames[i], sizes[i], i + 1 < num_frames ? ZMQ_SNDMORE : 0) >= 0;
-    if (!sent) {
-        status = error_set(KVX_ERR_IO, "peer %s: %s", address, zmq_strerror(zmq_errno()));
+        zmq_connect(socket, endpoint) != 0 ||
+        zmq_send(socket, AGENT_METADATA_REQUEST, strlen(AGENT_METADATA_REQUEST), 0) < 0) {
+        if (status == KVX_OK)
+            status = error_set(KVX_ERR_IO, "peer %s: %s", address, zmq_strerror(zmq_errno()));
         if (socket != NULL)
             zmq_close(socket);
         return status;
     }
-    /* Wait for the reply while progressing our worker: a writer connecting back to us (push
-     * mode) needs our side of UCX's wire-up to answer. */
-    for (uint32_t waited = 0; waited < agent->timeout_ms; waited++) {
-        zmq_pollitem_t item = {.socket = socket, .events = ZMQ_POLLIN};
-
-        while (transport_progress(agent->transport) > 0)
-            ;
-        if (zmq_poll(&item, 1, 1) > 0)
-            break;
-    }
     zmq_msg_init(&reply);
-    if (zmq_msg_recv(&reply, socket, ZMQ_DONTWAIT) < 0) {
+    if (zmq_msg_recv(&reply, socket, 0) < 0) {
         status = error_set(KVX_ERR_IO, "peer %s: no answer within %" PRIu32 " ms (%s)", address,
                            agent->timeout_ms, zmq_strerror(zmq_errno()));
     } else if (zmq_msg_more(&reply)) {
@@ -155,8 +137,7 @@ static kvx_status_t peer_connect(kvx_peer_t *peer)
     void *bytes = NULL;
     size_t size = 0;
 
-    status = agent_side_request(agent, peer->address, (const void *const[]){AGENT_METADATA_REQUEST},
-                                (const size_t[]){strlen(AGENT_METADATA_REQUEST)}, 1, &bytes, &size);
+    status = metadata_request(agent, peer->address, &bytes, &size);
     if (status == KVX_OK)
         status = kvx_metadata_unpack(bytes, size, agent->regions, KVX_MODE_PULL, &peer->metadata);
     free(bytes);
