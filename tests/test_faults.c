@@ -506,6 +506,32 @@ static int run_wanting_decode(int in, int out)
         kvx_agent_progress(agent, 10);
 }
 
+/* Starts a prefill process serving `c` on SMALL_BLOCKS of PAGE (this side's layout) and
+ * connects an agent with `params` to it; returns the peer. */
+static kvx_peer_t *prefill_connect(struct prefill_config c, struct prefill *p,
+                                   kvx_agent_params_t params, kvx_agent_t **agent_p)
+{
+    kvx_peer_t *peer;
+
+    config        = c;
+    config.page   = PAGE;
+    config.blocks = SMALL_BLOCKS;
+    prefill_start(p);
+    *agent_p = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
+    assert_int_equal(kvx_agent_connect(*agent_p, p->address, &peer), KVX_OK);
+    return peer;
+}
+
+/* Progresses `agent` until `peer` is down or 5 s passed; returns the milliseconds taken. */
+static uint64_t progress_until_down(kvx_agent_t *agent, const kvx_peer_t *peer)
+{
+    uint64_t start = clock_ms();
+
+    while (kvx_peer_down_reason(peer) == NULL && clock_ms() - start < 5000)
+        kvx_agent_progress(agent, 5);
+    return clock_ms() - start;
+}
+
 /* Progresses `agent` for `ms` milliseconds. */
 static void progress_for(kvx_agent_t *agent, uint64_t ms)
 {
@@ -620,10 +646,7 @@ static void stopped_prefill_fails_the_read_at_its_deadline(void **state)
     (void)state;
     for (size_t i = 0; i < 64; i++)
         ids[i] = 100 + 3 * i;
-    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS, .transports = "tcp"};
-    prefill_start(&p);
-    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
-    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    peer = prefill_connect((struct prefill_config){.transports = "tcp"}, &p, params, &agent);
     read_verified(agent, peer, 1, first, 3); /* wired up and working */
 
     prefill_stop(&p);
@@ -673,23 +696,16 @@ static void stopped_prefill_is_dead_after_three_silent_heartbeats(void **state)
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     kvx_agent_stats_t stats;
-    uint64_t start;
     uint64_t elapsed;
 
     (void)state;
-    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS};
-    prefill_start(&p);
-    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
-    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    peer = prefill_connect((struct prefill_config){0}, &p, params, &agent);
     read_verified(agent, peer, 1, ids, 3);
     progress_for(agent, 3 * heartbeat_ms); /* heartbeats answered: alive */
     assert_null(kvx_peer_down_reason(peer));
 
     prefill_stop(&p);
-    start = clock_ms();
-    while (kvx_peer_down_reason(peer) == NULL && clock_ms() - start < 5000)
-        kvx_agent_progress(agent, 5);
-    elapsed = clock_ms() - start;
+    elapsed = progress_until_down(agent, peer);
     assert_non_null(kvx_peer_down_reason(peer));
     print_message("stopped prefill: down after %llu ms: %s\n", (unsigned long long)elapsed,
                   kvx_peer_down_reason(peer));
@@ -725,7 +741,7 @@ static void restarted_prefill_at_the_same_address_is_noticed(void **state)
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     kvx_agent_stats_t stats;
-    uint64_t start;
+    uint64_t elapsed;
 
     (void)state;
     config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS};
@@ -741,12 +757,10 @@ static void restarted_prefill_at_the_same_address_is_noticed(void **state)
     prefill_kill(&first);
     prefill_start_spare(&second);
     assert_string_equal(second.address, first.address);
-    start = clock_ms();
-    while (kvx_peer_down_reason(peer) == NULL && clock_ms() - start < 5000)
-        kvx_agent_progress(agent, 5);
+    elapsed = progress_until_down(agent, peer);
     assert_non_null(kvx_peer_down_reason(peer));
-    print_message("restarted prefill: down after %llu ms: %s\n",
-                  (unsigned long long)(clock_ms() - start), kvx_peer_down_reason(peer));
+    print_message("restarted prefill: down after %llu ms: %s\n", (unsigned long long)elapsed,
+                  kvx_peer_down_reason(peer));
     assert_non_null(strstr(kvx_peer_down_reason(peer), "restarted: instance "));
     kvx_agent_stats(agent, &stats);
     assert_int_equal(stats.peers_dead, 1);
@@ -773,10 +787,7 @@ static void idle_peer_is_dropped_after_its_ttl(void **state)
     kvx_agent_stats_t stats;
 
     (void)state;
-    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS};
-    prefill_start(&p);
-    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
-    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    peer = prefill_connect((struct prefill_config){0}, &p, params, &agent);
     read_verified(agent, peer, 1, ids, 2);
     assert_int_equal(kvx_want(agent, &peer, 1, 77), KVX_OK);
     progress_for(agent, 600); /* twice the TTL, but request 77 is wanted */
@@ -825,10 +836,8 @@ static void unknown_and_repeated_dones_are_counted_and_ignored(void **state)
     kvx_agent_stats_t stats;
 
     (void)state;
-    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS, .hold = {7, 8}};
-    prefill_start(&p);
-    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, (kvx_agent_params_t){0});
-    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    peer = prefill_connect((struct prefill_config){.hold = {7, 8}}, &p, (kvx_agent_params_t){0},
+                           &agent);
 
     done_send(agent, peer, 99); /* never held */
     read_verified(agent, peer, 8, &block8, 1);
@@ -897,10 +906,8 @@ static void malformed_notifications_are_dropped_and_serving_goes_on(void **state
     kvx_agent_stats_t stats;
 
     (void)state;
-    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS, .hold = {7}};
-    prefill_start(&p);
-    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, (kvx_agent_params_t){0});
-    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    peer =
+        prefill_connect((struct prefill_config){.hold = {7}}, &p, (kvx_agent_params_t){0}, &agent);
 
     for (size_t i = 0; i < num_cases; i++) {
         const struct bad_notify_case *c       = &bad_notify_cases[i];
@@ -982,10 +989,8 @@ static void malformed_heartbeats_are_dropped_and_serving_goes_on(void **state)
     void *dealer;
 
     (void)state;
-    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS, .hold = {7}};
-    prefill_start(&p);
-    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, (kvx_agent_params_t){0});
-    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    peer =
+        prefill_connect((struct prefill_config){.hold = {7}}, &p, (kvx_agent_params_t){0}, &agent);
     context = zmq_ctx_new();
     dealer  = zmq_socket(context, ZMQ_DEALER);
     snprintf(endpoint, sizeof(endpoint), "tcp://%s", p.address);
