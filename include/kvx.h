@@ -39,6 +39,10 @@ typedef enum kvx_status {
     KVX_ERR_OUT_OF_RANGE = -2,   /* a block or descriptor id beyond its region's capacity */
     KVX_ERR_IO           = -3,   /* a file could not be read, or a peer failed */
     KVX_ERR_CANCELED     = -4,   /* a transfer was cancelled before it completed */
+    KVX_ERR_BUSY         = -5,   /* the object still has dependants (peers, transfers) */
+    KVX_ERR_PEER_DOWN    = -100, /* the peer is down (dead, restarted, closed): reconnect it */
+    KVX_ERR_PEER_TIMEOUT = -101, /* the peer did not answer or complete within the deadline */
+    KVX_ERR_PEER_REFUSED = -102, /* the peer answered with a refusal (its message follows) */
     KVX_ERR_NO_MEMORY    = -200, /* an allocation failed */
     KVX_ERR_INTERNAL     = -201, /* a broken invariant inside kvx: a bug, please report */
 } kvx_status_t;
@@ -542,8 +546,11 @@ typedef struct kvx_agent_params {
 KVX_API kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params_t *params,
                                       kvx_agent_t **agent_p);
 
-/* Destroys an agent and every peer connected through it; NULL-safe. */
-KVX_API void kvx_agent_destroy(kvx_agent_t *agent);
+/* Destroys an agent, as uv_loop_close closes a loop: only once nothing depends on it. Every
+ * peer must be destroyed and every transfer destroyed and settled (a transfer cancelled by
+ * its destroy, or by its peer's, still runs its callback from the next progress); otherwise
+ * KVX_ERR_BUSY, and nothing changed. Calls no callback. NULL-safe (KVX_OK). */
+KVX_API kvx_status_t kvx_agent_destroy(kvx_agent_t *agent);
 
 /* The region table, and the base address and size of storage `index` (kvx-allocated or the
  * caller's). */
@@ -554,13 +561,23 @@ KVX_API void *kvx_agent_storage(const kvx_agent_t *agent, size_t index, uint64_t
  * to listen on port 0; NULL for an agent that does not listen. */
 KVX_API const char *kvx_agent_listen_address(const kvx_agent_t *agent);
 
-/* Serves the side channel (metadata requests, heartbeats, pushes), progresses the transport
- * (notifications, peers' operations that need this worker), completes posted transfers,
- * heartbeats peers and expires leases, for up to `timeout_ms`: returns after the first event
- * or the timeout. While idle it sleeps on the side channel and UCX's wakeup descriptor, at
- * most 5 ms at a time; 0 polls once. Create agents after any fork(): UCX in a child forked
- * from a process with an agent does not work. */
+/* Runs the agent's loop for up to `timeout_ms` and returns after the first turn that handled
+ * an event, or at the timeout; 0 turns once. Each turn runs five phases in order: progress UCX
+ * (notifications, peers' operations that need us, the steps of transfers and pushes), serve
+ * the side channel (metadata, heartbeats, pushes; replies to our requests), fire due timers
+ * (transfer and push deadlines, heartbeats, leases), fail what peers that went down had in
+ * flight (closing their connections), and run the queued completions: transfer callbacks,
+ * release callbacks and log lines. Those run only here (and in kvx_xfer_wait, kvx_read and
+ * kvx_write, which run this loop), never inside any other call. Between turns it sleeps on
+ * kvx_agent_fd() until an event or the next deadline, never spinning. Create agents after
+ * any fork(): UCX in a child forked from a process with an agent does not work. */
 KVX_API kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms);
+
+/* One descriptor an event loop (asyncio, libuv, epoll) waits on: it is readable when
+ * kvx_agent_progress has work, including a deadline that came due. Call
+ * kvx_agent_progress(agent, 0) then. It is valid while the agent lives; do not read or close
+ * it. */
+KVX_API int kvx_agent_fd(const kvx_agent_t *agent);
 
 /* A histogram with power-of-two buckets: bucket 0 counts values <= 1, bucket i values in
  * (2^(i-1), 2^i], and the last one everything larger. */
@@ -591,11 +608,18 @@ typedef struct kvx_agent_stats {
     uint64_t notifications_dropped; /* malformed: counted, ignored */
     uint64_t held;                  /* requests held now */
     uint64_t released;              /* after every consumer's done */
-    uint64_t done_unknown;          /* done for a request not held: unknown or repeated */
+    uint64_t done_unknown;          /* done for a request not held (never, or released) */
     uint64_t leases_expired;
+    /* added after version 0.1: callers built against a shorter struct pass its size */
+    uint64_t done_repeated;  /* done from a rank that reported that request already */
+    uint64_t ops_orphaned;   /* operation records UCX still owes a completion (gauge) */
+    uint64_t pushes_serving; /* prefill side: pushes in flight now (gauge) */
 } kvx_agent_stats_t;
 
-KVX_API void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p);
+/* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):
+ * fields are only ever added at the end, so a caller built against an older, shorter struct
+ * keeps working. */
+KVX_API void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_t size);
 
 /* `stats` in the Prometheus text exposition format (version 0.0.4), every metric labelled
  * agent="`agent_name`": malloc'd, NUL-terminated; free() it. */
@@ -603,24 +627,29 @@ KVX_API kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *stats,
                                                 const char *agent_name, char **text_p);
 
 /* One line per state change (peer connected, dead, restarted, dropped when idle; transfer
- * failed; lease expired), never per block; runs inside the call that changed the state. */
+ * failed; lease expired), never per block. Lines are queued (at most 64 between two
+ * completion phases; more are counted in one "dropped" line) and delivered from the
+ * completion phase of kvx_agent_progress, like every other callback. */
 typedef void (*kvx_log_cb_t)(void *arg, const char *line);
 
 KVX_API void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void *arg);
 
-/* Called once per held request when it is released: every consumer reported `done`. The
- * block ids are those given to kvx_hold, valid during the call. Runs inside
- * kvx_agent_progress. */
+/* Called once per held request when it is released: every consumer rank reported `done`, or
+ * its lease expired. The block ids are those given to kvx_hold, valid during the call. Runs
+ * from the completion phase of kvx_agent_progress. */
 typedef void (*kvx_release_cb_t)(void *arg, uint64_t request_id, const kvx_group_ids_t *groups,
                                  size_t num_groups);
 
 KVX_API void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t callback,
                                             void *arg);
 
-/* Prefill side: holds request `request_id`'s blocks (copied) until `consumers` decode ranks
- * reported `done` for it, or until its lease (the agent's lease_ms) expires without being
- * extended by a heartbeat, then releases them through the callback. Errors: KVX_ERR_INVALID
- * for a request already held, zero consumers, or more than KVX_MAX_HELD requests. */
+/* Prefill side: holds request `request_id`'s blocks (copied) until `consumers` distinct decode
+ * ranks reported `done` for it, or until its lease (the agent's lease_ms) expires without
+ * being extended by a heartbeat, then releases them through the callback. Each `done` names
+ * its sender's TP rank, and a rank counts once: a repeated or retried `done` from a rank that
+ * reported already changes nothing (counted in done_repeated), so it can never release blocks
+ * another rank has not read yet. Errors: KVX_ERR_INVALID for a request already held,
+ * consumers outside 1..KVX_MAX_TP, or more than KVX_MAX_HELD requests. */
 #define KVX_MAX_HELD 65536 /* requests held at once by one agent */
 KVX_API kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id,
                               const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers);
@@ -645,6 +674,10 @@ KVX_API void kvx_unwant(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num
  * connects the transport and unpacks the remote keys. Errors name the failing step. */
 KVX_API kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address,
                                        kvx_peer_t **peer_p);
+
+/* Destroys a peer: every transfer in flight with it fails with KVX_ERR_CANCELED (its callback
+ * runs from the next progress, not from here), and its connection is closed before this
+ * returns, so nothing it had posted writes our memory afterwards. NULL-safe. */
 KVX_API void kvx_peer_destroy(kvx_peer_t *peer);
 
 /* NULL while the peer is usable; otherwise why it is not: dead (a transport error, no
@@ -654,7 +687,9 @@ KVX_API void kvx_peer_destroy(kvx_peer_t *peer);
 KVX_API const char *kvx_peer_down_reason(const kvx_peer_t *peer);
 
 /* Handshakes again with the peer's address and replaces the connection in place (the handle
- * stays valid): after it went down, or to pick up a prefill process that restarted. */
+ * stays valid): after it went down, or to pick up a prefill process that restarted. A peer
+ * that is still up is closed first (its transfers fail with KVX_ERR_CANCELED). On failure the
+ * peer stays down, valid and destroyable. */
 KVX_API kvx_status_t kvx_peer_reconnect(kvx_peer_t *peer);
 
 /* The transports UCX really uses for a peer, lane by lane with their roles, once a read
@@ -670,17 +705,22 @@ typedef struct kvx_read_stats {
 
 typedef struct kvx_xfer kvx_xfer_t;
 
-/* Called exactly once when a posted transfer completes or fails, from kvx_agent_progress()
- * or kvx_xfer_wait(), never inside kvx_read_post(). It may post and destroy other transfers,
- * but destroys its own only when no kvx_xfer_wait() is waiting on it. */
+/* Called exactly once when a posted transfer completes, fails or is cancelled, from the
+ * completion phase of kvx_agent_progress() (or kvx_xfer_wait(), which runs it), never inside
+ * any other call. It may post and destroy transfers, its own included, unless a
+ * kvx_xfer_wait() is waiting on its own. */
 typedef void (*kvx_xfer_cb_t)(void *arg, kvx_xfer_t *xfer, kvx_status_t status);
 
 /* Posts a pull of one request (as kvx_read, without waiting) and returns its handle: the
  * agent's progress completes it, sends the `done` notifications once every get completed,
- * and calls `callback` (may be NULL). A transfer that misses the agent's deadline, or whose
- * gets fail, fails as a whole: the peers it was reading from are closed (their pending gets
- * cancelled; connect again to use them) and kvx_xfer_failed_blocks() lists the block ids not
- * loaded. On error nothing was posted and the callback never fires. */
+ * and calls `callback` (may be NULL). Each rank's pairs come from that rank's own table: ranks
+ * whose tables are the same (equal SHA-256 digests, checked at connect) share one plan, and a
+ * rank whose table differs is planned on its own. A transfer that misses the agent's deadline
+ * fails with KVX_ERR_PEER_TIMEOUT, one whose gets fail or whose peer goes down with
+ * KVX_ERR_PEER_DOWN, as a whole: the peers it was reading from are closed (their connections,
+ * and with them every pending get, end before the failure is reported; reconnect to use them)
+ * and kvx_xfer_failed_blocks() lists the block ids not loaded. On error nothing was posted
+ * and the callback never fires. */
 KVX_API kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                                    uint64_t request_id, const kvx_request_t *request,
                                    kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p);
@@ -700,9 +740,10 @@ KVX_API kvx_status_t kvx_xfer_wait(kvx_xfer_t *xfer);
 /* Bytes, descriptors and time of a completed transfer. */
 KVX_API void kvx_xfer_stats(const kvx_xfer_t *xfer, kvx_read_stats_t *stats_p);
 
-/* Releases a transfer; one still in progress is cancelled first (its peers are closed, and
- * its callback fires with KVX_ERR_CANCELED). Destroy transfers before the peers and agent
- * they use. NULL-safe. */
+/* Releases a transfer. One still in progress is cancelled first: its peers are closed before
+ * this returns (no get writes our memory afterwards), and its callback fires once with
+ * KVX_ERR_CANCELED from the next progress, after which kvx frees it; the handle must not be
+ * used after this call either way. NULL-safe. */
 KVX_API void kvx_xfer_destroy(kvx_xfer_t *xfer);
 
 /* Pulls one request from the prefill ranks in `peers` (one per remote TP rank this rank
@@ -715,8 +756,16 @@ KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size
 
 /* Push mode: asks each prefill rank in `peers` that holds part of the request to write it
  * into this agent's blocks (it plans from our side, puts, flushes, notifies us, and answers
- * on the side channel). Blocks until every rank answered; the pairs and stats are our own
- * plan's, as for kvx_read. Errors carry the writer's message. */
+ * on the side channel). kvx_write_post returns at once with a transfer handle, completed by
+ * progress like a pull; kvx_write posts and waits. A rank's refusal fails it with
+ * KVX_ERR_PEER_REFUSED and the writer's message, no answer within the deadline with
+ * KVX_ERR_PEER_TIMEOUT. A prefill rank stops writing at its own deadline (the same timeout),
+ * so blocks of a failed push may still change until then. The pairs and stats are our own
+ * plan's, as for kvx_read. */
+KVX_API kvx_status_t kvx_write_post(kvx_agent_t *agent, kvx_peer_t *const *peers,
+                                    size_t num_peers, uint64_t request_id,
+                                    const kvx_request_t *request, kvx_xfer_cb_t callback,
+                                    void *arg, kvx_xfer_t **xfer_p);
 KVX_API kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                                uint64_t request_id, const kvx_request_t *request,
                                kvx_read_stats_t *stats_p);

@@ -1,22 +1,28 @@
-/* agent.c: an agent's life: register the layout, map every storage once, pack the metadata
- * peers ask for, and serve the side channel and notifications. Connecting and reading are in
- * agent_peer.c. Parses no layouts. */
-#include "agent.h"
-
-#include "agent_push.h"
+/* agent.c: an agent's life and its loop. Creating registers the layout, maps every storage
+ * once and packs the metadata peers ask for; kvx_agent_progress runs the phases of
+ * docs/agent.md ("The loop") in order; the public calls that tie peers, transfers and holds
+ * together live here, above the files they call (xfer, push_serve, peer, conn, sidechan,
+ * hold, loop, transport). Parses no layouts. */
+#include "core.h"
 
 #include "clock.h"
 #include "error.h"
+#include "hold.h"
+#include "notify.h"
+#include "peer.h"
+#include "push_request.h"
+#include "push_serve.h"
+#include "regions.h"
+#include "sidechan.h"
+#include "xfer.h"
 
 #include <zmq.h>
 
-#include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 /* Bytes a side-channel message may have: ZeroMQ drops a peer that sends more, so a stranger
@@ -26,46 +32,86 @@
 #define AGENT_DEFAULT_LEASE_MS     30000
 #define AGENT_DEFAULT_HEARTBEAT_MS 5000
 #define AGENT_DEFAULT_PEER_TTL_MS  3600000
-#define AGENT_POLL_MS              5 /* longest sleep: leases and heartbeats stay this punctual */
-#define AGENT_PROGRESS_ROUNDS      1024 /* UCX progress rounds in one turn of kvx_agent_progress */
+#define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
+#define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
 
-/* A notification from a decode agent: `done` for one request. Anything malformed is counted
- * and dropped. */
+struct kvx_agent {
+    struct core core;
+    struct transport_mem **mems; /* by storage */
+    char *transports;
+    char *engine_id;
+    void *metadata; /* this agent's packed metadata, served to peers */
+    size_t metadata_size;
+    void *push_metadata; /* the same in push mode, sent with push requests */
+    size_t push_metadata_size;
+    struct sidechan_server *side; /* the listening side channel, or NULL */
+    char listen_address[300];     /* "HOST:PORT" it is bound to (the real port when given 0) */
+    struct push_server *pushes;
+    struct xfer_set *xfers;
+    struct hold_table holds;
+    struct loop_timer lease_timer; /* at the earliest lease end of the hold table */
+    kvx_release_cb_t release;
+    void *release_arg;
+};
+
+/* A `done` from a decode rank, as a UCX active message on the main worker: counted once per
+ * rank. Anything malformed is counted and dropped. */
 static void agent_on_notify(void *arg, const void *data, size_t size)
 {
     kvx_agent_t *agent = arg;
     uint64_t request_id;
+    uint32_t rank;
 
-    if (!notify_done_parse(data, size, &request_id)) {
-        agent->stats.notifications_dropped++;
+    if (!notify_done_parse(data, size, &request_id, &rank)) {
+        agent->core.stats.notifications_dropped++;
         return;
     }
-    agent->stats.notifications++;
-    hold_table_done(&agent->holds, request_id);
+    agent->core.stats.notifications++;
+    hold_table_done(&agent->holds, request_id, rank);
 }
 
-void agent_log(kvx_agent_t *agent, const char *format, ...)
+/* A released hold's completion: the user's callback, from the completion phase. */
+static void release_run(struct loop_event *event)
 {
-    char line[700];
-    va_list args;
+    struct hold_release *r =
+        (struct hold_release *)((char *)event - offsetof(struct hold_release, event));
+    kvx_agent_t *agent = r->owner;
 
-    if (agent->log == NULL)
-        return;
-    va_start(args, format);
-    vsnprintf(line, sizeof(line), format, args);
-    va_end(args);
-    agent->log(agent->log_arg, line);
+    if (agent->release != NULL)
+        agent->release(agent->release_arg, r->request_id, r->groups, r->num_groups);
+    hold_release_free(r);
 }
 
-void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void *arg)
+/* The hold table's hook: queue the release. */
+static void agent_on_release(void *arg, struct hold_release *r)
 {
-    agent->log     = callback;
-    agent->log_arg = arg;
+    kvx_agent_t *agent = arg;
+
+    if (r->expired)
+        loop_log(&agent->core.loop, "request %" PRIu64 ": lease expired, its blocks released",
+                 r->request_id);
+    r->owner     = agent;
+    r->event.run = release_run;
+    loop_queue(&agent->core.loop, &r->event);
 }
 
-static void agent_on_expired(void *arg, uint64_t request_id)
+/* The lease timer follows the hold table's earliest lease end. */
+static void agent_lease_timer_update(kvx_agent_t *agent)
 {
-    agent_log(arg, "request %" PRIu64 ": lease expired, its blocks released", request_id);
+    uint64_t next = hold_table_next_expiry(&agent->holds);
+
+    if (next == UINT64_MAX)
+        loop_timer_stop(&agent->core.loop, &agent->lease_timer);
+    else if (agent->lease_timer.index == LOOP_TIMER_IDLE || agent->lease_timer.deadline_ms != next)
+        loop_timer_start(&agent->core.loop, &agent->lease_timer, next); /* else a lease lags */
+}
+
+static void agent_lease_fire(struct loop_timer *timer)
+{
+    kvx_agent_t *agent = (kvx_agent_t *)((char *)timer - offsetof(kvx_agent_t, lease_timer));
+
+    hold_table_expire(&agent->holds, clock_ms());
+    agent_lease_timer_update(agent);
 }
 
 /* A random instance number: a prefill agent restarted at the same address answers
@@ -91,21 +137,21 @@ static kvx_status_t agent_storages_map(kvx_agent_t *agent, const kvx_agent_param
     uint64_t size;
     kvx_status_t status;
 
-    agent->num_storages = kvx_regions_num_storages(agent->regions);
-    agent->mems         = calloc(agent->num_storages, sizeof(*agent->mems));
-    agent->bases        = calloc(agent->num_storages, sizeof(*agent->bases));
-    if (agent->mems == NULL || agent->bases == NULL)
+    agent->core.num_storages = kvx_regions_num_storages(agent->core.regions);
+    agent->mems         = calloc(agent->core.num_storages, sizeof(*agent->mems));
+    agent->core.bases        = calloc(agent->core.num_storages, sizeof(*agent->core.bases));
+    if (agent->mems == NULL || agent->core.bases == NULL)
         return error_no_memory("the agent's storages");
-    for (size_t s = 0; s < agent->num_storages; s++) {
-        size = agent->regions->storage_sizes[s];
+    for (size_t s = 0; s < agent->core.num_storages; s++) {
+        size = agent->core.regions->storage_sizes[s];
         if (size > SIZE_MAX)
             return error_set(KVX_ERR_INVALID, "storage %s: too large for this host",
-                             agent->regions->storage_names[s]);
-        status = transport_mem_map(agent->transport, given ? params->storage_bases[s] : NULL,
+                             agent->core.regions->storage_names[s]);
+        status = transport_mem_map(agent->core.transport, given ? params->storage_bases[s] : NULL,
                                    (size_t)size, &agent->mems[s]);
         if (status != KVX_OK)
             return status;
-        agent->bases[s] = transport_mem_address(agent->mems[s]);
+        agent->core.bases[s] = transport_mem_address(agent->mems[s]);
     }
     return KVX_OK;
 }
@@ -115,7 +161,7 @@ static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_para
                                         kvx_transfer_mode_t mode, void **buf_p, size_t *size_p)
 {
     uint64_t mask            = params != NULL ? params->field_mask : 0;
-    size_t n                 = agent->num_storages;
+    size_t n                 = agent->core.num_storages;
     uint64_t *bases          = calloc(n, sizeof(*bases));
     kvx_blob_t *keys         = calloc(n, sizeof(*keys));
     void *address            = NULL;
@@ -127,8 +173,8 @@ static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_para
                       KVX_METADATA_PARAM_FIELD_REMOTE_KEYS |
                       KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS | KVX_METADATA_PARAM_FIELD_MODE,
         .mode          = mode,
-        .tp_rank       = agent->tp_rank,
-        .tp_size       = agent->tp_size,
+        .tp_rank       = agent->core.tp_rank,
+        .tp_size       = agent->core.tp_size,
         .storage_bases = bases,
         .remote_keys   = keys,
     };
@@ -148,15 +194,15 @@ static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_para
     for (size_t s = 0; s < n && status == KVX_OK; s++) {
         void *key;
 
-        bases[s] = (uint64_t)(uintptr_t)agent->bases[s];
-        status   = transport_mem_pack_rkey(agent->transport, agent->mems[s], &key, &keys[s].size);
+        bases[s] = (uint64_t)(uintptr_t)agent->core.bases[s];
+        status   = transport_mem_pack_rkey(agent->core.transport, agent->mems[s], &key, &keys[s].size);
         keys[s].data = key;
     }
     if (status == KVX_OK)
-        status = transport_worker_address(agent->transport, &address, &address_size);
+        status = transport_worker_address(agent->core.transport, &address, &address_size);
     if (status == KVX_OK) {
         mp.transport_address = (kvx_blob_t){address, address_size};
-        status               = kvx_metadata_pack(agent->regions, &mp, buf_p, size_p);
+        status               = kvx_metadata_pack(agent->core.regions, &mp, buf_p, size_p);
     }
 
 out:
@@ -168,75 +214,119 @@ out:
     return status;
 }
 
-kvx_status_t agent_endpoint(const char *address, const char *what, char *endpoint, size_t size)
+/* VERB_METADATA: this agent's packed metadata. */
+static void serve_metadata(void *arg, const struct sidechan_request *request)
 {
-    if (strchr(address, ':') == NULL || strlen(address) + sizeof("tcp://") > size)
-        return error_set(KVX_ERR_INVALID, "%s: \"%.64s\" is not HOST:PORT", what, address);
-    snprintf(endpoint, size, "tcp://%s", address);
-    return KVX_OK;
+    kvx_agent_t *agent = arg;
+
+    sidechan_reply(agent->side, &request->origin, agent->metadata, agent->metadata_size);
 }
 
-/* Binds the side channel at "HOST:PORT"; port 0 lets the kernel choose a free one, which
- * kvx_agent_listen_address reports (tests and tools use it to never collide). */
-static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
+/* VERB_HEARTBEAT: the request ids a decode rank still wants get their leases extended; the
+ * answer says who we are. A malformed list is counted and answered with an error. */
+static void serve_heartbeat(void *arg, const struct sidechan_request *request)
 {
-    int64_t max_request = AGENT_MAX_REQUEST;
-    int linger          = 0;
-    char endpoint[300];
-    size_t bound_size   = sizeof(endpoint);
-    kvx_status_t status = agent_endpoint(listen, "listen", endpoint, sizeof(endpoint));
-    size_t length       = strlen(endpoint);
+    kvx_agent_t *agent = arg;
+    uint64_t now       = clock_ms();
+    char reply[600];
+    size_t count;
 
-    if (status != KVX_OK)
-        return status;
-    if (length > 2 && strcmp(endpoint + length - 2, ":0") == 0)
-        strcpy(endpoint + length - 1, "*"); /* ZeroMQ's spelling of "any free port" */
-    agent->router = zmq_socket(agent->zmq, ZMQ_ROUTER);
-    if (agent->router == NULL ||
-        zmq_setsockopt(agent->router, ZMQ_MAXMSGSIZE, &max_request, sizeof(max_request)) != 0 ||
-        zmq_setsockopt(agent->router, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
-        zmq_bind(agent->router, endpoint) != 0 ||
-        zmq_getsockopt(agent->router, ZMQ_LAST_ENDPOINT, endpoint, &bound_size) != 0)
-        return error_set(KVX_ERR_IO, "listen %s: %s", listen, zmq_strerror(zmq_errno()));
-    snprintf(agent->listen_address, sizeof(agent->listen_address), "%s",
-             endpoint + strlen("tcp://"));
-    return KVX_OK;
+    if (!heartbeat_ids_parse(request->body, request->body_size, &count)) {
+        agent->core.stats.notifications_dropped++;
+        snprintf(reply, sizeof(reply), "%sheartbeat of %zu bytes is not a list of ids",
+                 REPLY_ERROR, request->body_size);
+    } else {
+        agent->core.stats.notifications++;
+        for (size_t i = 0; i < count; i++)
+            hold_table_extend(&agent->holds, heartbeat_id(request->body, i), now);
+        alive_answer_format(reply, sizeof(reply), agent->core.instance, agent->engine_id);
+    }
+    sidechan_reply(agent->side, &request->origin, reply, strlen(reply));
 }
+
+static void serve_push(void *arg, const struct sidechan_request *request)
+{
+    kvx_agent_t *agent = arg;
+
+    push_serve(agent->pushes, request);
+}
+
+/* The side channel's verbs, one table: what a listening agent answers. */
+static const struct sidechan_verb agent_verbs[] = {
+    {VERB_METADATA, false, serve_metadata},
+    {VERB_HEARTBEAT, true, serve_heartbeat},
+    {VERB_PUSH, true, serve_push},
+};
 
 const char *kvx_agent_listen_address(const kvx_agent_t *agent)
 {
-    return agent->router != NULL ? agent->listen_address : NULL;
+    return agent->side != NULL ? agent->listen_address : NULL;
 }
 
-void kvx_agent_destroy(kvx_agent_t *agent)
+int kvx_agent_fd(const kvx_agent_t *agent)
 {
-    if (agent == NULL)
-        return;
-    while (agent->peers != NULL)
-        kvx_peer_destroy(agent->peers); /* their sockets must close before the context */
-    push_writers_free(agent);
-    agent_xfers_free_pool(agent);
-    if (agent->router != NULL)
-        zmq_close(agent->router);
-    if (agent->zmq != NULL)
-        zmq_ctx_term(agent->zmq);
-    for (size_t s = 0; agent->mems != NULL && s < agent->num_storages; s++)
-        transport_mem_unmap(agent->transport, agent->mems[s]);
-    transport_destroy(agent->transport);
-    kvx_pairs_destroy(agent->pairs);
+    return agent->core.loop.epoll_fd;
+}
+
+/* Frees what is left in the completion queue at destruction: released holds whose callback
+ * never ran (a destroy never calls back; transfers were all gone, or it would be busy). */
+static void agent_queue_drop(kvx_agent_t *agent)
+{
+    struct loop *loop = &agent->core.loop;
+
+    while (loop->head != NULL) {
+        struct loop_event *event = loop->head;
+
+        loop_unqueue(loop, event);
+        if (event->run == release_run)
+            hold_release_free(
+                (struct hold_release *)((char *)event - offsetof(struct hold_release, event)));
+    }
+}
+
+/* Tears down what kvx_agent_create set up, in reverse; every part may be missing. */
+static void agent_free(kvx_agent_t *agent)
+{
+    struct core *core = &agent->core;
+
+    push_server_destroy(agent->pushes);
+    xfer_set_destroy(agent->xfers);
+    agent_queue_drop(agent);
+    if (agent->side != NULL) {
+        loop_unwatch_fd(&core->loop, sidechan_server_fd(agent->side));
+        sidechan_server_destroy(agent->side);
+    }
+    if (core->zmq != NULL)
+        zmq_ctx_term(core->zmq);
+    for (size_t s = 0; agent->mems != NULL && s < core->num_storages; s++)
+        transport_mem_unmap(core->transport, agent->mems[s]);
+    transport_destroy(core->transport);
     hold_table_free(&agent->holds);
-    kvx_regions_destroy(agent->regions);
+    kvx_regions_destroy(core->regions);
+    loop_fini(&core->loop);
     free(agent->metadata);
     free(agent->push_metadata);
     free(agent->transports);
     free(agent->engine_id);
     free(agent->mems);
-    free(agent->bases);
+    free(core->bases);
     free(agent);
 }
 
-kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params_t *params,
-                              kvx_agent_t **agent_p)
+kvx_status_t kvx_agent_destroy(kvx_agent_t *agent)
+{
+    if (agent == NULL)
+        return KVX_OK;
+    if (agent->core.num_peers > 0 || agent->core.num_xfers > 0)
+        return error_set(KVX_ERR_BUSY,
+                         "agent: %zu peers and %zu transfers are still there: destroy them"
+                         " (and progress once, so cancelled transfers run their callbacks)",
+                         agent->core.num_peers, agent->core.num_xfers);
+    agent_free(agent);
+    return KVX_OK;
+}
+
+static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t *params)
 {
     const uint64_t known = KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TRANSPORTS |
                            KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_ENGINE_ID |
@@ -244,241 +334,335 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
                            KVX_AGENT_PARAM_FIELD_STORAGE_BASES | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
                            KVX_AGENT_PARAM_FIELD_LEASE_MS | KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS |
                            KVX_AGENT_PARAM_FIELD_PEER_TTL_MS;
-    uint64_t mask = params != NULL ? params->field_mask : 0;
-    const char *tls =
-        (mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) ? params->transports : TRANSPORT_DEFAULT_TLS;
-    kvx_agent_t *agent = NULL;
-    kvx_status_t status;
+    uint64_t mask     = params != NULL ? params->field_mask : 0;
+    struct core *core = &agent->core;
 
-    if (agent_p == NULL || (mask & ~known) != 0)
+    if ((mask & ~known) != 0)
         return error_set(KVX_ERR_INVALID, "agent params: unknown field bits 0x%" PRIx64,
                          mask & ~known);
-    agent = calloc(1, sizeof(*agent));
-    if (agent == NULL)
-        return error_no_memory("an agent");
-    agent->tp_rank = (mask & KVX_AGENT_PARAM_FIELD_TP_RANK) ? params->tp_rank : 0;
-    agent->tp_size = (mask & KVX_AGENT_PARAM_FIELD_TP_SIZE) ? params->tp_size : 1;
-    agent->timeout_ms =
+    core->tp_rank = (mask & KVX_AGENT_PARAM_FIELD_TP_RANK) ? params->tp_rank : 0;
+    core->tp_size = (mask & KVX_AGENT_PARAM_FIELD_TP_SIZE) ? params->tp_size : 1;
+    core->timeout_ms =
         (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : AGENT_DEFAULT_TIMEOUT_MS;
     agent->holds.lease_ms =
         (mask & KVX_AGENT_PARAM_FIELD_LEASE_MS) ? params->lease_ms : AGENT_DEFAULT_LEASE_MS;
-    agent->heartbeat_ms      = (mask & KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS) ? params->heartbeat_ms
-                                                                           : AGENT_DEFAULT_HEARTBEAT_MS;
-    agent->peer_ttl_ms       = (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms
-                                                                          : AGENT_DEFAULT_PEER_TTL_MS;
-    agent->instance          = agent_instance();
-    agent->holds.on_expired  = agent_on_expired;
-    agent->holds.expired_arg = agent;
-    agent->engine_id  = strdup((mask & KVX_AGENT_PARAM_FIELD_ENGINE_ID) && params->engine_id != NULL
-                                   ? params->engine_id
-                                   : "");
-    agent->transports = strdup(tls);
-    agent->zmq        = zmq_ctx_new();
-    if (agent->transports == NULL || agent->zmq == NULL || agent->engine_id == NULL) {
-        status = error_no_memory("an agent");
-        goto err;
-    }
-    if (agent->heartbeat_ms == 0 || agent->peer_ttl_ms == 0) {
-        status = error_set(KVX_ERR_INVALID, "agent: heartbeat_ms and peer_ttl_ms must be > 0");
-        goto err;
-    }
-    if (agent->tp_size < 1 || agent->tp_size > KVX_MAX_TP || agent->tp_rank >= agent->tp_size) {
-        status = error_set(KVX_ERR_INVALID,
-                           "agent: tp_rank %" PRIu32 " of tp_size %" PRIu32 " is not a rank",
-                           agent->tp_rank, agent->tp_size);
-        goto err;
-    }
-    if ((status = kvx_regions_register(layout, &agent->regions)) != KVX_OK ||
-        (status = kvx_pairs_create(&agent->pairs)) != KVX_OK ||
-        (status = transport_create(tls, &agent->transport)) != KVX_OK ||
+    core->heartbeat_ms = (mask & KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS) ? params->heartbeat_ms
+                                                                     : AGENT_DEFAULT_HEARTBEAT_MS;
+    core->peer_ttl_ms  = (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms
+                                                                    : AGENT_DEFAULT_PEER_TTL_MS;
+    agent->engine_id   = strdup((mask & KVX_AGENT_PARAM_FIELD_ENGINE_ID) && params->engine_id != NULL
+                                    ? params->engine_id
+                                    : "");
+    agent->transports  = strdup((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports
+                                    ? params->transports
+                                    : TRANSPORT_DEFAULT_TLS);
+    if (agent->engine_id == NULL || agent->transports == NULL)
+        return error_no_memory("an agent");
+    core->engine_id  = agent->engine_id;
+    core->transports = agent->transports;
+    if (core->heartbeat_ms == 0 || core->peer_ttl_ms == 0 || core->timeout_ms == 0)
+        return error_set(KVX_ERR_INVALID,
+                         "agent: timeout_ms, heartbeat_ms and peer_ttl_ms must be > 0");
+    if (core->tp_size < 1 || core->tp_size > KVX_MAX_TP || core->tp_rank >= core->tp_size)
+        return error_set(KVX_ERR_INVALID,
+                         "agent: tp_rank %" PRIu32 " of tp_size %" PRIu32 " is not a rank",
+                         core->tp_rank, core->tp_size);
+    return KVX_OK;
+}
+
+kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params_t *params,
+                              kvx_agent_t **agent_p)
+{
+    uint64_t mask      = params != NULL ? params->field_mask : 0;
+    kvx_agent_t *agent = NULL;
+    struct core *core;
+    kvx_status_t status;
+
+    if (agent_p == NULL)
+        return error_set(KVX_ERR_INVALID, "agent: no result pointer");
+    agent = calloc(1, sizeof(*agent));
+    if (agent == NULL)
+        return error_no_memory("an agent");
+    core                = &agent->core;
+    core->agent         = agent;
+    core->instance      = agent_instance();
+    agent->holds.release = agent_on_release;
+    agent->holds.arg     = agent;
+    loop_timer_init(&agent->lease_timer, agent_lease_fire);
+    core->zmq = zmq_ctx_new();
+    if ((status = loop_init(&core->loop)) != KVX_OK || (status = agent_settings(agent, params)) ||
+        (status = core->zmq != NULL ? KVX_OK : error_no_memory("a ZeroMQ context")) != KVX_OK ||
+        (status = kvx_regions_register(layout, &core->regions)) != KVX_OK ||
+        (status = transport_create(agent->transports, &core->transport)) != KVX_OK ||
         (status = agent_storages_map(agent, params)) != KVX_OK ||
-        (status = transport_am_set_handler(agent->transport, AGENT_AM_NOTIFY, agent_on_notify,
+        (status = transport_am_set_handler(core->transport, CORE_AM_NOTIFY, agent_on_notify,
                                            agent)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PULL, &agent->metadata,
                                       &agent->metadata_size)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PUSH, &agent->push_metadata,
-                                      &agent->push_metadata_size)) != KVX_OK)
+                                      &agent->push_metadata_size)) != KVX_OK ||
+        (status = loop_watch_fd(&core->loop, transport_event_fd(core->transport))) != KVX_OK ||
+        (status = xfer_set_create(core, &agent->xfers)) != KVX_OK)
         goto err;
+    core->xfers = agent->xfers;
     if ((mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL &&
-        (status = agent_listen(agent, params->listen)) != KVX_OK)
+        ((status = sidechan_server_create(core->zmq, params->listen, AGENT_MAX_REQUEST,
+                                          agent->listen_address, sizeof(agent->listen_address),
+                                          &agent->side)) != KVX_OK ||
+         (status = loop_watch_fd(&core->loop, sidechan_server_fd(agent->side))) != KVX_OK ||
+         (status = push_server_create(core, agent->side, &agent->pushes)) != KVX_OK))
         goto err;
-    agent->event_fd = transport_event_fd(agent->transport);
-    *agent_p        = agent;
+    *agent_p = agent;
     return KVX_OK;
 
 err:
-    kvx_agent_destroy(agent);
+    agent_free(agent);
     return status;
 }
 
 const kvx_regions_t *kvx_agent_regions(const kvx_agent_t *agent)
 {
-    return agent->regions;
+    return agent->core.regions;
 }
 
 void *kvx_agent_storage(const kvx_agent_t *agent, size_t index, uint64_t *size_p)
 {
-    if (index >= agent->num_storages)
+    if (index >= agent->core.num_storages)
         return NULL;
     if (size_p != NULL)
-        *size_p = agent->regions->storage_sizes[index];
-    return agent->bases[index];
+        *size_p = agent->core.regions->storage_sizes[index];
+    return agent->core.bases[index];
 }
 
-void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p)
+void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_t size)
 {
-    *stats_p                = agent->stats;
-    stats_p->held           = agent->holds.count;
-    stats_p->released       = agent->holds.released;
-    stats_p->done_unknown   = agent->holds.unknown;
-    stats_p->leases_expired = agent->holds.expired;
+    kvx_agent_stats_t stats = agent->core.stats;
+
+    stats.held           = agent->holds.count;
+    stats.released       = agent->holds.released;
+    stats.done_unknown   = agent->holds.unknown;
+    stats.done_repeated  = agent->holds.repeated;
+    stats.leases_expired = agent->holds.expired;
+    stats.ops_orphaned   = transport_ops_orphaned(agent->core.transport);
+    stats.pushes_serving = agent->pushes != NULL ? push_jobs(agent->pushes) : 0;
+    memcpy(stats_p, &stats, size < sizeof(stats) ? size : sizeof(stats));
 }
 
 const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent)
 {
-    return agent->pairs;
+    return xfer_set_last_pairs(agent->xfers);
 }
 
-/* True when frame `f` holds exactly the text `text`. */
-static bool frame_is(zmq_msg_t *f, const char *text)
+void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void *arg)
 {
-    return zmq_msg_size(f) == strlen(text) && memcmp(zmq_msg_data(f), text, strlen(text)) == 0;
-}
-
-/* A heartbeat: the request ids a decode agent still wants get their leases extended; the
- * answer says who we are. A malformed list is counted and answered with an error. */
-static void heartbeat_serve(kvx_agent_t *agent, zmq_msg_t *ids, char *reply, size_t size)
-{
-    uint64_t now = clock_ms();
-    size_t count;
-
-    if (!heartbeat_ids_parse(zmq_msg_data(ids), zmq_msg_size(ids), &count)) {
-        agent->stats.notifications_dropped++;
-        snprintf(reply, size, "kvx-error heartbeat of %zu bytes is not a list of ids",
-                 zmq_msg_size(ids));
-        return;
-    }
-    agent->stats.notifications++;
-    for (size_t i = 0; i < count; i++)
-        hold_table_extend(&agent->holds, heartbeat_id(zmq_msg_data(ids), i), now);
-    alive_answer_format(reply, size, agent->instance, agent->engine_id);
-}
-
-/* Answers one side-channel request, if one is waiting: the metadata, or a push served and
- * acknowledged, or an error text for anything else. A message of the wrong shape is dropped
- * and counted. */
-static void agent_serve_one(kvx_agent_t *agent)
-{
-    zmq_msg_t frames[4]; /* identity, empty delimiter, request, push body */
-    int count      = 0;
-    bool malformed = false;
-    bool more      = true;
-    char reply[600];
-    kvx_status_t status;
-
-    while (more) {
-        zmq_msg_t extra;
-        zmq_msg_t *msg = count < 4 ? &frames[count] : &extra;
-
-        zmq_msg_init(msg);
-        if (zmq_msg_recv(msg, agent->router, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(msg);
-            break;
-        }
-        more = zmq_msg_more(msg);
-        if (msg == &extra) {
-            malformed = true;
-            zmq_msg_close(msg);
-        } else {
-            count++;
-        }
-    }
-    if (count == 0)
-        return;
-    if (malformed || count < 3 || zmq_msg_size(&frames[1]) != 0) {
-        agent->stats.notifications_dropped++;
-        goto out;
-    }
-    zmq_send(agent->router, zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0]), ZMQ_SNDMORE);
-    zmq_send(agent->router, "", 0, ZMQ_SNDMORE);
-    if (count == 3 && frame_is(&frames[2], AGENT_METADATA_REQUEST)) {
-        zmq_send(agent->router, agent->metadata, agent->metadata_size, 0);
-    } else if (count == 4 && frame_is(&frames[2], AGENT_HEARTBEAT_REQUEST)) {
-        heartbeat_serve(agent, &frames[3], reply, sizeof(reply));
-        zmq_send(agent->router, reply, strlen(reply), 0);
-    } else if (count == 4 && frame_is(&frames[2], AGENT_PUSH_REQUEST)) {
-        status = push_serve(agent, zmq_msg_data(&frames[3]), zmq_msg_size(&frames[3]));
-        if (status == KVX_OK)
-            snprintf(reply, sizeof(reply), "%s", AGENT_PUSH_DONE);
-        else
-            snprintf(reply, sizeof(reply), "kvx-error %s", kvx_errmsg());
-        agent->stats.notifications_dropped += status != KVX_OK;
-        zmq_send(agent->router, reply, strlen(reply), 0);
-    } else {
-        static const char unknown[] = "kvx-error unknown request";
-
-        zmq_send(agent->router, unknown, sizeof(unknown) - 1, 0);
-        agent->stats.notifications_dropped++;
-    }
-
-out:
-    for (int i = 0; i < count; i++)
-        zmq_msg_close(&frames[i]);
-}
-
-kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms)
-{
-    /* The side channel, and UCX's event descriptor: an idle agent sleeps until either has
-     * work instead of for a fixed step, so a peer's operations that need our worker (gets
-     * of engine memory, puts, wire-up) do not wait for the next turn. */
-    zmq_pollitem_t items[2] = {{.socket = agent->router, .events = ZMQ_POLLIN},
-                               {.fd = agent->event_fd, .events = ZMQ_POLLIN}};
-    zmq_pollitem_t *poll    = agent->router != NULL ? &items[0] : &items[1];
-    int num_items           = (agent->router != NULL) + (agent->event_fd >= 0);
-    uint64_t timeout        = timeout_ms > 0 ? (uint64_t)timeout_ms : 0;
-    uint64_t start          = clock_ms();
-
-    for (;;) {
-        unsigned events  = 0;
-        uint64_t elapsed = clock_ms() - start;
-        int sleep_ms;
-
-        /* UCX first: notifications must not wait behind the side channel. Bounded, so that
-         * a peer keeping the worker busy (a large pull of our memory) cannot hold the call. */
-        for (int round = 0;
-             round < AGENT_PROGRESS_ROUNDS && transport_progress(agent->transport) > 0; round++)
-            events++;
-        agent_xfers_progress(agent);
-        agent_peers_progress(agent);
-        events += hold_table_expire(&agent->holds, clock_ms());
-        /* A few ms at most, so that leases and heartbeats stay on time; no sleep once
-         * something happened, or when arming finds UCX events already pending. */
-        sleep_ms = events > 0 || elapsed >= timeout    ? 0
-                   : timeout - elapsed < AGENT_POLL_MS ? (int)(timeout - elapsed)
-                                                       : AGENT_POLL_MS;
-        if (sleep_ms > 0 && agent->event_fd >= 0 && !transport_arm(agent->transport))
-            sleep_ms = 0;
-        if (zmq_poll(poll, num_items, sleep_ms) < 0 && zmq_errno() != EINTR)
-            return error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
-        if (agent->router != NULL && (items[0].revents & ZMQ_POLLIN)) {
-            agent_serve_one(agent);
-            events++;
-        }
-        if (events > 0 || clock_ms() - start >= timeout)
-            return KVX_OK;
-    }
+    agent->core.loop.log     = callback;
+    agent->core.loop.log_arg = arg;
 }
 
 void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t callback, void *arg)
 {
-    agent->holds.callback = callback;
-    agent->holds.arg      = arg;
+    agent->release     = callback;
+    agent->release_arg = arg;
 }
 
 kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_ids_t *groups,
                       size_t num_groups, uint32_t consumers)
 {
+    kvx_status_t status;
+
     if (agent == NULL)
         return error_set(KVX_ERR_INVALID, "hold: no agent");
-    return hold_table_add(&agent->holds, request_id, groups, num_groups, consumers, clock_ms());
+    status = hold_table_add(&agent->holds, request_id, groups, num_groups, consumers, clock_ms());
+    if (status == KVX_OK)
+        agent_lease_timer_update(agent);
+    return status;
+}
+
+/* One turn of the loop, its phases in order (docs/agent.md "The loop"); returns the events
+ * it handled. User callbacks run only in the last phase. */
+static size_t agent_turn(kvx_agent_t *agent)
+{
+    struct core *core = &agent->core;
+    size_t events     = 0;
+    uint64_t malformed = 0;
+
+    loop_wake_clear(&core->loop);
+    /* 1. UCX: the main worker (notifications, peers' operations that need us), every
+     * connection's worker, then what their completions moved on. Bounded, so a peer keeping
+     * the worker busy (a large pull of our memory) cannot hold the turn. */
+    for (int round = 0; round < AGENT_PROGRESS_ROUNDS && transport_progress(core->transport) > 0;
+         round++)
+        events++;
+    events += peers_progress(core);
+    if (agent->pushes != NULL)
+        events += push_progress(agent->pushes);
+    events += xfers_advance(agent->xfers);
+    /* 2. The side channel: requests to us, replies to our requests. */
+    if (agent->side != NULL)
+        events += sidechan_server_serve(agent->side, agent_verbs,
+                                        sizeof(agent_verbs) / sizeof(agent_verbs[0]), agent,
+                                        AGENT_REQUESTS_PER_TURN, &malformed);
+    core->stats.notifications_dropped += malformed;
+    events += peers_serve(core);
+    /* 3. Deadlines, heartbeats and leases, from the one timer heap. */
+    events += loop_timers_run(&core->loop, clock_ms());
+    /* 4. Peers that went down (in any phase above) fail what they had in flight, and their
+     * connections close, before any of it is reported. */
+    events += xfers_fail_down_peers(agent->xfers);
+    /* 5. Completions: the only place user callbacks run. */
+    events += loop_queue_run(&core->loop);
+    return events;
+}
+
+/* Arms every source before a sleep; true when one has work already. */
+static bool agent_busy(kvx_agent_t *agent)
+{
+    bool busy = !transport_arm(agent->core.transport);
+
+    busy |= peers_busy(&agent->core);
+    if (agent->pushes != NULL)
+        busy |= push_busy(agent->pushes);
+    if (agent->side != NULL)
+        busy |= sidechan_server_readable(agent->side);
+    return busy;
+}
+
+/* Turns until `done(arg)` (or, with done NULL, until a turn handled an event) or until
+ * `timeout_ms` passed, sleeping on the agent's descriptor in between. */
+static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(const void *),
+                      const void *arg)
+{
+    struct loop *loop = &agent->core.loop;
+    uint64_t start    = clock_ms();
+
+    for (;;) {
+        size_t events    = agent_turn(agent);
+        uint64_t elapsed = clock_ms() - start;
+        bool busy        = agent_busy(agent);
+        uint64_t next    = loop_next_deadline(loop);
+        uint64_t now     = clock_ms();
+        uint64_t sleep   = timeout_ms > elapsed ? timeout_ms - elapsed : 0;
+
+        loop_prepare_sleep(loop, busy);
+        if ((done != NULL ? done(arg) : events > 0) || elapsed >= timeout_ms)
+            return;
+        if (busy)
+            continue;
+        if (next != UINT64_MAX)
+            sleep = next <= now ? 0 : next - now < sleep ? next - now : sleep;
+        loop_wait(loop, sleep > INT32_MAX ? INT32_MAX : (int)sleep);
+    }
+}
+
+kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms)
+{
+    if (agent == NULL)
+        return error_set(KVX_ERR_INVALID, "progress: no agent");
+    agent_run(agent, timeout_ms > 0 ? (uint64_t)timeout_ms : 0, NULL, NULL);
+    return KVX_OK;
+}
+
+static bool xfer_done(const void *xfer)
+{
+    return xfer_settled(xfer);
+}
+
+kvx_status_t kvx_xfer_wait(kvx_xfer_t *xfer)
+{
+    kvx_agent_t *agent;
+
+    if (xfer == NULL)
+        return error_set(KVX_ERR_INVALID, "wait: no transfer");
+    agent = xfer_core(xfer)->agent;
+    /* The transfer's deadline bounds this: it fails there at the latest. */
+    agent_run(agent, UINT64_MAX, xfer_done, xfer);
+    if (kvx_xfer_status(xfer) != KVX_OK)
+        error_set(kvx_xfer_status(xfer), "%s", kvx_xfer_error(xfer));
+    return kvx_xfer_status(xfer);
+}
+
+kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer_t **peer_p)
+{
+    if (agent == NULL || address == NULL || peer_p == NULL)
+        return error_set(KVX_ERR_INVALID, "connect: agent, address and result are required");
+    return peer_connect(&agent->core, address, peer_p);
+}
+
+void kvx_peer_destroy(kvx_peer_t *peer)
+{
+    struct core *core;
+
+    if (peer == NULL)
+        return;
+    core = peer_core(peer);
+    xfers_cancel_peer(core->xfers, peer);
+    core->num_peers--;
+    peer_free(peer);
+}
+
+kvx_status_t kvx_peer_reconnect(kvx_peer_t *peer)
+{
+    struct core *core;
+
+    if (peer == NULL)
+        return error_set(KVX_ERR_INVALID, "reconnect: no peer");
+    core = peer_core(peer);
+    if (!peer_is_down(peer))
+        xfers_cancel_peer(core->xfers, peer);
+    return peer_reconnect(peer);
+}
+
+kvx_status_t kvx_read_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                           uint64_t request_id, const kvx_request_t *request,
+                           kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p)
+{
+    if (agent == NULL || peers == NULL || num_peers == 0 || request == NULL || xfer_p == NULL)
+        return error_set(KVX_ERR_INVALID, "read: agent, peers, request and result are required");
+    return xfer_pull_post(agent->xfers, peers, num_peers, request_id, request, callback, arg,
+                          xfer_p);
+}
+
+kvx_status_t kvx_write_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                            uint64_t request_id, const kvx_request_t *request,
+                            kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p)
+{
+    if (agent == NULL || peers == NULL || num_peers == 0 || request == NULL || xfer_p == NULL)
+        return error_set(KVX_ERR_INVALID, "write: agent, peers, request and result are required");
+    return xfer_push_post(agent->xfers, agent->push_metadata, agent->push_metadata_size, peers,
+                          num_peers, request_id, request, callback, arg, xfer_p);
+}
+
+/* A post, a wait and a destroy: the blocking form of a transfer. */
+static kvx_status_t xfer_blocking(kvx_status_t status, kvx_xfer_t *const *xfer_p,
+                                  kvx_read_stats_t *stats_p)
+{
+    kvx_xfer_t *xfer = *xfer_p;
+
+    if (status != KVX_OK)
+        return status;
+    status = kvx_xfer_wait(xfer);
+    if (status == KVX_OK && stats_p != NULL)
+        kvx_xfer_stats(xfer, stats_p);
+    kvx_xfer_destroy(xfer);
+    return status;
+}
+
+kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                      uint64_t request_id, const kvx_request_t *request, kvx_read_stats_t *stats_p)
+{
+    kvx_xfer_t *xfer = NULL;
+
+    return xfer_blocking(kvx_read_post(agent, peers, num_peers, request_id, request, NULL, NULL,
+                                       &xfer),
+                         &xfer, stats_p);
+}
+
+kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                       uint64_t request_id, const kvx_request_t *request, kvx_read_stats_t *stats_p)
+{
+    kvx_xfer_t *xfer = NULL;
+
+    return xfer_blocking(kvx_write_post(agent, peers, num_peers, request_id, request, NULL, NULL,
+                                        &xfer),
+                         &xfer, stats_p);
 }

@@ -1,25 +1,19 @@
-/* clock.h: the one monotonic clock of deadlines, leases and transfer timings, so every module
- * measures time the same way. */
+/* clock.h: the one monotonic clock of deadlines, leases and heartbeats, so every module
+ * measures time the same way, and tests can move it forward instead of sleeping. */
 #ifndef KVX_SRC_CLOCK_H
 #define KVX_SRC_CLOCK_H
 
 #include <stdint.h>
-#include <time.h>
 
-static inline uint64_t clock_ms(void)
-{
-    struct timespec ts;
+/* Milliseconds of CLOCK_MONOTONIC plus whatever clock_advance_ms() added: what deadlines,
+ * leases, heartbeats and idle times are measured on. */
+uint64_t clock_ms(void);
 
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+/* Moves clock_ms() forward in this process (tests: a lease expires without a wall-clock
+ * wait). Never backwards. Any thread. */
+void clock_advance_ms(uint64_t ms);
 
-static inline double clock_seconds(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+/* Seconds of CLOCK_MONOTONIC, never advanced: what transfer timings are measured on. */
+double clock_seconds(void);
 
 #endif

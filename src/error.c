@@ -46,6 +46,14 @@ const char *kvx_status_str(kvx_status_t status)
         return "input/output error";
     case KVX_ERR_CANCELED:
         return "canceled";
+    case KVX_ERR_BUSY:
+        return "busy: still in use";
+    case KVX_ERR_PEER_DOWN:
+        return "peer down";
+    case KVX_ERR_PEER_TIMEOUT:
+        return "peer timed out";
+    case KVX_ERR_PEER_REFUSED:
+        return "peer refused";
     case KVX_ERR_NO_MEMORY:
         return "out of memory";
     case KVX_ERR_INTERNAL:

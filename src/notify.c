@@ -12,16 +12,18 @@ struct notify notify_done(uint64_t request_id, uint32_t tp_rank)
     return (struct notify){NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE, request_id, tp_rank, 0};
 }
 
-bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p)
+bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p)
 {
     struct notify n;
 
     if (size != sizeof(n))
         return false;
     memcpy(&n, data, sizeof(n));
-    if (n.magic != NOTIFY_MAGIC || n.version != NOTIFY_VERSION || n.kind != NOTIFY_DONE)
+    if (n.magic != NOTIFY_MAGIC || n.version != NOTIFY_VERSION || n.kind != NOTIFY_DONE ||
+        n.tp_rank >= KVX_MAX_TP || n.reserved != 0)
         return false;
     *request_id_p = n.request_id;
+    *rank_p       = n.tp_rank;
     return true;
 }
 

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvx.h"
+
 #define NOTIFY_MAGIC         0x4b565844u /* "KVXD" */
 #define NOTIFY_VERSION       1
 #define NOTIFY_DONE          1
@@ -28,8 +30,9 @@ struct notify {
 
 struct notify notify_done(uint64_t request_id, uint32_t tp_rank);
 
-/* True when `data` is exactly a `done` notification of our version; its request id. */
-bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p);
+/* True when `data` is exactly a `done` notification of our version from a rank below
+ * KVX_MAX_TP; its request id and the sender's rank. */
+bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p);
 
 /* True when `data` is a list of at most HEARTBEAT_MAX_IDS request ids; *count_p of them,
  * read with heartbeat_id (the bytes need not be aligned). */

@@ -1,9 +1,8 @@
-/* transport.c: UCX under kvx: context and worker, whole-storage memory maps, remote keys,
- * endpoints, batches of gets or puts with completion counting, and active messages. Knows
- * nothing of requests, leases or layouts. */
+/* transport.c: UCX under kvx: the context and its main worker, whole-storage memory maps,
+ * remote keys, connections on workers of their own, posted gets, puts, flushes and active
+ * messages with completion counting. Knows nothing of requests, leases or layouts. */
 #include "transport.h"
 
-#include "clock.h"
 #include "error.h"
 
 #include <ucp/api/ucp.h>
@@ -11,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* Active-message ids a transport accepts handlers for; kvx uses a handful. */
 #define TRANSPORT_AM_IDS 16
@@ -23,11 +21,9 @@ struct am_slot {
 
 struct transport {
     ucp_context_h context;
-    ucp_worker_h worker;
+    ucp_worker_h worker; /* the main worker: its address is the one peers connect to */
     struct am_slot am[TRANSPORT_AM_IDS];
-    void **orphans; /* memory a late completion may still write: freed after the worker */
-    size_t num_orphans;
-    size_t max_orphans;
+    size_t orphaned; /* op records released while UCX still owed them completions */
 };
 
 struct transport_mem {
@@ -36,18 +32,30 @@ struct transport_mem {
     size_t size; /* bytes */
 };
 
-/* Completion counting lives in the endpoint, not on a caller's stack, because a request
- * that outlives a timed-out batch still calls back; an endpoint that timed out is failed
- * for good and its requests are cancelled when it is destroyed. */
-struct transport_ep {
+/* A worker per connection, because UCX offers no bounded way to end the operations of one
+ * endpoint without its peer-failure mode (docs/agent.md "Closing"): destroying the worker
+ * is, and it takes only this connection's operations with it. */
+struct transport_conn {
     struct transport *t;
+    ucp_worker_h worker;
     ucp_ep_h ep;
-    struct transport_op op; /* the blocking batch of transport_rma */
-    bool failed;            /* a batch timed out or failed: no further operations */
+    ucp_rkey_h *rkeys; /* by the peer's storage index */
+    size_t num_rkeys;
+    struct transport_op *ops; /* every op record of this connection, released or not */
 };
 
-struct transport_rkey {
-    ucp_rkey_h rkey;
+struct transport_op {
+    struct transport_conn *conn;
+    transport_op_finished_t finished;
+    void *arg;
+    size_t posted; /* operations whose completion callback is still to come or came */
+    size_t completed;
+    int first_error; /* 0, or the UCX status of the first failure */
+    bool armed;
+    bool released;
+    struct transport_op *prev; /* in conn->ops */
+    struct transport_op *next;
+    uint8_t am[TRANSPORT_AM_MAX]; /* an active message's bytes, alive until it completes */
 };
 
 static kvx_status_t ucs_error(const char *what, ucs_status_t status)
@@ -55,15 +63,23 @@ static kvx_status_t ucs_error(const char *what, ucs_status_t status)
     return error_set(KVX_ERR_IO, "transport: %s: %s", what, ucs_status_string(status));
 }
 
+static kvx_status_t worker_create(ucp_context_h context, ucp_worker_h *worker_p)
+{
+    ucp_worker_params_t params = {.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                                  .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucs_status_t st            = ucp_worker_create(context, &params, worker_p);
+
+    return st == UCS_OK ? KVX_OK : ucs_error("creating a worker", st);
+}
+
 kvx_status_t transport_create(const char *tls, struct transport **transport_p)
 {
-    ucp_params_t params         = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                                   .features   = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
-    ucp_worker_params_t wparams = {.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                                   .thread_mode = UCS_THREAD_MODE_SINGLE};
-    struct transport *t         = calloc(1, sizeof(*t));
+    ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                           .features   = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
+    struct transport *t = calloc(1, sizeof(*t));
     ucp_config_t *config;
     ucs_status_t st;
+    kvx_status_t status;
 
     if (t == NULL)
         return error_no_memory("a transport");
@@ -81,11 +97,11 @@ kvx_status_t transport_create(const char *tls, struct transport **transport_p)
         free(t);
         return ucs_error("creating the context", st);
     }
-    st = ucp_worker_create(t->context, &wparams, &t->worker);
-    if (st != UCS_OK) {
+    status = worker_create(t->context, &t->worker);
+    if (status != KVX_OK) {
         ucp_cleanup(t->context);
         free(t);
-        return ucs_error("creating the worker", st);
+        return status;
     }
     *transport_p = t;
     return KVX_OK;
@@ -95,38 +111,9 @@ void transport_destroy(struct transport *t)
 {
     if (t == NULL)
         return;
-    ucp_worker_destroy(t->worker); /* after this, no completion callback can run */
-    for (size_t i = 0; i < t->num_orphans; i++)
-        free(t->orphans[i]);
-    free(t->orphans);
+    ucp_worker_destroy(t->worker);
     ucp_cleanup(t->context);
     free(t);
-}
-
-/* Frees `memory` now, or, when operations that complete into it are still pending (a peer
- * that stopped answering), keeps it until the worker is destroyed. */
-static void transport_free_later(struct transport *t, void *memory, bool pending)
-{
-    if (!pending) {
-        free(memory);
-        return;
-    }
-    if (t->num_orphans == t->max_orphans) {
-        size_t max   = t->max_orphans == 0 ? 8 : t->max_orphans * 2;
-        void **grown = realloc(t->orphans, max * sizeof(*grown));
-
-        if (grown == NULL)
-            return; /* leaked rather than freed under a pending completion */
-        t->orphans     = grown;
-        t->max_orphans = max;
-    }
-    t->orphans[t->num_orphans++] = memory;
-}
-
-void transport_op_release(struct transport *t, struct transport_op *op)
-{
-    if (op != NULL)
-        transport_free_later(t, op, transport_op_pending(op));
 }
 
 unsigned transport_progress(struct transport *t)
@@ -134,11 +121,26 @@ unsigned transport_progress(struct transport *t)
     return ucp_worker_progress(t->worker);
 }
 
-int transport_event_fd(struct transport *t)
+unsigned transport_conn_progress(struct transport_conn *conn)
+{
+    return ucp_worker_progress(conn->worker);
+}
+
+static int worker_event_fd(ucp_worker_h worker)
 {
     int fd = -1;
 
-    return ucp_worker_get_efd(t->worker, &fd) == UCS_OK ? fd : -1;
+    return ucp_worker_get_efd(worker, &fd) == UCS_OK ? fd : -1;
+}
+
+int transport_event_fd(struct transport *t)
+{
+    return worker_event_fd(t->worker);
+}
+
+int transport_conn_event_fd(struct transport_conn *conn)
+{
+    return worker_event_fd(conn->worker);
 }
 
 bool transport_arm(struct transport *t)
@@ -146,28 +148,14 @@ bool transport_arm(struct transport *t)
     return ucp_worker_arm(t->worker) == UCS_OK;
 }
 
-/* Waits for a request without a callback; cancels it after `timeout_ms`. */
-static kvx_status_t request_wait(struct transport *t, ucs_status_ptr_t request, const char *what,
-                                 int timeout_ms)
+bool transport_conn_arm(struct transport_conn *conn)
 {
-    uint64_t deadline = clock_ms() + (uint64_t)timeout_ms;
-    ucs_status_t st;
+    return ucp_worker_arm(conn->worker) == UCS_OK;
+}
 
-    if (request == NULL)
-        return KVX_OK;
-    if (UCS_PTR_IS_ERR(request))
-        return ucs_error(what, UCS_PTR_STATUS(request));
-    while ((st = ucp_request_check_status(request)) == UCS_INPROGRESS) {
-        if (ucp_worker_progress(t->worker) == 0 && clock_ms() > deadline) {
-            ucp_request_cancel(t->worker, request);
-            while (ucp_request_check_status(request) == UCS_INPROGRESS)
-                ucp_worker_progress(t->worker);
-            st = UCS_ERR_TIMED_OUT;
-            break;
-        }
-    }
-    ucp_request_free(request);
-    return st == UCS_OK ? KVX_OK : ucs_error(what, st);
+size_t transport_ops_orphaned(const struct transport *t)
+{
+    return t->orphaned;
 }
 
 kvx_status_t transport_mem_map(struct transport *t, void *address, size_t size,
@@ -254,79 +242,137 @@ kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t 
     return status;
 }
 
-kvx_status_t transport_ep_create(struct transport *t, const void *address, size_t size,
-                                 struct transport_ep **ep_p)
+kvx_status_t transport_conn_create(struct transport *t, const void *address, size_t size,
+                                   const kvx_blob_t *rkeys, size_t num_rkeys,
+                                   struct transport_conn **conn_p)
 {
     /* No peer-failure error mode: on UCX 1.13 it moves one-sided operations on user memory
-     * from CMA to TCP at a twentieth of the speed; liveness comes from kvx's own deadlines. */
+     * from CMA to TCP (docs/agent.md "Closing" has the figures); liveness comes from kvx's
+     * own deadlines and heartbeats, and closing from destroying the worker. */
     ucp_ep_params_t params = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
         .address    = address,
         .err_mode   = UCP_ERR_HANDLING_MODE_NONE,
     };
-    struct transport_ep *ep = calloc(1, sizeof(*ep));
+    struct transport_conn *conn = calloc(1, sizeof(*conn));
+    kvx_status_t status;
     ucs_status_t st;
 
-    if (ep == NULL)
-        return error_no_memory("an endpoint");
+    if (conn == NULL || (conn->rkeys = calloc(num_rkeys + 1, sizeof(*conn->rkeys))) == NULL) {
+        free(conn);
+        return error_no_memory("a connection");
+    }
+    conn->t = t;
     if (size == 0) {
-        free(ep);
+        free(conn->rkeys);
+        free(conn);
         return error_set(KVX_ERR_INVALID, "transport: empty worker address");
     }
-    st = ucp_ep_create(t->worker, &params, &ep->ep);
+    status = worker_create(t->context, &conn->worker);
+    if (status != KVX_OK) {
+        free(conn->rkeys);
+        free(conn);
+        return status;
+    }
+    st = ucp_ep_create(conn->worker, &params, &conn->ep);
     if (st != UCS_OK) {
-        free(ep);
+        conn->ep = NULL;
+        transport_conn_destroy(conn);
         return ucs_error("connecting to the peer's worker", st);
     }
-    ep->t = t;
-    *ep_p = ep;
+    for (; conn->num_rkeys < num_rkeys; conn->num_rkeys++) {
+        const kvx_blob_t *key = &rkeys[conn->num_rkeys];
+
+        st = key->size > 0 ? ucp_ep_rkey_unpack(conn->ep, key->data, &conn->rkeys[conn->num_rkeys])
+                           : UCS_ERR_INVALID_PARAM;
+        if (st != UCS_OK) {
+            transport_conn_destroy(conn);
+            return ucs_error("unpacking a remote key", st);
+        }
+    }
+    *conn_p = conn;
     return KVX_OK;
 }
 
-void transport_ep_destroy(struct transport *t, struct transport_ep *ep)
+static void op_unlink(struct transport_op *op)
 {
-    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                 .flags        = UCP_EP_CLOSE_FLAG_FORCE};
+    struct transport_conn *conn = op->conn;
 
-    if (ep == NULL)
-        return;
-    /* A forced close cancels what is outstanding; what a dead peer leaves pending anyway
-     * keeps its completion counter (in ep) alive until the worker goes. The wait is short:
-     * it blocks the caller, and a dead peer's close never completes. */
-    request_wait(t, ucp_ep_close_nbx(ep->ep, &param), "closing an endpoint", 100);
-    transport_free_later(t, ep, transport_op_pending(&ep->op));
+    if (op->prev != NULL)
+        op->prev->next = op->next;
+    else
+        conn->ops = op->next;
+    if (op->next != NULL)
+        op->next->prev = op->prev;
 }
 
-kvx_status_t transport_rkey_unpack(struct transport_ep *ep, const void *buf, size_t size,
-                                   struct transport_rkey **rkey_p)
+static void op_free(struct transport_op *op)
 {
-    struct transport_rkey *rkey = calloc(1, sizeof(*rkey));
-    ucs_status_t st;
+    if (op->released && op->completed < op->posted)
+        op->conn->t->orphaned--;
+    op_unlink(op);
+    free(op);
+}
 
-    if (rkey == NULL)
-        return error_no_memory("a remote key");
-    if (size == 0) {
-        free(rkey);
-        return error_set(KVX_ERR_INVALID, "transport: empty remote key");
-    }
-    st = ucp_ep_rkey_unpack(ep->ep, buf, &rkey->rkey);
-    if (st != UCS_OK) {
-        free(rkey);
-        return ucs_error("unpacking a remote key", st);
-    }
-    *rkey_p = rkey;
+void transport_conn_destroy(struct transport_conn *conn)
+{
+    if (conn == NULL)
+        return;
+    /* UCX's order: keys before their endpoint. The worker takes the endpoint and whatever it
+     * still had pending; no flush, so a dead peer cannot make this wait. */
+    for (size_t s = 0; s < conn->num_rkeys; s++)
+        ucp_rkey_destroy(conn->rkeys[s]);
+    for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
+        op->finished = NULL; /* whatever completes during the destroy tells no owner */
+    ucp_worker_destroy(conn->worker);
+    while (conn->ops != NULL)
+        op_free(conn->ops);
+    free(conn->rkeys);
+    free(conn);
+}
+
+kvx_status_t transport_op_create(struct transport_conn *conn, transport_op_finished_t finished,
+                                 void *arg, struct transport_op **op_p)
+{
+    struct transport_op *op = calloc(1, sizeof(*op));
+
+    if (op == NULL)
+        return error_no_memory("an operation record");
+    op->conn     = conn;
+    op->finished = finished;
+    op->arg      = arg;
+    op->next     = conn->ops;
+    if (conn->ops != NULL)
+        conn->ops->prev = op;
+    conn->ops = op;
+    *op_p     = op;
     return KVX_OK;
 }
 
-void transport_rkey_destroy(struct transport_rkey *rkey)
+void transport_op_release(struct transport_op *op)
 {
-    if (rkey == NULL)
+    if (op == NULL)
         return;
-    ucp_rkey_destroy(rkey->rkey);
-    free(rkey);
+    if (op->completed == op->posted) {
+        op_free(op);
+        return;
+    }
+    op->released = true;
+    op->finished = NULL;
+    op->conn->t->orphaned++;
 }
 
-static void rma_completed(void *request, ucs_status_t status, void *user_data)
+static void op_check_finished(struct transport_op *op)
+{
+    if (op->completed < op->posted)
+        return;
+    if (op->released)
+        op_free(op);
+    else if (op->armed && op->finished != NULL)
+        op->finished(op->arg, op);
+}
+
+static void op_completed(void *request, ucs_status_t status, void *user_data)
 {
     struct transport_op *op = user_data;
 
@@ -334,20 +380,33 @@ static void rma_completed(void *request, ucs_status_t status, void *user_data)
     if (status != UCS_OK && op->first_error == 0)
         op->first_error = status;
     ucp_request_free(request);
+    op_check_finished(op);
 }
 
-kvx_status_t transport_rma_post(struct transport_ep *ep, bool put, const kvx_pair_t *pairs,
-                                size_t count, const struct transport_targets *targets,
-                                struct transport_op *op)
+/* Counts what ucp_*_nbx returned: a request whose callback will come, a completion in place,
+ * or an error (the op's first error, and the call's). */
+static kvx_status_t op_count(struct transport_op *op, ucs_status_ptr_t sp, const char *what)
 {
-    ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.send      = rma_completed,
-        .user_data    = op,
+    if (UCS_PTR_IS_ERR(sp)) {
+        if (op->first_error == 0)
+            op->first_error = UCS_PTR_STATUS(sp);
+        return ucs_error(what, UCS_PTR_STATUS(sp));
+    }
+    if (sp != NULL)
+        op->posted++; /* NULL: completed in place, no callback comes */
+    return KVX_OK;
+}
+
+kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pair_t *pairs,
+                                size_t count, const struct transport_targets *targets)
+{
+    struct transport_conn *conn = op->conn;
+    ucp_request_param_t param   = {
+          .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+          .cb.send      = op_completed,
+          .user_data    = op,
     };
 
-    if (ep->failed)
-        return error_set(KVX_ERR_IO, "transport: the endpoint failed earlier");
     for (size_t i = 0; i < count; i++) {
         const kvx_pair_t *p = &pairs[i];
         uint32_t ls         = targets->mirrored ? p->remote_storage : p->local_storage;
@@ -356,61 +415,64 @@ kvx_status_t transport_rma_post(struct transport_ep *ep, bool put, const kvx_pai
                       (targets->mirrored ? p->remote_offset : p->local_offset);
         uint64_t remote =
             targets->remote_bases[rs] + (targets->mirrored ? p->local_offset : p->remote_offset);
-        ucp_rkey_h rkey     = targets->rkeys[rs]->rkey;
-        ucs_status_ptr_t sp = put ? ucp_put_nbx(ep->ep, local, p->len, remote, rkey, &param)
-                                  : ucp_get_nbx(ep->ep, local, p->len, remote, rkey, &param);
+        ucp_rkey_h rkey     = conn->rkeys[rs];
+        ucs_status_ptr_t sp = put ? ucp_put_nbx(conn->ep, local, p->len, remote, rkey, &param)
+                                  : ucp_get_nbx(conn->ep, local, p->len, remote, rkey, &param);
+        kvx_status_t status = op_count(op, sp, put ? "posting a put" : "posting a get");
 
-        if (UCS_PTR_IS_ERR(sp)) {
-            ep->failed = true;
-            return ucs_error(put ? "posting a put" : "posting a get", UCS_PTR_STATUS(sp));
-        }
-        if (sp != NULL)
-            op->posted++; /* NULL: completed in place, no callback comes */
+        if (status != KVX_OK)
+            return status;
     }
     return KVX_OK;
+}
+
+kvx_status_t transport_flush_post(struct transport_op *op)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send      = op_completed,
+        .user_data    = op,
+    };
+
+    return op_count(op, ucp_ep_flush_nbx(op->conn->ep, &param), "flushing puts");
+}
+
+kvx_status_t transport_am_post(struct transport_op *op, unsigned id, const void *data, size_t size)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .cb.send   = op_completed,
+        .user_data = op,
+        .flags     = UCP_AM_SEND_FLAG_EAGER,
+    };
+
+    if (size > sizeof(op->am))
+        return error_set(KVX_ERR_INTERNAL, "transport: an active message of %zu bytes", size);
+    memcpy(op->am, data, size);
+    return op_count(op, ucp_am_send_nbx(op->conn->ep, id, NULL, 0, op->am, size, &param),
+                    "sending an active message");
+}
+
+void transport_op_arm(struct transport_op *op)
+{
+    op->armed = true;
+    op_check_finished(op);
+}
+
+size_t transport_op_pending(const struct transport_op *op)
+{
+    return op->posted - op->completed;
+}
+
+size_t transport_op_posted(const struct transport_op *op)
+{
+    return op->posted;
 }
 
 kvx_status_t transport_op_status(const struct transport_op *op, const char *what)
 {
     return op->first_error == 0 ? KVX_OK : ucs_error(what, (ucs_status_t)op->first_error);
-}
-
-kvx_status_t transport_rma(struct transport *t, struct transport_ep *ep, bool put,
-                           const kvx_pair_t *pairs, size_t count,
-                           const struct transport_targets *targets, int timeout_ms)
-{
-    uint64_t deadline = clock_ms() + (uint64_t)timeout_ms;
-    kvx_status_t status;
-
-    if (ep->failed)
-        return error_set(KVX_ERR_IO, "transport: the endpoint failed earlier");
-    ep->op = (struct transport_op){0};
-    status = transport_rma_post(ep, put, pairs, count, targets, &ep->op);
-    while (transport_op_pending(&ep->op)) {
-        if (ucp_worker_progress(t->worker) == 0 && clock_ms() > deadline) {
-            ep->failed = true;
-            return error_set(KVX_ERR_IO,
-                             "transport: %zu of %zu operations still pending after"
-                             " %d ms",
-                             ep->op.posted - ep->op.completed, ep->op.posted, timeout_ms);
-        }
-    }
-    if (status == KVX_OK)
-        status = transport_op_status(&ep->op, put ? "put" : "get");
-    if (status != KVX_OK) {
-        ep->failed = true;
-        return status;
-    }
-    /* Gets are complete once their callbacks ran; puts are visible at the target only after
-     * a flush, which is what lets a notification follow the data. */
-    if (put) {
-        ucp_request_param_t flush = {.op_attr_mask = 0};
-
-        status = request_wait(t, ucp_ep_flush_nbx(ep->ep, &flush), "flushing puts", timeout_ms);
-        if (status != KVX_OK)
-            ep->failed = true;
-    }
-    return status;
 }
 
 static ucs_status_t am_received(void *arg, const void *header, size_t header_length, void *data,
@@ -446,21 +508,9 @@ kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
     return st == UCS_OK ? KVX_OK : ucs_error("setting an active-message handler", st);
 }
 
-kvx_status_t transport_am_send(struct transport *t, struct transport_ep *ep, unsigned id,
-                               const void *data, size_t size, int timeout_ms)
-{
-    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                 .flags        = UCP_AM_SEND_FLAG_EAGER};
-
-    if (ep->failed)
-        return error_set(KVX_ERR_IO, "transport: the endpoint failed earlier");
-    return request_wait(t, ucp_am_send_nbx(ep->ep, id, NULL, 0, data, size, &param),
-                        "sending an active message", timeout_ms);
-}
-
 /* Parses ucp_ep_print_info's lane lines, "lane[0]:  3:cma/memory.0 md[3] -> md[3]/cma/...
  * rma_bw#0 am", into "cma(rma_bw,am)": UCX 1.13 has no query for an endpoint's transports. */
-void transport_ep_describe(struct transport_ep *ep, char *buf, size_t size)
+void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size)
 {
     char *text   = NULL;
     size_t len   = 0;
@@ -472,7 +522,7 @@ void transport_ep_describe(struct transport_ep *ep, char *buf, size_t size)
     buf[0] = '\0';
     if (stream == NULL)
         return;
-    ucp_ep_print_info(ep->ep, stream);
+    ucp_ep_print_info(conn->ep, stream);
     fclose(stream);
     for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
         char *lane = strstr(line, "lane[");

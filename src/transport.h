@@ -1,22 +1,23 @@
-/* transport.h: UCX under kvx: one context and worker per agent, whole-storage memory maps
- * with packed remote keys, endpoints from worker addresses, batches of one-sided gets or
- * puts with completion counting, and active messages. Knows nothing of requests or leases. */
+/* transport.h: UCX under kvx: one context with a main worker per agent (peers connect to it),
+ * whole-storage memory maps with packed remote keys, and connections, each an endpoint on a
+ * worker of its own so that closing one is always bounded. Operations are posted and counted,
+ * never waited for. Knows nothing of requests or leases. */
 #ifndef KVX_SRC_TRANSPORT_H
 #define KVX_SRC_TRANSPORT_H
 
 #include "kvx.h"
 
-struct transport;      /* a UCX context and its one worker */
+struct transport;      /* a UCX context and its main worker */
 struct transport_mem;  /* one mapped storage */
-struct transport_ep;   /* an endpoint to a peer's worker */
-struct transport_rkey; /* a peer storage's unpacked remote key, bound to an endpoint */
+struct transport_conn; /* a worker of its own, an endpoint on it and the peer's remote keys */
+struct transport_op;   /* completion counting of one batch of operations on one connection */
 
 /* Default transports on one host: shared memory, cross-memory attach, TCP for wire-up. */
 #define TRANSPORT_DEFAULT_TLS "sm,cma,tcp"
 
-/* Creates a context with RMA and active messages and its worker. `tls` is a UCX_TLS list
+/* Creates a context with RMA and active messages and its main worker. `tls` is a UCX_TLS list
  * (NULL: TRANSPORT_DEFAULT_TLS); UCX reads the rest of its environment as usual
- * (UCX_NET_DEVICES, ...). */
+ * (UCX_NET_DEVICES, ...). Destroy every connection first. */
 kvx_status_t transport_create(const char *tls, struct transport **transport_p);
 void transport_destroy(struct transport *t);
 
@@ -27,82 +28,93 @@ kvx_status_t transport_mem_map(struct transport *t, void *address, size_t size,
 void transport_mem_unmap(struct transport *t, struct transport_mem *mem);
 void *transport_mem_address(const struct transport_mem *mem);
 
-/* The packed remote key of a mapping and this worker's address, as malloc'd copies the
+/* The packed remote key of a mapping and the main worker's address, as malloc'd copies the
  * caller frees (they travel in the handshake metadata). */
 kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem, void **buf_p,
                                      size_t *size_p);
 kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t *size_p);
 
-/* An endpoint to the worker whose packed address is `address`, and remote keys on it. */
-kvx_status_t transport_ep_create(struct transport *t, const void *address, size_t size,
-                                 struct transport_ep **ep_p);
-void transport_ep_destroy(struct transport *t, struct transport_ep *ep);
-kvx_status_t transport_rkey_unpack(struct transport_ep *ep, const void *buf, size_t size,
-                                   struct transport_rkey **rkey_p);
-void transport_rkey_destroy(struct transport_rkey *rkey);
+/* A connection to the worker whose packed address is `address`, with the peer's packed
+ * remote keys (one per peer storage) unpacked on it. Creating one does not wait: UCX wires
+ * the endpoint up as operations need it. */
+kvx_status_t transport_conn_create(struct transport *t, const void *address, size_t size,
+                                   const kvx_blob_t *rkeys, size_t num_rkeys,
+                                   struct transport_conn **conn_p);
+
+/* Closes a connection at once and never waits: its keys go first, then its worker with its
+ * endpoint, which ends every operation still pending on it (UCX completes them as
+ * cancelled, or they are simply dropped; the operation records are freed either way). After
+ * it returns nothing posted on the connection can write memory or call back. Must not be
+ * called from inside a transport progress call. NULL-safe. */
+void transport_conn_destroy(struct transport_conn *conn);
+
+/* A batch's completion counter. `finished` (may be NULL) runs once, from inside transport
+ * progress, when the batch was armed and every operation of it completed; it may only record
+ * that (queue its owner), never post or destroy. */
+typedef void (*transport_op_finished_t)(void *arg, struct transport_op *op);
+
+kvx_status_t transport_op_create(struct transport_conn *conn, transport_op_finished_t finished,
+                                 void *arg, struct transport_op **op_p);
+
+/* Gives the op up: freed now if nothing of it is pending, else when its last operation
+ * completes or its connection is destroyed; `finished` never runs after this. NULL-safe. */
+void transport_op_release(struct transport_op *op);
 
 /* Where a pair list's storage indices point: local base addresses by local storage index,
- * remote base addresses and keys by remote storage index. */
+ * remote base addresses by remote storage index (the keys are the connection's). */
 struct transport_targets {
     void *const *local_bases;
     const uint64_t *remote_bases;
-    struct transport_rkey *const *rkeys;
     bool mirrored; /* the pairs are the peer's plan: their remote side is ours (push) */
 };
 
-/* Completion counting of one batch of operations. It must live until every posted
- * operation completed (transport_op_pending() is false), or until the endpoint it was
- * posted on is destroyed, which cancels what is pending. */
-struct transport_op {
-    size_t posted; /* operations whose completion callback is still to come or came */
-    size_t completed;
-    int first_error; /* 0, or the UCX status of the first failure */
-};
+/* Posts one get (or put) per pair on the op's connection without waiting. On error some
+ * operations may be pending: release the op (and close the connection). */
+kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pair_t *pairs,
+                                size_t count, const struct transport_targets *targets);
 
-/* Posts one get (or put) per pair without waiting. Even on error some operations may be
- * pending: wait for them (or destroy the endpoint) before releasing `op`. */
-kvx_status_t transport_rma_post(struct transport_ep *ep, bool put, const kvx_pair_t *pairs,
-                                size_t count, const struct transport_targets *targets,
-                                struct transport_op *op);
+/* Posts a flush of the connection's endpoint, counted in `op`: puts posted before it are
+ * complete at the target when it completes, which is what lets a notification follow. */
+kvx_status_t transport_flush_post(struct transport_op *op);
 
-static inline bool transport_op_pending(const struct transport_op *op)
-{
-    return op->completed < op->posted;
-}
+/* Posts an eager active message of at most TRANSPORT_AM_MAX bytes (copied into the op). */
+#define TRANSPORT_AM_MAX 64
+kvx_status_t transport_am_post(struct transport_op *op, unsigned id, const void *data,
+                               size_t size);
 
-/* Releases a heap-allocated `op`: now, or when the transport is destroyed if some of its
- * operations are still pending (their completions must find it). */
-void transport_op_release(struct transport *t, struct transport_op *op);
+/* Nothing more will be posted on `op`: `finished` runs once everything completed (at once,
+ * from inside this call, when nothing is pending). */
+void transport_op_arm(struct transport_op *op);
 
-/* KVX_OK when every operation of `op` succeeded, else an error naming the first failure. */
+/* Posted and not completed yet; KVX_OK or an error naming the first failed operation. */
+size_t transport_op_pending(const struct transport_op *op);
+size_t transport_op_posted(const struct transport_op *op);
 kvx_status_t transport_op_status(const struct transport_op *op, const char *what);
 
-/* Posts one get (or put) per pair, progresses until every one completed, then flushes the
- * endpoint, so the data is complete at the target when this returns KVX_OK. Fails with
- * the first failed completion, or KVX_ERR_IO after `timeout_ms`; the endpoint is failed for
- * good then, and destroying it cancels what is pending. */
-kvx_status_t transport_rma(struct transport *t, struct transport_ep *ep, bool put,
-                           const kvx_pair_t *pairs, size_t count,
-                           const struct transport_targets *targets, int timeout_ms);
-
-/* Active messages: a handler per id receives each message's bytes during progress. */
+/* Active messages arrive at the main worker: a handler per id receives each message's bytes
+ * during progress. */
 typedef void (*transport_am_handler_t)(void *arg, const void *data, size_t size);
 kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
                                       transport_am_handler_t handler, void *arg);
-kvx_status_t transport_am_send(struct transport *t, struct transport_ep *ep, unsigned id,
-                               const void *data, size_t size, int timeout_ms);
 
-/* Describes the transports UCX really chose for `ep`, lane by lane, with each lane's role
- * ("sysv(am) posix cma(rma_bw)"): the configured list is only what UCX may choose from. */
-void transport_ep_describe(struct transport_ep *ep, char *buf, size_t size);
+/* Describes the transports UCX really chose for a connection, lane by lane, with each lane's
+ * role ("sysv(am) posix cma(rma_bw)"): the configured list is only what UCX may choose from. */
+void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size);
 
-/* Progresses the worker once; returns the number of events it handled. */
+/* Progresses the main worker, or a connection's worker, once; returns the events handled. */
 unsigned transport_progress(struct transport *t);
+unsigned transport_conn_progress(struct transport_conn *conn);
 
-/* Sleeping until UCX has work: the worker's event file descriptor (-1 if it has none), and
+/* Sleeping until UCX has work: a worker's event file descriptor (-1 if it has none), and
  * arming it, which returns false when events are already pending (progress again instead
  * of sleeping). */
 int transport_event_fd(struct transport *t);
 bool transport_arm(struct transport *t);
+int transport_conn_event_fd(struct transport_conn *conn);
+bool transport_conn_arm(struct transport_conn *conn);
+
+/* Operation records still alive because UCX has not completed them (a peer that stopped
+ * answering), across every connection: bounded by what was posted on live connections. */
+size_t transport_ops_orphaned(const struct transport *t);
 
 #endif

@@ -50,7 +50,7 @@ static enum MHD_Result on_request(void *arg, struct MHD_Connection *connection, 
     if (strcmp(url, "/metrics") != 0)
         return respond(connection, MHD_HTTP_NOT_FOUND, "kvx serves /metrics\n",
                        MHD_RESPMEM_PERSISTENT);
-    kvx_agent_stats(m->agent, &stats);
+    kvx_agent_stats(m->agent, &stats, sizeof(stats));
     if (kvx_agent_stats_prometheus(&stats, m->name, &text) != KVX_OK)
         return respond(connection, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n",
                        MHD_RESPMEM_PERSISTENT);

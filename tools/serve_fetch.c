@@ -301,7 +301,7 @@ int command_serve(int argc, char **argv)
         metrics_http_serve(metrics);
     }
     metrics_http_stop(metrics);
-    kvx_agent_stats(agent, &stats);
+    kvx_agent_stats(agent, &stats, sizeof(stats));
     printf("stopped: %" PRIu64 " notifications, %" PRIu64 " dropped, %" PRIu64 " leases expired\n",
            stats.notifications, stats.notifications_dropped, stats.leases_expired);
     kvx_agent_destroy(agent);
@@ -316,7 +316,7 @@ static void fetch_json_print(const struct agent_args *a, const kvx_agent_t *agen
 {
     kvx_agent_stats_t stats;
 
-    kvx_agent_stats(agent, &stats);
+    kvx_agent_stats(agent, &stats, sizeof(stats));
     printf("{\"ok\": %s, \"error\": ", status == KVX_OK ? "true" : "false");
     json_string_print(stdout, status == KVX_OK ? "" : kvx_errmsg());
     printf(", \"mode\": \"%s\", \"bytes\": %" PRIu64 ", \"descriptors\": %" PRIu64

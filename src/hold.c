@@ -1,8 +1,8 @@
-/* agent_hold.c: requests a prefill agent holds for its consumers. Open addressing with
+/* hold.c: requests a prefill agent holds for its consumers. Open addressing with
  * backward-shift deletion keeps lookups O(1) and the table free of tombstones; the table
  * grows by doubling up to KVX_MAX_HELD requests. Leases sit in a min-heap with lazy
  * deletion: a released or extended hold leaves a stale entry, skipped when it surfaces. */
-#include "agent_hold.h"
+#include "hold.h"
 
 #include "error.h"
 
@@ -13,10 +13,12 @@
 struct hold {
     bool used;
     uint64_t request_id;
-    uint32_t consumers;      /* still to report done */
-    uint64_t expiry_ms;      /* lease end; the heap entry with this expiry is the live one */
-    kvx_group_ids_t *groups; /* copies, released with the hold */
-    size_t num_groups;
+    uint32_t consumers;            /* ranks that must report done */
+    uint32_t reported;             /* distinct ranks that did */
+    uint64_t expiry_ms;            /* lease end; the heap entry with this expiry is the live one */
+    uint64_t *ranks;               /* bitmap of the ranks that reported, grown on demand */
+    size_t rank_words;
+    struct hold_release *released; /* the ids, handed over on release */
 };
 
 static size_t hold_hash(uint64_t id, size_t size)
@@ -130,15 +132,26 @@ static void groups_free(kvx_group_ids_t *groups, size_t n)
     free(groups);
 }
 
+void hold_release_free(struct hold_release *release)
+{
+    if (release == NULL)
+        return;
+    groups_free(release->groups, release->num_groups);
+    free(release);
+}
+
 kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,
                             const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers,
                             uint64_t now_ms)
 {
-    struct hold h = {true, request_id, consumers, now_ms + t->lease_ms, NULL, num_groups};
+    struct hold h = {.used = true, .request_id = request_id, .consumers = consumers,
+                     .expiry_ms = now_ms + t->lease_ms};
+    struct hold_release *r;
     kvx_status_t status;
 
-    if (consumers == 0)
-        return error_set(KVX_ERR_INVALID, "hold %" PRIu64 ": zero consumers", request_id);
+    if (consumers == 0 || consumers > KVX_MAX_TP)
+        return error_set(KVX_ERR_INVALID, "hold %" PRIu64 ": %" PRIu32 " consumers (1..%d)",
+                         request_id, consumers, KVX_MAX_TP);
     if (hold_find(t, request_id) != NULL)
         return error_set(KVX_ERR_INVALID, "hold %" PRIu64 ": already held", request_id);
     if (t->count >= KVX_MAX_HELD)
@@ -146,29 +159,34 @@ kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,
                          request_id, KVX_MAX_HELD);
     if (num_groups > 0 && groups == NULL)
         return error_set(KVX_ERR_INVALID, "hold %" PRIu64 ": groups missing", request_id);
-    h.groups = calloc(num_groups > 0 ? num_groups : 1, sizeof(*h.groups));
-    if (h.groups == NULL)
+    r = calloc(1, sizeof(*r));
+    if (r == NULL || (r->groups = calloc(num_groups > 0 ? num_groups : 1, sizeof(*r->groups))) == NULL) {
+        free(r);
         return error_no_memory("a hold");
+    }
+    r->request_id = request_id;
     for (size_t g = 0; g < num_groups; g++) {
         uint64_t *ids = malloc((groups[g].count > 0 ? groups[g].count : 1) * sizeof(*ids));
 
         if (ids == NULL || (groups[g].count > 0 && groups[g].ids == NULL)) {
             free(ids);
-            groups_free(h.groups, g);
+            hold_release_free(r);
             return ids == NULL ? error_no_memory("a hold")
                                : error_set(KVX_ERR_INVALID, "hold: group %zu has no ids", g);
         }
         if (groups[g].count > 0)
             memcpy(ids, groups[g].ids, groups[g].count * sizeof(*ids));
-        h.groups[g] = (kvx_group_ids_t){ids, groups[g].count};
+        r->groups[g] = (kvx_group_ids_t){ids, groups[g].count};
+        r->num_groups++;
     }
     status = hold_table_grow(t);
     if (status == KVX_OK)
         status = heap_push(t, request_id, h.expiry_ms);
     if (status != KVX_OK) {
-        groups_free(h.groups, num_groups);
+        hold_release_free(r);
         return status;
     }
+    h.released = r;
     hold_insert(t->slots, t->size, &h);
     t->count++;
     return KVX_OK;
@@ -193,29 +211,46 @@ static void hold_remove(struct hold_table *t, size_t i)
     t->count--;
 }
 
-/* Removes hold h and hands its blocks back through the callback. */
-static void hold_release(struct hold_table *t, struct hold *h)
+/* Removes hold h and hands its blocks to the release hook. */
+static void hold_release(struct hold_table *t, struct hold *h, bool expired)
 {
-    struct hold released = *h;
+    struct hold_release *released = h->released;
 
+    free(h->ranks);
     hold_remove(t, (size_t)(h - t->slots));
-    if (t->callback != NULL)
-        t->callback(t->arg, released.request_id, released.groups, released.num_groups);
-    groups_free(released.groups, released.num_groups);
+    released->expired = expired;
+    t->release(t->arg, released);
 }
 
-void hold_table_done(struct hold_table *t, uint64_t request_id)
+enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank)
 {
     struct hold *h = hold_find(t, request_id);
+    size_t word    = rank / 64;
+    uint64_t bit   = (uint64_t)1 << (rank % 64);
 
     if (h == NULL) {
         t->unknown++;
-        return;
+        return HOLD_DONE_UNKNOWN;
     }
-    if (--h->consumers > 0)
-        return;
+    if (word >= h->rank_words) {
+        uint64_t *grown = realloc(h->ranks, (word + 1) * sizeof(*grown));
+
+        if (grown == NULL) /* no room to remember the rank: treat it as not reported */
+            return HOLD_DONE_REPEATED;
+        memset(grown + h->rank_words, 0, (word + 1 - h->rank_words) * sizeof(*grown));
+        h->ranks      = grown;
+        h->rank_words = word + 1;
+    }
+    if (h->ranks[word] & bit) {
+        t->repeated++;
+        return HOLD_DONE_REPEATED;
+    }
+    h->ranks[word] |= bit;
+    if (++h->reported < h->consumers)
+        return HOLD_DONE_COUNTED;
     t->released++;
-    hold_release(t, h);
+    hold_release(t, h, false);
+    return HOLD_DONE_RELEASED;
 }
 
 /* Rebuilds the heap from the live holds once stale entries outnumber them, so the heap
@@ -255,19 +290,24 @@ size_t hold_table_expire(struct hold_table *t, uint64_t now_ms)
         if (h != NULL && h->expiry_ms == top.expiry_ms) { /* the live lease, not a stale one */
             t->expired++;
             expired++;
-            if (t->on_expired != NULL)
-                t->on_expired(t->expired_arg, top.request_id);
-            hold_release(t, h);
+            hold_release(t, h, true);
         }
     }
     return expired;
 }
 
+uint64_t hold_table_next_expiry(const struct hold_table *t)
+{
+    return t->heap_count > 0 ? t->heap[0].expiry_ms : UINT64_MAX;
+}
+
 void hold_table_free(struct hold_table *t)
 {
     for (size_t i = 0; i < t->size; i++) {
-        if (t->slots[i].used)
-            groups_free(t->slots[i].groups, t->slots[i].num_groups);
+        if (t->slots[i].used) {
+            hold_release_free(t->slots[i].released);
+            free(t->slots[i].ranks);
+        }
     }
     free(t->slots);
     free(t->heap);

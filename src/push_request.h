@@ -1,12 +1,9 @@
-/* agent_push.h: push mode between agent.c's side channel and agent_peer.c's kvx_write: the
- * request the decode side sends, its encoding and its checked decoding. */
-#ifndef KVX_SRC_AGENT_PUSH_H
-#define KVX_SRC_AGENT_PUSH_H
+/* push_request.h: the push request the decode side sends to a prefill rank: its encoding and
+ * its checked decoding. Pure. */
+#ifndef KVX_SRC_PUSH_REQUEST_H
+#define KVX_SRC_PUSH_REQUEST_H
 
-#include "agent.h"
-
-#define AGENT_PUSH_REQUEST "kvx-push 1"
-#define AGENT_PUSH_DONE    "kvx-done"
+#include "kvx.h"
 #define PUSH_MAX_GROUPS    1024
 #define PUSH_MAX_IDS       (1u << 20) /* block ids in one request: 64 Mi tokens of 64-token blocks */
 /* Bytes of a push request: the metadata and up to PUSH_MAX_IDS ids of 10 bytes or fewer. */
@@ -29,13 +26,5 @@ kvx_status_t push_request_encode(uint64_t request_id, const void *metadata, size
 /* Decodes untrusted bytes; on success the caller frees with push_request_free. */
 kvx_status_t push_request_decode(const void *buf, size_t size, struct push_request *req);
 void push_request_free(struct push_request *req);
-
-/* The prefill side's handling of one push request body: the writer (the decode agent as a
- * peer of ours) is connected once and kept, then this rank's share is put, flushed and
- * notified. */
-kvx_status_t push_serve(kvx_agent_t *agent, const void *body, size_t size);
-
-/* Drops every kept writer (agent destruction). */
-void push_writers_free(kvx_agent_t *agent);
 
 #endif

@@ -1,0 +1,38 @@
+/* conn.h: a connection to one peer agent as both pull peers and push writers use it: the
+ * peer's checked metadata, the plan between the two tables, the transport connection with the
+ * peer's remote keys and storage bases, and a digest of the peer's table. */
+#ifndef KVX_SRC_CONN_H
+#define KVX_SRC_CONN_H
+
+#include "kvx.h"
+#include "transport.h"
+
+#define CONN_DIGEST_LEN 32 /* SHA-256 */
+
+struct conn {
+    kvx_metadata_t *metadata;
+    kvx_peer_plan_t *plan; /* pull: our table to the peer's; push: the peer's to ours */
+    struct transport_conn *transport;
+    uint64_t *remote_bases; /* by the peer's storage index */
+    uint32_t tp_rank;       /* the peer's */
+    uint32_t tp_size;
+    uint8_t table_digest[CONN_DIGEST_LEN]; /* equal digests: the same table, the same pairs */
+    char transports[256];                  /* what UCX chose, once described */
+};
+
+/* Decodes and checks a peer's metadata for `mode` and connects to it. Pull (we read, the
+ * peer is a prefill rank): the table is validated against ours with our TP, and the plan
+ * goes from our table to the peer's. Push (we write into the peer, a decode rank): the plan
+ * goes from the peer's table to ours, with the peer's TP as the local one. */
+kvx_status_t conn_open(struct transport *t, const kvx_regions_t *local, uint32_t local_tp,
+                       uint32_t local_rank, kvx_transfer_mode_t mode, const void *metadata,
+                       size_t size, struct conn **conn_p);
+
+/* Closes the transport connection (bounded: transport_conn_destroy) and frees the rest.
+ * NULL-safe. */
+void conn_close(struct conn *conn);
+
+/* The transports UCX really chose, described once the endpoint was wired up. */
+const char *conn_transports(struct conn *conn);
+
+#endif

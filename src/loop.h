@@ -1,0 +1,85 @@
+/* loop.h: what an agent's loop is made of, below every file that queues work on it: timers in
+ * one deadline heap, the queue of completions that runs user callbacks, the queue of log lines,
+ * and the one pollable descriptor (epoll) that every source of events is watched through. */
+#ifndef KVX_SRC_LOOP_H
+#define KVX_SRC_LOOP_H
+
+#include "kvx.h"
+
+/* A timer: `fire` runs from loop_timers_run once clock_ms() reached `deadline_ms`. It may
+ * change state and queue events, never run user code. */
+struct loop_timer {
+    uint64_t deadline_ms;
+    size_t index; /* in the heap, or LOOP_TIMER_IDLE */
+    void (*fire)(struct loop_timer *timer);
+};
+#define LOOP_TIMER_IDLE ((size_t)-1)
+
+/* A queued completion: `run` is the only place user callbacks are called from. */
+struct loop_event {
+    struct loop_event *next;
+    void (*run)(struct loop_event *event);
+    bool queued;
+};
+
+#define LOOP_LOG_LINES 64   /* log lines queued between two completion phases; more are counted */
+#define LOOP_LOG_LINE  512  /* bytes of one line */
+
+struct loop {
+    struct loop_timer **heap; /* min-heap by deadline */
+    size_t num_timers;
+    size_t max_timers;
+    struct loop_event *head; /* completions, first queued first */
+    struct loop_event *tail;
+    int epoll_fd; /* the agent's descriptor: every source below is in it */
+    int wake_fd;  /* an eventfd: readable when progress has work without waiting */
+    int timer_fd; /* a timerfd: readable at the next deadline */
+    kvx_log_cb_t log;
+    void *log_arg;
+    char (*lines)[LOOP_LOG_LINE];
+    size_t num_lines;
+    uint64_t lines_dropped;
+};
+
+kvx_status_t loop_init(struct loop *loop);
+void loop_fini(struct loop *loop);
+
+/* Arms `timer` for `deadline_ms` (again, if it was armed); stopping an idle one is a no-op. */
+kvx_status_t loop_timer_start(struct loop *loop, struct loop_timer *timer, uint64_t deadline_ms);
+void loop_timer_stop(struct loop *loop, struct loop_timer *timer);
+
+static inline void loop_timer_init(struct loop_timer *timer, void (*fire)(struct loop_timer *))
+{
+    *timer = (struct loop_timer){0, LOOP_TIMER_IDLE, fire};
+}
+
+/* Fires every timer due by `now_ms`; returns how many. The earliest deadline, or UINT64_MAX. */
+size_t loop_timers_run(struct loop *loop, uint64_t now_ms);
+uint64_t loop_next_deadline(const struct loop *loop);
+
+/* Queues `event` once (queuing a queued event does nothing) and runs the events that were
+ * queued when the call began, in order; returns how many ran. */
+void loop_queue(struct loop *loop, struct loop_event *event);
+size_t loop_queue_run(struct loop *loop);
+bool loop_queue_empty(const struct loop *loop);
+
+/* Takes `event` out of the queue if it is there (its object goes away without running). */
+void loop_unqueue(struct loop *loop, struct loop_event *event);
+
+/* A line for the log callback, delivered by loop_queue_run (the completion phase). */
+__attribute__((format(printf, 2, 3))) void loop_log(struct loop *loop, const char *format, ...);
+
+/* Watching descriptors: UCX's wakeup descriptors, ZeroMQ's ZMQ_FD. */
+kvx_status_t loop_watch_fd(struct loop *loop, int fd);
+void loop_unwatch_fd(struct loop *loop, int fd);
+
+/* Before sleeping (or returning to an event loop that waits on epoll_fd): `busy` says some
+ * source has work already; the wake descriptor is made readable then, and the timer
+ * descriptor is set to the next deadline. Clears the wake descriptor first thing in a turn. */
+void loop_prepare_sleep(struct loop *loop, bool busy);
+void loop_wake_clear(struct loop *loop);
+
+/* Sleeps on the descriptor for at most `timeout_ms` (0: not at all). */
+void loop_wait(struct loop *loop, int timeout_ms);
+
+#endif

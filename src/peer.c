@@ -1,0 +1,564 @@
+/* peer.c: the decode side's prefill peers: the handshake, the kept side-channel socket with its
+ * requests matched by id, heartbeats carrying the wanted request ids, and going down (three
+ * silent intervals, a restart at the same address, the idle TTL, or a transfer's failure).
+ * Fails no transfer itself: a peer that goes down is queued for xfer.c. */
+#include "peer.h"
+
+#include "clock.h"
+#include "error.h"
+#include "notify.h"
+#include "sidechan.h"
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PEER_MISSED_INTERVALS 3    /* silent heartbeat intervals before a peer is dead */
+#define PEER_SEND_HWM         64   /* requests queued for a stalled peer; more fail at once */
+#define PEER_MAX_PENDING      1024 /* requests awaiting their reply on one peer */
+#define PEER_REPLIES_PER_TURN 64   /* replies taken from one peer in one turn */
+#define PEER_PROGRESS_ROUNDS  64   /* UCX progress rounds of one connection in one turn */
+#define HEARTBEAT_ID_FLAG     ((uint64_t)1 << 63) /* request ids of heartbeats */
+
+struct pending {
+    uint64_t id;
+    peer_reply_cb_t on_reply;
+    void *arg;
+};
+
+/* What one handshake sets up; swapped in whole by a reconnect. */
+struct peer_link {
+    struct conn *conn;
+    struct sidechan_client *client;
+    uint64_t instance;
+};
+
+struct kvx_peer {
+    struct core *core;
+    char *address;
+    struct peer_link link;
+    struct loop_timer heartbeat;
+    uint64_t waiting_since_ms; /* the oldest heartbeat not answered yet; 0: none */
+    uint64_t last_used_ms;
+    uint64_t next_id;
+    struct pending *pending;
+    size_t num_pending;
+    uint64_t *wanted; /* request ids heartbeats carry */
+    size_t num_wanted;
+    size_t wanted_capacity;
+    char down[256]; /* why it is down; "" while usable */
+    kvx_status_t down_status;
+    struct kvx_peer *prev; /* in core->peers while up */
+    struct kvx_peer *next;
+    struct kvx_peer *down_next; /* in core->down */
+};
+
+static void heartbeat_fire(struct loop_timer *timer);
+
+kvx_peer_t *peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t rank)
+{
+    for (size_t i = 0; i < num_peers; i++) {
+        if (peers[i]->link.conn != NULL && peers[i]->link.conn->tp_rank == rank)
+            return peers[i];
+    }
+    return NULL;
+}
+
+bool peer_is_down(const kvx_peer_t *peer)
+{
+    return peer->down[0] != '\0';
+}
+
+struct core *peer_core(const kvx_peer_t *peer)
+{
+    return peer->core;
+}
+
+kvx_status_t peer_down_status(const kvx_peer_t *peer)
+{
+    return peer->down_status;
+}
+
+const char *peer_address(const kvx_peer_t *peer)
+{
+    return peer->address;
+}
+
+struct conn *peer_conn(kvx_peer_t *peer)
+{
+    return peer_is_down(peer) ? NULL : peer->link.conn;
+}
+
+uint32_t peer_rank(const kvx_peer_t *peer)
+{
+    return peer->link.conn != NULL ? peer->link.conn->tp_rank : 0;
+}
+
+void peer_touch(kvx_peer_t *peer)
+{
+    peer->last_used_ms = clock_ms();
+}
+
+static void link_close(struct core *core, struct peer_link *link)
+{
+    if (link->client != NULL) {
+        loop_unwatch_fd(&core->loop, sidechan_client_fd(link->client));
+        sidechan_client_destroy(link->client);
+        link->client = NULL;
+    }
+    if (link->conn != NULL) {
+        loop_unwatch_fd(&core->loop, transport_conn_event_fd(link->conn->transport));
+        conn_close(link->conn);
+        link->conn = NULL;
+    }
+}
+
+/* Sends one heartbeat with the wanted ids without blocking: a stalled peer's queue fills up
+ * instead, and silence then declares it dead. */
+static void heartbeat_send(kvx_peer_t *peer)
+{
+    struct core *core = peer->core;
+    uint64_t id       = HEARTBEAT_ID_FLAG | ++peer->next_id;
+
+    if (sidechan_client_send(peer->link.client, VERB_HEARTBEAT, id, peer->wanted,
+                             peer->num_wanted * sizeof(*peer->wanted)) != KVX_OK)
+        return;
+    core->stats.heartbeats_sent++;
+    if (peer->waiting_since_ms == 0)
+        peer->waiting_since_ms = clock_ms();
+    else
+        core->stats.heartbeats_missed++; /* the previous one is still unanswered */
+}
+
+/* A heartbeat's answer ("kvx-alive INSTANCE ENGINE_ID"): the peer lives, or, when another
+ * instance answers, it restarted and goes down. Anything else is ignored. */
+static void answer_take(kvx_peer_t *peer, struct peer_link *link, const char *text, size_t size)
+{
+    char engine[ALIVE_ENGINE_ID_SIZE];
+    char reason[200];
+    uint64_t instance;
+
+    if (!alive_answer_parse(text, size, &instance, engine))
+        return;
+    if (link->instance == 0)
+        link->instance = instance;
+    if (instance == link->instance) {
+        peer->waiting_since_ms = 0;
+        return;
+    }
+    snprintf(reason, sizeof(reason),
+             "restarted: instance %016" PRIx64 " answers where %016" PRIx64
+             " was (engine id \"%.64s\")",
+             instance, link->instance, engine);
+    peer_down(peer, KVX_ERR_PEER_DOWN, reason, PEER_DEAD);
+}
+
+/* The handshake into `link`: metadata, checks and plan, the transport connection, the kept
+ * socket, and the first heartbeat answer (which names the instance), within the timeout. */
+static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
+{
+    struct core *core = peer->core;
+    uint64_t deadline = clock_ms() + core->timeout_ms;
+    void *bytes       = NULL;
+    size_t size       = 0;
+    kvx_status_t status =
+        sidechan_fetch(core->zmq, peer->address, VERB_METADATA, KVX_MAX_METADATA_SIZE,
+                       core->timeout_ms, &bytes, &size);
+
+    if (status == KVX_OK)
+        status = conn_open(core->transport, core->regions, core->tp_size, core->tp_rank,
+                           KVX_MODE_PULL, bytes, size, &link->conn);
+    free(bytes);
+    if (status == KVX_OK)
+        status = sidechan_client_create(core->zmq, peer->address, PEER_SEND_HWM, &link->client);
+    if (status == KVX_OK)
+        status = sidechan_client_send(link->client, VERB_HEARTBEAT, HEARTBEAT_ID_FLAG, peer->wanted,
+                                      peer->num_wanted * sizeof(*peer->wanted));
+    while (status == KVX_OK && link->instance == 0) {
+        uint64_t now = clock_ms();
+        uint64_t id;
+        char *reply;
+
+        if (now >= deadline) {
+            status = error_set(KVX_ERR_PEER_TIMEOUT, "no heartbeat answer within %" PRIu32 " ms",
+                               core->timeout_ms);
+            break;
+        }
+        if (!sidechan_client_wait(link->client, (int)(deadline - now)) ||
+            !sidechan_client_recv(link->client, &id, &reply, &size))
+            continue;
+        if (id == HEARTBEAT_ID_FLAG)
+            answer_take(peer, link, reply, size);
+        free(reply);
+    }
+    if (status == KVX_OK)
+        status = loop_watch_fd(&core->loop, sidechan_client_fd(link->client));
+    if (status == KVX_OK)
+        status = loop_watch_fd(&core->loop, transport_conn_event_fd(link->conn->transport));
+    if (status != KVX_OK) {
+        char what[768];
+
+        snprintf(what, sizeof(what), "%s", kvx_errmsg());
+        link_close(core, link);
+        return error_set(status, "peer %s: %s", peer->address, what);
+    }
+    return KVX_OK;
+}
+
+/* Up: in core->peers, heartbeated. */
+static kvx_status_t peer_up(kvx_peer_t *peer)
+{
+    struct core *core = peer->core;
+
+    peer->down[0]          = '\0';
+    peer->waiting_since_ms = 0;
+    peer->last_used_ms     = clock_ms();
+    peer->next             = core->peers;
+    peer->prev             = NULL;
+    if (core->peers != NULL)
+        core->peers->prev = peer;
+    core->peers = peer;
+    loop_log(&core->loop, "peer %s (rank %" PRIu32 ", instance %016" PRIx64 ") connected",
+             peer->address, peer->link.conn->tp_rank, peer->link.instance);
+    return loop_timer_start(&core->loop, &peer->heartbeat, clock_ms() + core->heartbeat_ms);
+}
+
+kvx_status_t peer_connect(struct core *core, const char *address, kvx_peer_t **peer_p)
+{
+    kvx_peer_t *peer = calloc(1, sizeof(*peer));
+    kvx_status_t status;
+
+    if (peer == NULL || (peer->address = strdup(address)) == NULL) {
+        free(peer);
+        return error_no_memory("a peer");
+    }
+    peer->core = core;
+    loop_timer_init(&peer->heartbeat, heartbeat_fire);
+    status = link_open(peer, &peer->link);
+    if (status == KVX_OK && (status = peer_up(peer)) != KVX_OK) {
+        peer_down(peer, KVX_ERR_PEER_DOWN, "could not start heartbeats", PEER_CLOSED);
+        peer_down_next(core);
+    }
+    if (status != KVX_OK) {
+        peer_free(peer);
+        return status;
+    }
+    core->num_peers++;
+    *peer_p = peer;
+    return KVX_OK;
+}
+
+kvx_status_t peer_reconnect(kvx_peer_t *peer)
+{
+    struct peer_link link = {0};
+    uint64_t old          = peer->link.instance;
+    kvx_status_t status   = link_open(peer, &link);
+
+    if (status != KVX_OK)
+        return status;
+    link_close(peer->core, &peer->link);
+    peer->link = link;
+    free(peer->pending);
+    peer->pending     = NULL;
+    peer->num_pending = 0;
+    status            = peer_up(peer);
+    if (old != 0 && link.instance != old)
+        loop_log(&peer->core->loop,
+                 "peer %s restarted: instance %016" PRIx64 " replaces %016" PRIx64, peer->address,
+                 link.instance, old);
+    return status;
+}
+
+void peer_free(kvx_peer_t *peer)
+{
+    if (peer == NULL)
+        return;
+    loop_timer_stop(&peer->core->loop, &peer->heartbeat);
+    link_close(peer->core, &peer->link);
+    free(peer->pending);
+    free(peer->wanted);
+    free(peer->address);
+    free(peer);
+}
+
+void peer_down(kvx_peer_t *peer, kvx_status_t status, const char *reason,
+               enum peer_down_kind kind)
+{
+    struct core *core = peer->core;
+
+    if (peer_is_down(peer))
+        return;
+    snprintf(peer->down, sizeof(peer->down), "%s", reason);
+    peer->down_status = status;
+    if (kind == PEER_DEAD)
+        core->stats.peers_dead++;
+    else if (kind == PEER_IDLE)
+        core->stats.peers_idle++;
+    loop_log(&core->loop, "peer %s (rank %" PRIu32 ") down: %s", peer->address, peer_rank(peer),
+             reason);
+    loop_timer_stop(&core->loop, &peer->heartbeat);
+    if (peer->link.client != NULL) {
+        loop_unwatch_fd(&core->loop, sidechan_client_fd(peer->link.client));
+        sidechan_client_destroy(peer->link.client);
+        peer->link.client = NULL;
+    }
+    if (peer->prev != NULL)
+        peer->prev->next = peer->next;
+    else if (core->peers == peer)
+        core->peers = peer->next;
+    if (peer->next != NULL)
+        peer->next->prev = peer->prev;
+    peer->prev = peer->next = NULL;
+    peer->down_next         = core->down;
+    core->down              = peer;
+}
+
+kvx_peer_t *peer_down_next(struct core *core)
+{
+    kvx_peer_t *peer = core->down;
+
+    if (peer != NULL) {
+        core->down      = peer->down_next;
+        peer->down_next = NULL;
+    }
+    return peer;
+}
+
+void peer_close_conn(kvx_peer_t *peer)
+{
+    struct conn *conn = peer->link.conn;
+
+    if (conn == NULL)
+        return;
+    loop_unwatch_fd(&peer->core->loop, transport_conn_event_fd(conn->transport));
+    conn_close(conn);
+    peer->link.conn = NULL;
+}
+
+/* Every heartbeat_ms: dead after three silent intervals, dropped after the idle TTL, or sent
+ * another heartbeat. Silence counts from the oldest unanswered heartbeat, not the last
+ * answer: a caller that did not progress for a while sent nothing, and missed nothing. */
+static void heartbeat_fire(struct loop_timer *timer)
+{
+    kvx_peer_t *peer  = (kvx_peer_t *)((char *)timer - offsetof(kvx_peer_t, heartbeat));
+    struct core *core = peer->core;
+    uint64_t now      = clock_ms();
+    char reason[160];
+
+    if (peer->waiting_since_ms != 0 &&
+        now - peer->waiting_since_ms > (uint64_t)PEER_MISSED_INTERVALS * core->heartbeat_ms) {
+        snprintf(reason, sizeof(reason),
+                 "dead: no heartbeat answer for %" PRIu64 " ms (%d intervals of %" PRIu32 " ms)",
+                 now - peer->waiting_since_ms, PEER_MISSED_INTERVALS, core->heartbeat_ms);
+        peer_down(peer, KVX_ERR_PEER_TIMEOUT, reason, PEER_DEAD);
+        return;
+    }
+    if (peer->num_wanted > 0 || peer->num_pending > 0)
+        peer->last_used_ms = now;
+    else if (now - peer->last_used_ms > core->peer_ttl_ms) {
+        snprintf(reason, sizeof(reason), "dropped: idle for %" PRIu64 " ms",
+                 now - peer->last_used_ms);
+        peer_down(peer, KVX_ERR_PEER_DOWN, reason, PEER_IDLE);
+        return;
+    }
+    heartbeat_send(peer);
+    loop_timer_start(&core->loop, timer, now + core->heartbeat_ms); /* fits: it was in */
+}
+
+kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *body, size_t size,
+                               peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
+{
+    uint64_t id = ++peer->next_id;
+    kvx_status_t status;
+
+    if (peer_is_down(peer))
+        return error_set(peer->down_status, "peer %s is down (%s); reconnect it", peer->address,
+                         peer->down);
+    if (peer->pending == NULL &&
+        (peer->pending = calloc(PEER_MAX_PENDING, sizeof(*peer->pending))) == NULL)
+        return error_no_memory("pending requests");
+    if (peer->num_pending == PEER_MAX_PENDING)
+        return error_set(KVX_ERR_INVALID, "peer %s: %d requests await their reply already",
+                         peer->address, PEER_MAX_PENDING);
+    status = sidechan_client_send(peer->link.client, verb, id, body, size);
+    if (status != KVX_OK)
+        return error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg};
+    peer->last_used_ms                 = clock_ms();
+    *id_p                              = id;
+    return KVX_OK;
+}
+
+/* Removes pending request `id`; false when there was none. */
+static bool pending_take(kvx_peer_t *peer, uint64_t id, struct pending *taken)
+{
+    for (size_t i = 0; i < peer->num_pending; i++) {
+        if (peer->pending[i].id == id) {
+            *taken           = peer->pending[i];
+            peer->pending[i] = peer->pending[--peer->num_pending]; /* order does not matter */
+            return true;
+        }
+    }
+    return false;
+}
+
+void peer_request_forget(kvx_peer_t *peer, uint64_t id)
+{
+    struct pending taken;
+
+    pending_take(peer, id, &taken);
+}
+
+/* Takes the replies waiting on one peer's socket; false when it went down meanwhile. */
+static size_t peer_serve(kvx_peer_t *peer)
+{
+    size_t taken = 0;
+
+    while (taken < PEER_REPLIES_PER_TURN && peer->link.client != NULL) {
+        struct pending pending;
+        uint64_t id;
+        char *reply;
+        size_t size;
+
+        if (!sidechan_client_recv(peer->link.client, &id, &reply, &size))
+            break;
+        taken++;
+        if (reply != NULL && (id & HEARTBEAT_ID_FLAG))
+            answer_take(peer, &peer->link, reply, size);
+        else if (reply != NULL && pending_take(peer, id, &pending))
+            pending.on_reply(pending.arg, reply, size);
+        free(reply); /* a reply to nothing we asked, or malformed: ignored */
+    }
+    return taken;
+}
+
+size_t peers_serve(struct core *core)
+{
+    size_t taken = 0;
+
+    for (kvx_peer_t *peer = core->peers, *next; peer != NULL; peer = next) {
+        next = peer->next; /* a restart takes the peer out of the list */
+        taken += peer_serve(peer);
+    }
+    return taken;
+}
+
+unsigned peers_progress(struct core *core)
+{
+    unsigned events = 0;
+
+    for (kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
+        for (int round = 0; round < PEER_PROGRESS_ROUNDS &&
+                            transport_conn_progress(peer->link.conn->transport) > 0;
+             round++)
+            events++;
+    }
+    return events;
+}
+
+bool peers_busy(struct core *core)
+{
+    bool busy = false;
+
+    for (kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
+        /* every one is armed, even once one is found busy: arming is what makes it wake us */
+        if (!transport_conn_arm(peer->link.conn->transport))
+            busy = true;
+        if (sidechan_client_readable(peer->link.client))
+            busy = true;
+    }
+    return busy;
+}
+
+/* Adds `request_id` to the peer's wanted ids, once. */
+static kvx_status_t peer_want(kvx_peer_t *peer, uint64_t request_id)
+{
+    for (size_t i = 0; i < peer->num_wanted; i++) {
+        if (peer->wanted[i] == request_id)
+            return KVX_OK;
+    }
+    if (peer->num_wanted == HEARTBEAT_MAX_IDS)
+        return error_set(KVX_ERR_INVALID, "want: peer %s already has %d wanted requests",
+                         peer->address, HEARTBEAT_MAX_IDS);
+    if (peer->num_wanted == peer->wanted_capacity) {
+        size_t capacity = peer->wanted_capacity > 0 ? 2 * peer->wanted_capacity : 16;
+        uint64_t *grown = realloc(peer->wanted, capacity * sizeof(*grown));
+
+        if (grown == NULL)
+            return error_no_memory("wanted requests");
+        peer->wanted          = grown;
+        peer->wanted_capacity = capacity;
+    }
+    peer->wanted[peer->num_wanted++] = request_id;
+    return KVX_OK;
+}
+
+void peer_unwant(kvx_peer_t *peer, uint64_t request_id)
+{
+    for (size_t i = 0; i < peer->num_wanted; i++) {
+        if (peer->wanted[i] == request_id) {
+            peer->wanted[i] = peer->wanted[--peer->num_wanted]; /* order does not matter */
+            return;
+        }
+    }
+}
+
+kvx_status_t kvx_want(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                      uint64_t request_id)
+{
+    kvx_status_t status = KVX_OK;
+
+    if (agent == NULL || (peers == NULL && num_peers > 0))
+        return error_set(KVX_ERR_INVALID, "want: agent and peers are required");
+    for (size_t i = 0; i < num_peers && status == KVX_OK; i++)
+        status = peer_want(peers[i], request_id);
+    if (status != KVX_OK)
+        kvx_unwant(agent, peers, num_peers, request_id); /* all or nothing */
+    return status;
+}
+
+void kvx_unwant(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers, uint64_t request_id)
+{
+    (void)agent;
+    for (size_t i = 0; peers != NULL && i < num_peers; i++)
+        peer_unwant(peers[i], request_id);
+}
+
+kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                           const uint64_t *request_ids, size_t count)
+{
+    if (agent == NULL || (peers == NULL && num_peers > 0) || (request_ids == NULL && count > 0))
+        return error_set(KVX_ERR_INVALID, "heartbeat: agent, peers and ids are required");
+    if (count > HEARTBEAT_MAX_IDS)
+        return error_set(KVX_ERR_INVALID, "heartbeat: %zu ids is more than %d", count,
+                         HEARTBEAT_MAX_IDS);
+    for (size_t i = 0; i < num_peers; i++) {
+        kvx_peer_t *peer = peers[i];
+        kvx_status_t status;
+
+        if (peer_is_down(peer))
+            return error_set(peer->down_status, "heartbeat: peer %s is down (%s); reconnect it",
+                             peer->address, peer->down);
+        status = sidechan_client_send(peer->link.client, VERB_HEARTBEAT,
+                                      HEARTBEAT_ID_FLAG | ++peer->next_id, request_ids,
+                                      count * sizeof(*request_ids));
+        if (status != KVX_OK)
+            return error_set(status, "heartbeat: peer %s: %s", peer->address, kvx_errmsg());
+        peer->core->stats.heartbeats_sent++;
+    }
+    return KVX_OK;
+}
+
+const char *kvx_peer_down_reason(const kvx_peer_t *peer)
+{
+    return peer_is_down(peer) ? peer->down : NULL;
+}
+
+const char *kvx_peer_transports(const kvx_peer_t *peer)
+{
+    const struct conn *conn = peer->link.conn;
+
+    return conn != NULL && conn->transports[0] != '\0' ? conn->transports : peer->core->transports;
+}

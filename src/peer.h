@@ -1,0 +1,69 @@
+/* peer.h: a prefill agent as the decode side sees it: a connection (conn.h), a kept side-channel
+ * socket for heartbeats and requests matched to their replies by id, liveness, and the request
+ * ids still wanted from it. Going down only marks the peer and queues it on core->down; the
+ * transfers it had in flight are failed by xfer.c, which then closes its connection. */
+#ifndef KVX_SRC_PEER_H
+#define KVX_SRC_PEER_H
+
+#include "conn.h"
+#include "core.h"
+
+/* Called once with the reply to a request sent with peer_request_send, from the side-channel
+ * phase; it may only record the reply (queue its transfer). */
+typedef void (*peer_reply_cb_t)(void *arg, const char *reply, size_t size);
+
+/* Handshakes with the agent at `address` (metadata, checks, connection, the first heartbeat
+ * answer), each step bounded by the agent's timeout, and adds the peer to core->peers. */
+kvx_status_t peer_connect(struct core *core, const char *address, kvx_peer_t **peer_p);
+
+/* Handshakes again and, on success, replaces the peer's connection and socket in place (its
+ * handle, address and wanted ids stay). The peer must be down with its transfers failed. On
+ * failure the peer is unchanged: still down, still destroyable. */
+kvx_status_t peer_reconnect(kvx_peer_t *peer);
+
+/* Frees a peer that is down with its transfers failed. */
+void peer_free(kvx_peer_t *peer);
+
+/* Why a peer goes down, as counted: dead (silence, a restart, a failed transfer), idle (the
+ * TTL), or closed by its caller (destroyed, reconnected). */
+enum peer_down_kind { PEER_DEAD, PEER_IDLE, PEER_CLOSED };
+
+/* Marks the peer down (once): `status` is what its transfers fail with (KVX_ERR_PEER_DOWN,
+ * KVX_ERR_PEER_TIMEOUT or KVX_ERR_CANCELED), `reason` why. Closes its socket, logs, and queues
+ * it on core->down. Never calls user code. */
+void peer_down(kvx_peer_t *peer, kvx_status_t status, const char *reason,
+               enum peer_down_kind kind);
+
+/* Takes the next peer off core->down (NULL when none) and closes its connection, which the
+ * caller does after failing what was in flight with it. */
+kvx_peer_t *peer_down_next(struct core *core);
+void peer_close_conn(kvx_peer_t *peer);
+
+bool peer_is_down(const kvx_peer_t *peer);
+struct core *peer_core(const kvx_peer_t *peer);
+kvx_status_t peer_down_status(const kvx_peer_t *peer);
+const char *peer_address(const kvx_peer_t *peer);
+struct conn *peer_conn(kvx_peer_t *peer); /* NULL once down */
+uint32_t peer_rank(const kvx_peer_t *peer);
+void peer_touch(kvx_peer_t *peer); /* a transfer used it now: not idle */
+
+/* A request on the kept socket; `on_reply` gets its reply. *id_p identifies it for
+ * peer_request_forget (a transfer that ended first). */
+kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *body, size_t size,
+                               peer_reply_cb_t on_reply, void *arg, uint64_t *id_p);
+void peer_request_forget(kvx_peer_t *peer, uint64_t id);
+
+/* A transfer of `request_id` completed: it is no longer wanted from `peer`. */
+void peer_unwant(kvx_peer_t *peer, uint64_t request_id);
+
+/* The loop's phases for every peer: progress their transport connections (returns events);
+ * take their side-channel replies (returns messages); and before sleeping, arm and check
+ * them (true when one has work already). */
+unsigned peers_progress(struct core *core);
+size_t peers_serve(struct core *core);
+bool peers_busy(struct core *core);
+
+/* The peer among `peers` that is remote TP rank `rank`, or NULL. */
+kvx_peer_t *peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t rank);
+
+#endif

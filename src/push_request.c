@@ -1,0 +1,142 @@
+/* push_request.c: the push request the decode side sends on the side channel (proto/kvx.proto
+ * PushRequest): its encoding, and its decoding, which treats the bytes as hostile and checks
+ * every count before use. Pure: no I/O; fuzzed by fuzz/fuzz_push.c. */
+#include "push_request.h"
+
+#include "error.h"
+
+#include "kvx.pb-c.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void push_request_free(struct push_request *req)
+{
+    for (size_t g = 0; req->groups != NULL && g < req->num_groups; g++) {
+        free((void *)req->groups[g].ids);
+        if (req->has_remote)
+            free((void *)req->groups[req->num_groups + g].ids);
+    }
+    free(req->groups);
+    free(req->metadata);
+    *req = (struct push_request){0};
+}
+
+/* Copies `n` protobuf groups into `out` (owned copies), counting ids into *total_p. */
+static kvx_status_t groups_copy(Kvx__Group *const *in, size_t n, kvx_group_ids_t *out,
+                                size_t *total_p)
+{
+    for (size_t g = 0; g < n; g++) {
+        uint64_t *ids;
+
+        if (__builtin_add_overflow(*total_p, in[g]->n_ids, total_p) || *total_p > PUSH_MAX_IDS)
+            return error_set(KVX_ERR_INVALID, "push request: more than %u block ids", PUSH_MAX_IDS);
+        ids = malloc((in[g]->n_ids > 0 ? in[g]->n_ids : 1) * sizeof(*ids));
+        if (ids == NULL)
+            return error_no_memory("push request ids");
+        if (in[g]->n_ids > 0)
+            memcpy(ids, in[g]->ids, in[g]->n_ids * sizeof(*ids));
+        out[g] = (kvx_group_ids_t){ids, in[g]->n_ids};
+    }
+    return KVX_OK;
+}
+
+kvx_status_t push_request_decode(const void *buf, size_t size, struct push_request *req)
+{
+    Kvx__PushRequest *msg;
+    kvx_status_t status = KVX_OK;
+    size_t total        = 0;
+
+    *req = (struct push_request){0};
+    if (size > PUSH_MAX_REQUEST_SIZE)
+        return error_set(KVX_ERR_INVALID, "push request: %zu bytes is more than %u", size,
+                         PUSH_MAX_REQUEST_SIZE);
+    msg = kvx__push_request__unpack(NULL, size, buf);
+    if (msg == NULL)
+        return error_set(KVX_ERR_INVALID, "push request: %zu bytes are not a push request", size);
+    if (msg->n_local < 1 || msg->n_local > PUSH_MAX_GROUPS ||
+        (msg->n_remote != 0 && msg->n_remote != msg->n_local))
+        status = error_set(KVX_ERR_INVALID,
+                           "push request: %zu local and %zu remote groups"
+                           " (1..%d local; remote none or as many)",
+                           msg->n_local, msg->n_remote, PUSH_MAX_GROUPS);
+    if (status == KVX_OK && (msg->metadata.len == 0 || msg->metadata.len > KVX_MAX_METADATA_SIZE))
+        status =
+            error_set(KVX_ERR_INVALID, "push request: metadata of %zu bytes", msg->metadata.len);
+    if (status == KVX_OK) {
+        req->request_id = msg->request_id;
+        req->num_groups = msg->n_local;
+        req->has_remote = msg->n_remote > 0;
+        req->groups     = calloc(2 * msg->n_local, sizeof(*req->groups));
+        req->metadata   = malloc(msg->metadata.len);
+        if (req->groups == NULL || req->metadata == NULL)
+            status = error_no_memory("a push request");
+    }
+    if (status == KVX_OK) {
+        memcpy(req->metadata, msg->metadata.data, msg->metadata.len);
+        req->metadata_size = msg->metadata.len;
+        status             = groups_copy(msg->local, msg->n_local, req->groups, &total);
+    }
+    if (status == KVX_OK && req->has_remote)
+        status = groups_copy(msg->remote, msg->n_remote, req->groups + req->num_groups, &total);
+    kvx__push_request__free_unpacked(msg, NULL);
+    if (status != KVX_OK)
+        push_request_free(req);
+    return status;
+}
+
+kvx_status_t push_request_encode(uint64_t request_id, const void *metadata, size_t metadata_size,
+                                 const kvx_request_t *request, void **buf_p, size_t *size_p)
+{
+    size_t n             = request->num_local_groups;
+    size_t nr            = request->remote != NULL ? request->num_remote_groups : 0;
+    Kvx__PushRequest msg = KVX__PUSH_REQUEST__INIT;
+    Kvx__Group *groups   = calloc(n + nr, sizeof(*groups));
+    Kvx__Group **local   = calloc(n, sizeof(*local));
+    Kvx__Group **remote  = calloc(nr > 0 ? nr : 1, sizeof(*remote));
+    kvx_status_t status  = KVX_OK;
+    void *buf            = NULL;
+    size_t size;
+
+    if (groups == NULL || local == NULL || remote == NULL) {
+        status = error_no_memory("a push request");
+        goto out;
+    }
+    for (size_t g = 0; g < n + nr; g++) {
+        const kvx_group_ids_t *ids = g < n ? &request->local[g] : &request->remote[g - n];
+
+        kvx__group__init(&groups[g]);
+        groups[g].n_ids = ids->count;
+        groups[g].ids   = (uint64_t *)ids->ids;
+        if (g < n)
+            local[g] = &groups[g];
+        else
+            remote[g - n] = &groups[g];
+    }
+    msg.request_id = request_id;
+    msg.metadata   = (ProtobufCBinaryData){metadata_size, (uint8_t *)metadata};
+    msg.n_local    = n;
+    msg.local      = local;
+    msg.n_remote   = nr;
+    msg.remote     = remote;
+    size           = kvx__push_request__get_packed_size(&msg);
+    if (size > PUSH_MAX_REQUEST_SIZE) {
+        status = error_set(KVX_ERR_INVALID, "push request: %zu bytes is more than %u", size,
+                           PUSH_MAX_REQUEST_SIZE);
+        goto out;
+    }
+    buf = malloc(size > 0 ? size : 1);
+    if (buf == NULL) {
+        status = error_no_memory("a push request");
+        goto out;
+    }
+    kvx__push_request__pack(&msg, buf);
+    *buf_p  = buf;
+    *size_p = size;
+
+out:
+    free(groups);
+    free(local);
+    free(remote);
+    return status;
+}

@@ -1,0 +1,374 @@
+/* sidechan.c: ZeroMQ ROUTER and DEALER sockets framed as sidechan.h says: every receive is
+ * non-blocking and checked frame by frame, every send is ZMQ_DONTWAIT, and the one blocking
+ * call (sidechan_fetch) polls its socket with a deadline. */
+#include "sidechan.h"
+
+#include "clock.h"
+#include "error.h"
+
+#include <zmq.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SIDECHAN_MAX_FRAMES 5 /* identity, delimiter, verb, id, body */
+
+struct sidechan_server {
+    void *router;
+};
+
+struct sidechan_client {
+    void *dealer;
+};
+
+/* "tcp://HOST:PORT" for "HOST:PORT"; `what` names it in errors. */
+static kvx_status_t endpoint_of(const char *address, const char *what, char *endpoint,
+                                size_t size)
+{
+    if (strchr(address, ':') == NULL || strlen(address) + sizeof("tcp://") > size)
+        return error_set(KVX_ERR_INVALID, "%s: \"%.64s\" is not HOST:PORT", what, address);
+    snprintf(endpoint, size, "tcp://%s", address);
+    return KVX_OK;
+}
+
+static int socket_fd(void *socket)
+{
+    int fd        = -1;
+    size_t length = sizeof(fd);
+
+    return zmq_getsockopt(socket, ZMQ_FD, &fd, &length) == 0 ? fd : -1;
+}
+
+/* ZMQ_FD only signals that something changed: whether a message waits is ZMQ_EVENTS. */
+static bool socket_readable(void *socket)
+{
+    int events    = 0;
+    size_t length = sizeof(events);
+
+    return zmq_getsockopt(socket, ZMQ_EVENTS, &events, &length) == 0 && (events & ZMQ_POLLIN);
+}
+
+static void id_encode(uint64_t id, uint8_t bytes[8])
+{
+    for (int i = 0; i < 8; i++)
+        bytes[i] = (uint8_t)(id >> (8 * i));
+}
+
+static uint64_t id_decode(const uint8_t bytes[8])
+{
+    uint64_t id = 0;
+
+    for (int i = 7; i >= 0; i--)
+        id = id << 8 | bytes[i];
+    return id;
+}
+
+kvx_status_t sidechan_server_create(void *zmq, const char *listen, int64_t max_message,
+                                    char *bound, size_t bound_size,
+                                    struct sidechan_server **server_p)
+{
+    int linger     = 0;
+    int high_water = SIDECHAN_RECV_HWM;
+    char endpoint[300];
+    size_t endpoint_size = sizeof(endpoint);
+    kvx_status_t status  = endpoint_of(listen, "listen", endpoint, sizeof(endpoint));
+    size_t length        = strlen(endpoint);
+    struct sidechan_server *s;
+
+    if (status != KVX_OK)
+        return status;
+    if (length > 2 && strcmp(endpoint + length - 2, ":0") == 0)
+        strcpy(endpoint + length - 1, "*"); /* ZeroMQ's spelling of "any free port" */
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return error_no_memory("a side channel");
+    s->router = zmq_socket(zmq, ZMQ_ROUTER);
+    if (s->router == NULL ||
+        zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max_message, sizeof(max_message)) != 0 ||
+        zmq_setsockopt(s->router, ZMQ_RCVHWM, &high_water, sizeof(high_water)) != 0 ||
+        zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+        zmq_bind(s->router, endpoint) != 0 ||
+        zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, endpoint, &endpoint_size) != 0) {
+        status = error_set(KVX_ERR_IO, "listen %s: %s", listen, zmq_strerror(zmq_errno()));
+        sidechan_server_destroy(s);
+        return status;
+    }
+    snprintf(bound, bound_size, "%s", endpoint + strlen("tcp://"));
+    *server_p = s;
+    return KVX_OK;
+}
+
+void sidechan_server_destroy(struct sidechan_server *server)
+{
+    if (server == NULL)
+        return;
+    if (server->router != NULL)
+        zmq_close(server->router);
+    free(server);
+}
+
+int sidechan_server_fd(struct sidechan_server *server)
+{
+    return socket_fd(server->router);
+}
+
+bool sidechan_server_readable(struct sidechan_server *server)
+{
+    return socket_readable(server->router);
+}
+
+void sidechan_reply(struct sidechan_server *server, const struct sidechan_origin *origin,
+                    const void *data, size_t size)
+{
+    uint8_t id[8];
+
+    id_encode(origin->id, id);
+    if (zmq_send(server->router, origin->identity, origin->identity_size,
+                 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return;
+    zmq_send(server->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(server->router, id, sizeof(id), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(server->router, data, size, ZMQ_DONTWAIT);
+}
+
+/* Receives the frames of one message into `frames` (at most SIDECHAN_MAX_FRAMES kept, the
+ * rest read and dropped); returns how many were received in all, 0 when none waited. */
+static int message_receive(void *socket, zmq_msg_t frames[SIDECHAN_MAX_FRAMES])
+{
+    int count = 0;
+
+    for (bool more = true; more; count++) {
+        zmq_msg_t extra;
+        zmq_msg_t *msg = count < SIDECHAN_MAX_FRAMES ? &frames[count] : &extra;
+
+        zmq_msg_init(msg);
+        if (zmq_msg_recv(msg, socket, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(msg);
+            break;
+        }
+        more = zmq_msg_more(msg);
+        if (msg == &extra)
+            zmq_msg_close(msg);
+    }
+    return count;
+}
+
+static void frames_close(zmq_msg_t *frames, int count)
+{
+    for (int i = 0; i < count && i < SIDECHAN_MAX_FRAMES; i++)
+        zmq_msg_close(&frames[i]);
+}
+
+static const struct sidechan_verb *verb_find(const struct sidechan_verb *verbs, size_t n,
+                                             zmq_msg_t *frame)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (zmq_msg_size(frame) == strlen(verbs[i].name) &&
+            memcmp(zmq_msg_data(frame), verbs[i].name, zmq_msg_size(frame)) == 0)
+            return &verbs[i];
+    }
+    return NULL;
+}
+
+size_t sidechan_server_serve(struct sidechan_server *server, const struct sidechan_verb *verbs,
+                             size_t num_verbs, void *arg, size_t max, uint64_t *malformed_p)
+{
+    size_t received = 0;
+
+    while (received < max) {
+        zmq_msg_t frames[SIDECHAN_MAX_FRAMES];
+        int count = message_receive(server->router, frames);
+        struct sidechan_request request;
+        const struct sidechan_verb *verb;
+
+        if (count == 0)
+            break;
+        received++;
+        /* identity, delimiter, verb, id, then the body if the verb has one */
+        if (count < 4 || count > SIDECHAN_MAX_FRAMES || zmq_msg_size(&frames[1]) != 0 ||
+            zmq_msg_size(&frames[0]) > SIDECHAN_MAX_IDENTITY || zmq_msg_size(&frames[3]) != 8) {
+            (*malformed_p)++;
+            frames_close(frames, count);
+            continue;
+        }
+        request.origin.identity_size = zmq_msg_size(&frames[0]);
+        memcpy(request.origin.identity, zmq_msg_data(&frames[0]), request.origin.identity_size);
+        request.origin.id = id_decode(zmq_msg_data(&frames[3]));
+        verb              = verb_find(verbs, num_verbs, &frames[2]);
+        if (verb == NULL) {
+            static const char unknown[] = "kvx-error unknown request";
+
+            sidechan_reply(server, &request.origin, unknown, sizeof(unknown) - 1);
+            (*malformed_p)++;
+        } else if (count != (verb->body ? 5 : 4)) {
+            static const char shape[] = "kvx-error wrong number of frames";
+
+            sidechan_reply(server, &request.origin, shape, sizeof(shape) - 1);
+            (*malformed_p)++;
+        } else {
+            request.body      = verb->body ? zmq_msg_data(&frames[4]) : NULL;
+            request.body_size = verb->body ? zmq_msg_size(&frames[4]) : 0;
+            verb->serve(arg, &request);
+        }
+        frames_close(frames, count);
+    }
+    return received;
+}
+
+static kvx_status_t dealer_open(void *zmq, const char *address, int send_hwm, int64_t max_reply,
+                                void **socket_p)
+{
+    int linger = 0;
+    char endpoint[300];
+    kvx_status_t status = endpoint_of(address, "peer", endpoint, sizeof(endpoint));
+    void *socket;
+
+    if (status != KVX_OK)
+        return status;
+    socket = zmq_socket(zmq, ZMQ_DEALER);
+    if (socket == NULL ||
+        zmq_setsockopt(socket, ZMQ_SNDHWM, &send_hwm, sizeof(send_hwm)) != 0 ||
+        zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
+        zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+        zmq_connect(socket, endpoint) != 0) {
+        status = error_set(KVX_ERR_IO, "peer %s: %s", address, zmq_strerror(zmq_errno()));
+        if (socket != NULL)
+            zmq_close(socket);
+        return status;
+    }
+    *socket_p = socket;
+    return KVX_OK;
+}
+
+kvx_status_t sidechan_client_create(void *zmq, const char *address, int send_hwm,
+                                    struct sidechan_client **client_p)
+{
+    struct sidechan_client *c = calloc(1, sizeof(*c));
+    kvx_status_t status;
+
+    if (c == NULL)
+        return error_no_memory("a side-channel socket");
+    status = dealer_open(zmq, address, send_hwm, SIDECHAN_MAX_REPLY, &c->dealer);
+    if (status != KVX_OK) {
+        free(c);
+        return status;
+    }
+    *client_p = c;
+    return KVX_OK;
+}
+
+void sidechan_client_destroy(struct sidechan_client *client)
+{
+    if (client == NULL)
+        return;
+    zmq_close(client->dealer);
+    free(client);
+}
+
+int sidechan_client_fd(struct sidechan_client *client)
+{
+    return socket_fd(client->dealer);
+}
+
+bool sidechan_client_readable(struct sidechan_client *client)
+{
+    return socket_readable(client->dealer);
+}
+
+bool sidechan_client_wait(struct sidechan_client *client, int timeout_ms)
+{
+    zmq_pollitem_t item = {.socket = client->dealer, .events = ZMQ_POLLIN};
+
+    return zmq_poll(&item, 1, timeout_ms) > 0;
+}
+
+static kvx_status_t request_send(void *socket, const char *verb, uint64_t id, const void *body,
+                                 size_t size, bool has_body)
+{
+    uint8_t bytes[8];
+    bool sent;
+
+    id_encode(id, bytes);
+    sent = zmq_send(socket, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) == 0 &&
+           zmq_send(socket, verb, strlen(verb), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+           zmq_send(socket, bytes, sizeof(bytes), ZMQ_DONTWAIT | (has_body ? ZMQ_SNDMORE : 0)) >=
+               0 &&
+           (!has_body || zmq_send(socket, body, size, ZMQ_DONTWAIT) >= 0);
+    return sent ? KVX_OK
+                : error_set(KVX_ERR_PEER_DOWN, "side channel: %s", zmq_strerror(zmq_errno()));
+}
+
+kvx_status_t sidechan_client_send(struct sidechan_client *client, const char *verb, uint64_t id,
+                                  const void *body, size_t size)
+{
+    return request_send(client->dealer, verb, id, body, size, true);
+}
+
+/* Takes one reply from `socket`: [delimiter][id][body]. */
+static bool reply_receive(void *socket, uint64_t *id_p, char **body_p, size_t *size_p)
+{
+    zmq_msg_t frames[SIDECHAN_MAX_FRAMES];
+    int count = message_receive(socket, frames);
+    char *copy;
+
+    if (count == 0)
+        return false;
+    *id_p   = 0;
+    *body_p = NULL;
+    *size_p = 0;
+    if (count == 3 && zmq_msg_size(&frames[0]) == 0 && zmq_msg_size(&frames[1]) == 8 &&
+        (copy = malloc(zmq_msg_size(&frames[2]) + 1)) != NULL) {
+        memcpy(copy, zmq_msg_data(&frames[2]), zmq_msg_size(&frames[2]));
+        copy[zmq_msg_size(&frames[2])] = '\0';
+        *id_p                          = id_decode(zmq_msg_data(&frames[1]));
+        *body_p                        = copy;
+        *size_p                        = zmq_msg_size(&frames[2]);
+    }
+    frames_close(frames, count);
+    return true;
+}
+
+bool sidechan_client_recv(struct sidechan_client *client, uint64_t *id_p, char **body_p,
+                          size_t *size_p)
+{
+    return reply_receive(client->dealer, id_p, body_p, size_p);
+}
+
+kvx_status_t sidechan_fetch(void *zmq, const char *address, const char *verb, int64_t max_reply,
+                            uint32_t timeout_ms, void **reply_p, size_t *size_p)
+{
+    uint64_t deadline = clock_ms() + timeout_ms;
+    void *socket;
+    kvx_status_t status = dealer_open(zmq, address, 1, max_reply, &socket);
+
+    if (status != KVX_OK)
+        return status;
+    status = request_send(socket, verb, 1, NULL, 0, false);
+    while (status == KVX_OK) {
+        zmq_pollitem_t item = {.socket = socket, .events = ZMQ_POLLIN};
+        uint64_t now        = clock_ms();
+        uint64_t id;
+        char *body;
+        size_t size;
+
+        if (now >= deadline) {
+            status = error_set(KVX_ERR_PEER_TIMEOUT, "peer %s: no answer within %" PRIu32 " ms",
+                               address, timeout_ms);
+            break;
+        }
+        if (zmq_poll(&item, 1, (long)(deadline - now)) <= 0 ||
+            !reply_receive(socket, &id, &body, &size))
+            continue;
+        if (id != 1) { /* a stray or malformed message: not the answer */
+            free(body);
+            continue;
+        }
+        *reply_p = body;
+        *size_p  = size;
+        break;
+    }
+    zmq_close(socket);
+    return status;
+}

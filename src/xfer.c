@@ -1,0 +1,750 @@
+/* xfer.c: transfers of the decode side. A pull posts every get at once; when its operations
+ * complete (counted in UCX progress) the loop moves it on: `done` notifications after the
+ * data, then completion. A push asks each prefill rank that holds part of the request to
+ * write it, and completes on their answers. Deadlines are timers; finishing only queues the
+ * completion, whose run (the loop's last phase) calls the user's callback. */
+#include "xfer.h"
+
+#include "clock.h"
+#include "conn.h"
+#include "error.h"
+#include "notify.h"
+#include "peer.h"
+#include "push_request.h"
+#include "stats.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XFER_POOL_MAX 64 /* finished transfer objects kept, with their buffers, for reuse */
+
+/* One peer of a transfer: read from (or, in a push, asked to write), or only notified. */
+struct xfer_leg {
+    struct kvx_xfer *xfer;
+    kvx_peer_t *peer;
+    struct transport_op *op; /* pull: its gets, then its notification */
+    uint64_t reply_id;       /* push: the request awaiting its answer; 0: none */
+};
+
+struct kvx_xfer {
+    struct xfer_set *set;
+    bool push;
+    uint64_t request_id;
+    struct xfer_leg *legs; /* the num_reads read from, then those only notified */
+    size_t num_legs;
+    size_t num_reads;
+    size_t legs_capacity;
+    bool notifying;  /* pull: the gets completed, the notifications are posted */
+    size_t ops_left; /* operations (pull) or answers (push) the current step waits for */
+    struct loop_timer deadline;
+    struct loop_event completion;
+    kvx_group_ids_t *groups; /* the local ids, reported when the transfer fails */
+    size_t num_groups;
+    size_t groups_capacity;
+    uint64_t *ids; /* the groups' ids, one after another */
+    size_t ids_capacity;
+    kvx_read_stats_t stats;
+    double start; /* seconds, clock_seconds() */
+    kvx_status_t status;
+    char error[512];
+    kvx_xfer_cb_t callback;
+    void *arg;
+    bool in_callback;
+    bool settled;   /* its completion ran */
+    bool destroyed; /* the caller let go: freed once settled */
+    bool ready;     /* an operation step completed: in set->ready */
+    struct kvx_xfer *ready_next;
+    struct kvx_xfer *prev; /* in set->in_flight, or the pool */
+    struct kvx_xfer *next;
+};
+
+struct xfer_set {
+    struct core *core;
+    kvx_pairs_t *pairs; /* the request planned against the first peer's table */
+    kvx_pairs_t *alt;   /* ... against another rank's table, when it differs */
+    kvx_xfer_t *in_flight;
+    kvx_xfer_t *ready;
+    kvx_xfer_t *pool;
+    size_t pooled;
+};
+
+static void xfer_deadline_fire(struct loop_timer *timer);
+static void xfer_completion_run(struct loop_event *event);
+
+kvx_status_t xfer_set_create(struct core *core, struct xfer_set **set_p)
+{
+    struct xfer_set *set = calloc(1, sizeof(*set));
+    kvx_status_t status;
+
+    if (set == NULL)
+        return error_no_memory("the transfers");
+    set->core = core;
+    status    = kvx_pairs_create(&set->pairs);
+    if (status == KVX_OK)
+        status = kvx_pairs_create(&set->alt);
+    if (status != KVX_OK) {
+        xfer_set_destroy(set);
+        return status;
+    }
+    *set_p = set;
+    return KVX_OK;
+}
+
+static void xfer_release(kvx_xfer_t *x)
+{
+    free(x->legs);
+    free(x->groups);
+    free(x->ids);
+    free(x);
+}
+
+void xfer_set_destroy(struct xfer_set *set)
+{
+    if (set == NULL)
+        return;
+    while (set->pool != NULL) {
+        kvx_xfer_t *x = set->pool;
+
+        set->pool = x->next;
+        xfer_release(x);
+    }
+    kvx_pairs_destroy(set->pairs);
+    kvx_pairs_destroy(set->alt);
+    free(set);
+}
+
+const kvx_pairs_t *xfer_set_last_pairs(const struct xfer_set *set)
+{
+    return set->pairs;
+}
+
+/* Grows `*buf` to hold `count` items of `size` bytes; its capacity is kept for reuse. */
+static bool buffer_reserve(void **buf, size_t *capacity, size_t count, size_t size)
+{
+    void *grown;
+
+    if (count <= *capacity)
+        return true;
+    grown = realloc(*buf, count * size);
+    if (grown == NULL)
+        return false;
+    *buf      = grown;
+    *capacity = count;
+    return true;
+}
+
+/* A transfer object with its buffers: the pool's last one, or a new one. */
+static kvx_xfer_t *xfer_get(struct xfer_set *set)
+{
+    kvx_xfer_t *x = set->pool;
+
+    if (x != NULL) {
+        set->pool = x->next;
+        set->pooled--;
+    } else if ((x = calloc(1, sizeof(*x))) == NULL) {
+        return NULL;
+    }
+    *x = (kvx_xfer_t){.set             = set,
+                      .legs            = x->legs,
+                      .legs_capacity   = x->legs_capacity,
+                      .groups          = x->groups,
+                      .groups_capacity = x->groups_capacity,
+                      .ids             = x->ids,
+                      .ids_capacity    = x->ids_capacity,
+                      .status          = KVX_INPROGRESS};
+    loop_timer_init(&x->deadline, xfer_deadline_fire);
+    x->completion.run = xfer_completion_run;
+    set->core->num_xfers++;
+    return x;
+}
+
+/* Back to the pool, or freed. */
+static void xfer_recycle(kvx_xfer_t *x)
+{
+    struct xfer_set *set = x->set;
+
+    set->core->num_xfers--;
+    if (set->pooled == XFER_POOL_MAX) {
+        xfer_release(x);
+        return;
+    }
+    x->next   = set->pool;
+    set->pool = x;
+    set->pooled++;
+}
+
+static void in_flight_link(kvx_xfer_t *x)
+{
+    struct xfer_set *set = x->set;
+
+    x->prev = NULL;
+    x->next = set->in_flight;
+    if (set->in_flight != NULL)
+        set->in_flight->prev = x;
+    set->in_flight = x;
+}
+
+static void in_flight_unlink(kvx_xfer_t *x)
+{
+    struct xfer_set *set = x->set;
+
+    if (x->prev != NULL)
+        x->prev->next = x->next;
+    else if (set->in_flight == x)
+        set->in_flight = x->next;
+    if (x->next != NULL)
+        x->next->prev = x->prev;
+    x->prev = x->next = NULL;
+}
+
+static void ready_unlink(kvx_xfer_t *x)
+{
+    kvx_xfer_t **link = &x->set->ready;
+
+    if (!x->ready)
+        return;
+    while (*link != x)
+        link = &(*link)->ready_next;
+    *link    = x->ready_next;
+    x->ready = false;
+}
+
+static void ready_queue(kvx_xfer_t *x)
+{
+    if (x->ready)
+        return;
+    x->ready         = true;
+    x->ready_next    = x->set->ready;
+    x->set->ready    = x;
+}
+
+/* An operation of the current step completed (from inside UCX progress): count it, and
+ * queue the transfer to be moved on after the last. */
+static void xfer_op_finished(void *arg, struct transport_op *op)
+{
+    kvx_xfer_t *x = arg;
+
+    (void)op;
+    if (--x->ops_left == 0)
+        ready_queue(x);
+}
+
+static void count_transfer(struct core *core, const kvx_read_stats_t *stats, kvx_status_t status)
+{
+    kvx_agent_stats_t *s = &core->stats;
+
+    if (status != KVX_OK) {
+        s->transfers_failed++;
+        return;
+    }
+    s->transfers++;
+    s->bytes += stats->bytes;
+    histogram_add(&s->transfer_us, stats->seconds * 1e6);
+    histogram_add(&s->transfer_bytes, (double)stats->bytes);
+    histogram_add(&s->transfer_descriptors, (double)stats->posted);
+}
+
+/* Ends `x` with `status` (its message in x->error for a failure): its operations and
+ * awaited answers are let go, and its completion is queued. Once. */
+static void xfer_finish(kvx_xfer_t *x, kvx_status_t status)
+{
+    struct core *core = x->set->core;
+
+    x->status = status;
+    in_flight_unlink(x);
+    ready_unlink(x);
+    loop_timer_stop(&core->loop, &x->deadline);
+    for (size_t i = 0; i < x->num_legs; i++) {
+        struct xfer_leg *leg = &x->legs[i];
+
+        transport_op_release(leg->op);
+        leg->op = NULL;
+        if (leg->reply_id != 0)
+            peer_request_forget(leg->peer, leg->reply_id);
+        leg->reply_id = 0;
+        peer_touch(leg->peer);
+        if (status == KVX_OK)
+            peer_unwant(leg->peer, x->request_id); /* here: no more heartbeats for it */
+    }
+    if (status == KVX_OK)
+        x->stats.seconds = clock_seconds() - x->start;
+    count_transfer(core, &x->stats, status);
+    if (status != KVX_OK)
+        loop_log(&core->loop, "%s", x->error);
+    loop_queue(&core->loop, &x->completion);
+}
+
+/* Fails `x` with `status` and a message. A pull's read peers are taken down: their gets may
+ * still be pending, and closing their connections (the failed-peers phase, before the
+ * completion runs) is what ends them. */
+__attribute__((format(printf, 3, 4))) static void xfer_fail(kvx_xfer_t *x, kvx_status_t status,
+                                                            const char *format, ...)
+{
+    va_list args;
+    char reason[300];
+
+    va_start(args, format);
+    vsnprintf(x->error, sizeof(x->error), format, args);
+    va_end(args);
+    snprintf(reason, sizeof(reason), "closed: %s %" PRIu64 " failed", x->push ? "write" : "read",
+             x->request_id);
+    for (size_t i = 0; !x->push && i < x->num_reads; i++)
+        peer_down(x->legs[i].peer, KVX_ERR_PEER_DOWN, reason, PEER_DEAD);
+    xfer_finish(x, status);
+}
+
+static bool xfer_uses(const kvx_xfer_t *x, const kvx_peer_t *peer)
+{
+    for (size_t i = 0; i < x->num_legs; i++) {
+        if (x->legs[i].peer == peer)
+            return true;
+    }
+    return false;
+}
+
+size_t xfers_fail_down_peers(struct xfer_set *set)
+{
+    size_t taken = 0;
+    kvx_peer_t *peer;
+
+    while ((peer = peer_down_next(set->core)) != NULL) {
+        for (kvx_xfer_t *x = set->in_flight, *next; x != NULL; x = next) {
+            next = x->next; /* failing x unlinks only x */
+            if (xfer_uses(x, peer))
+                xfer_fail(x, peer_down_status(peer), "%s %" PRIu64 ": peer %s %s",
+                          x->push ? "write" : "read", x->request_id, peer_address(peer),
+                          kvx_peer_down_reason(peer));
+        }
+        peer_close_conn(peer);
+        taken++;
+    }
+    return taken;
+}
+
+void xfers_cancel_peer(struct xfer_set *set, kvx_peer_t *peer)
+{
+    for (kvx_xfer_t *x = set->in_flight, *next; x != NULL; x = next) {
+        next = x->next;
+        if (xfer_uses(x, peer))
+            xfer_fail(x, KVX_ERR_CANCELED, "%s %" PRIu64 ": cancelled: peer %s closed",
+                      x->push ? "write" : "read", x->request_id, peer_address(peer));
+    }
+    peer_down(peer, KVX_ERR_CANCELED, "closed by its caller", PEER_CLOSED);
+    xfers_fail_down_peers(set);
+}
+
+static void xfer_deadline_fire(struct loop_timer *timer)
+{
+    kvx_xfer_t *x   = (kvx_xfer_t *)((char *)timer - offsetof(kvx_xfer_t, deadline));
+    size_t pending  = 0;
+    size_t posted   = 0;
+
+    for (size_t i = 0; i < x->num_legs; i++) {
+        pending += x->legs[i].op != NULL ? transport_op_pending(x->legs[i].op) : 0;
+        posted += x->legs[i].op != NULL ? transport_op_posted(x->legs[i].op) : 0;
+    }
+    if (x->push)
+        xfer_fail(x, KVX_ERR_PEER_TIMEOUT,
+                  "write %" PRIu64 ": %zu of %zu prefill ranks did not answer within %" PRIu32
+                  " ms",
+                  x->request_id, x->ops_left, x->num_reads, x->set->core->timeout_ms);
+    else
+        xfer_fail(x, KVX_ERR_PEER_TIMEOUT,
+                  "read %" PRIu64 ": %zu of %zu operations still pending at the %" PRIu32
+                  " ms deadline; the peers read from are closed",
+                  x->request_id, pending, posted, x->set->core->timeout_ms);
+}
+
+/* Copies the request's local ids, to report them if the transfer fails. */
+static kvx_status_t xfer_groups_copy(kvx_xfer_t *x, const kvx_request_t *request)
+{
+    size_t total = 0;
+
+    for (size_t g = 0; g < request->num_local_groups; g++)
+        total += request->local[g].count;
+    if (!buffer_reserve((void **)&x->groups, &x->groups_capacity, request->num_local_groups + 1,
+                        sizeof(*x->groups)) ||
+        !buffer_reserve((void **)&x->ids, &x->ids_capacity, total + 1, sizeof(*x->ids)))
+        return error_no_memory("a transfer");
+    x->num_groups = request->num_local_groups;
+    total         = 0;
+    for (size_t g = 0; g < x->num_groups; g++) {
+        size_t n = request->local[g].count;
+
+        if (n > 0)
+            memcpy(x->ids + total, request->local[g].ids, n * sizeof(*x->ids));
+        x->groups[g] = (kvx_group_ids_t){x->ids + total, n};
+        total += n;
+    }
+    return KVX_OK;
+}
+
+/* The first peer's connection, whose plan says which ranks a request reads from; every
+ * peer must be up and have the first one's TP size. */
+static kvx_status_t peers_check(kvx_peer_t *const *peers, size_t num_peers, struct conn **first_p)
+{
+    for (size_t i = 0; i < num_peers; i++) {
+        struct conn *conn = peer_conn(peers[i]);
+
+        if (conn == NULL)
+            return error_set(peer_down_status(peers[i]),
+                             "peer %s is down (%s); reconnect it", peer_address(peers[i]),
+                             kvx_peer_down_reason(peers[i]));
+        if (i > 0 && conn->tp_size != (*first_p)->tp_size)
+            return error_set(KVX_ERR_INVALID,
+                             "peer %s has TP size %" PRIu32 " where peer %s has %" PRIu32,
+                             peer_address(peers[i]), conn->tp_size, peer_address(peers[0]),
+                             (*first_p)->tp_size);
+        if (i == 0)
+            *first_p = conn;
+    }
+    return KVX_OK;
+}
+
+/* The legs of a planned request: the peer of each read rank, then the notify-only ranks'
+ * peers among those given. */
+static kvx_status_t xfer_legs_find(kvx_xfer_t *x, kvx_peer_t *const *peers, size_t num_peers,
+                                   const kvx_peer_plan_t *plan)
+{
+    const kvx_pairs_t *pairs = x->set->pairs;
+    size_t reads             = kvx_pairs_num_reads(pairs);
+    size_t notifies          = x->push ? 0 : kvx_peer_plan_num_notifies(plan);
+
+    if (!buffer_reserve((void **)&x->legs, &x->legs_capacity, reads + notifies + 1,
+                        sizeof(*x->legs)))
+        return error_no_memory("a transfer");
+    for (size_t r = 0; r < reads; r++) {
+        uint32_t rank;
+        kvx_peer_t *peer;
+
+        kvx_pairs_read(pairs, r, &rank, NULL);
+        peer = peer_of_rank(peers, num_peers, rank);
+        if (peer == NULL)
+            return error_set(KVX_ERR_INVALID,
+                             "%s: the request needs remote rank %" PRIu32
+                             ", which is not among the %zu peers",
+                             x->push ? "write" : "read", rank, num_peers);
+        x->legs[x->num_legs++] = (struct xfer_leg){x, peer, NULL, 0};
+    }
+    x->num_reads = x->num_legs;
+    for (size_t i = 0; i < notifies; i++) {
+        kvx_peer_t *peer = peer_of_rank(peers, num_peers, kvx_peer_plan_notify_rank(plan, i));
+
+        if (peer != NULL)
+            x->legs[x->num_legs++] = (struct xfer_leg){x, peer, NULL, 0};
+    }
+    return KVX_OK;
+}
+
+/* Plans `request` against the first peer's table, then finds the legs and copies the ids. */
+static kvx_status_t xfer_prepare(kvx_xfer_t *x, kvx_peer_t *const *peers, size_t num_peers,
+                                 const kvx_request_t *request, struct conn **first_p)
+{
+    kvx_pairs_stats_t stats;
+    kvx_status_t status = peers_check(peers, num_peers, first_p);
+
+    if (status == KVX_OK)
+        status = kvx_peer_plan_request((*first_p)->plan, request, x->set->pairs);
+    if (status == KVX_OK)
+        status = xfer_legs_find(x, peers, num_peers, (*first_p)->plan);
+    if (status == KVX_OK)
+        status = xfer_groups_copy(x, request);
+    kvx_pairs_stats(x->set->pairs, &stats);
+    x->stats = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes, 0};
+    return status;
+}
+
+/* The pairs of read `r` of `x`: the first plan's when the rank's table is the first one's
+ * (equal digests), else the request planned again against that rank's own table. */
+static kvx_status_t read_pairs(kvx_xfer_t *x, const kvx_request_t *request,
+                               const struct conn *first, size_t r, const kvx_pair_t **pairs_p,
+                               size_t *count_p)
+{
+    struct conn *conn = peer_conn(x->legs[r].peer);
+    uint32_t rank;
+    kvx_status_t status;
+
+    if (memcmp(conn->table_digest, first->table_digest, CONN_DIGEST_LEN) == 0) {
+        *pairs_p = kvx_pairs_read(x->set->pairs, r, NULL, count_p);
+        return KVX_OK;
+    }
+    status = kvx_peer_plan_request(conn->plan, request, x->set->alt);
+    for (size_t i = 0; status == KVX_OK && i < kvx_pairs_num_reads(x->set->alt); i++) {
+        const kvx_pair_t *pairs = kvx_pairs_read(x->set->alt, i, &rank, count_p);
+
+        if (rank == conn->tp_rank) {
+            *pairs_p = pairs;
+            return KVX_OK;
+        }
+    }
+    return status != KVX_OK ? status
+                            : error_set(KVX_ERR_INTERNAL,
+                                        "read: rank %" PRIu32 "'s own plan does not read it",
+                                        conn->tp_rank);
+}
+
+kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size_t num_peers,
+                            uint64_t request_id, const kvx_request_t *request,
+                            kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p)
+{
+    struct core *core  = set->core;
+    double entered     = clock_seconds();
+    struct conn *first = NULL;
+    kvx_xfer_t *x      = xfer_get(set);
+    kvx_status_t status;
+
+    if (x == NULL)
+        return error_no_memory("a transfer");
+    x->request_id = request_id;
+    x->callback   = callback;
+    x->arg        = arg;
+    status        = xfer_prepare(x, peers, num_peers, request, &first);
+    if (status == KVX_OK)
+        status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
+    x->start = clock_seconds();
+    for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++) {
+        struct xfer_leg *leg = &x->legs[r];
+        struct conn *conn    = peer_conn(leg->peer);
+        struct transport_targets targets = {core->bases, conn->remote_bases, false};
+        const kvx_pair_t *pairs          = NULL;
+        size_t count                     = 0;
+
+        status = read_pairs(x, request, first, r, &pairs, &count);
+        if (status == KVX_OK)
+            status = transport_op_create(conn->transport, xfer_op_finished, x, &leg->op);
+        if (status == KVX_OK)
+            status = transport_rma_post(leg->op, false, pairs, count, &targets);
+    }
+    if (status != KVX_OK) {
+        /* Some gets may be in flight: the peers read from close before x goes, and the
+         * callback never fires. */
+        char what[400];
+        bool posted = false;
+
+        snprintf(what, sizeof(what), "%s", kvx_errmsg());
+        for (size_t r = 0; r < x->num_reads; r++)
+            posted = posted || x->legs[r].op != NULL;
+        for (size_t r = 0; r < x->num_reads; r++) {
+            transport_op_release(x->legs[r].op);
+            x->legs[r].op = NULL;
+            if (posted)
+                peer_down(x->legs[r].peer, KVX_ERR_PEER_DOWN, "closed: a read failed to post",
+                          PEER_DEAD);
+        }
+        loop_timer_stop(&core->loop, &x->deadline);
+        xfers_fail_down_peers(set);
+        xfer_recycle(x);
+        return error_set(status, "%s", what);
+    }
+    in_flight_link(x);
+    x->ops_left = x->num_reads + 1; /* + 1: nothing moves on before every op is armed */
+    for (size_t r = 0; r < x->num_reads; r++)
+        transport_op_arm(x->legs[r].op);
+    xfer_op_finished(x, NULL);
+    for (size_t i = 0; i < x->num_legs; i++)
+        peer_touch(x->legs[i].peer);
+    histogram_add(&core->stats.post_us, (clock_seconds() - entered) * 1e6);
+    *xfer_p = x;
+    return KVX_OK;
+}
+
+/* Every get completed: post the `done` notification to every rank read from or only
+ * notified, now that the data is here. */
+static void pull_notify(kvx_xfer_t *x)
+{
+    struct notify note  = notify_done(x->request_id, x->set->core->tp_rank);
+    kvx_status_t status = KVX_OK;
+
+    for (size_t r = 0; r < x->num_reads && status == KVX_OK; r++) {
+        status = transport_op_status(x->legs[r].op, "get");
+        conn_transports(peer_conn(x->legs[r].peer)); /* wired up by now: say what UCX chose */
+    }
+    if (status != KVX_OK) {
+        xfer_fail(x, KVX_ERR_PEER_DOWN, "read %" PRIu64 ": %s", x->request_id, kvx_errmsg());
+        return;
+    }
+    x->notifying = true;
+    x->ops_left  = x->num_legs + 1;
+    for (size_t i = 0; i < x->num_legs && status == KVX_OK; i++) {
+        struct xfer_leg *leg = &x->legs[i];
+
+        transport_op_release(leg->op);
+        leg->op = NULL;
+        status  = transport_op_create(peer_conn(leg->peer)->transport, xfer_op_finished, x,
+                                      &leg->op);
+        if (status == KVX_OK)
+            status = transport_am_post(leg->op, CORE_AM_NOTIFY, &note, sizeof(note));
+        if (status == KVX_OK)
+            transport_op_arm(leg->op);
+    }
+    if (status != KVX_OK) {
+        x->set->core->stats.notifications_failed++;
+        xfer_fail(x, KVX_ERR_PEER_DOWN, "read %" PRIu64 ": notifying: %s", x->request_id,
+                  kvx_errmsg());
+        return;
+    }
+    xfer_op_finished(x, NULL);
+}
+
+static void pull_complete(kvx_xfer_t *x)
+{
+    for (size_t i = 0; i < x->num_legs; i++) {
+        if (transport_op_status(x->legs[i].op, "notify") != KVX_OK) {
+            x->set->core->stats.notifications_failed++;
+            xfer_fail(x, KVX_ERR_PEER_DOWN, "read %" PRIu64 ": notifying peer %s: %s",
+                      x->request_id, peer_address(x->legs[i].peer), kvx_errmsg());
+            return;
+        }
+    }
+    xfer_finish(x, KVX_OK);
+}
+
+size_t xfers_advance(struct xfer_set *set)
+{
+    size_t moved = 0;
+
+    while (set->ready != NULL) {
+        kvx_xfer_t *x = set->ready;
+
+        set->ready = x->ready_next;
+        x->ready   = false;
+        moved++;
+        if (!x->notifying)
+            pull_notify(x);
+        else
+            pull_complete(x);
+    }
+    return moved;
+}
+
+/* A prefill rank's answer to our push request. */
+static void push_reply(void *arg, const char *reply, size_t size)
+{
+    struct xfer_leg *leg = arg;
+    kvx_xfer_t *x        = leg->xfer;
+
+    leg->reply_id = 0;
+    if (size != strlen(REPLY_PUSHED) || memcmp(reply, REPLY_PUSHED, size) != 0) {
+        xfer_fail(x, KVX_ERR_PEER_REFUSED, "write %" PRIu64 " by remote rank %" PRIu32 ": %.400s",
+                  x->request_id, peer_rank(leg->peer), reply);
+        return;
+    }
+    if (--x->ops_left == 0)
+        xfer_finish(x, KVX_OK);
+}
+
+kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t metadata_size,
+                            kvx_peer_t *const *peers, size_t num_peers, uint64_t request_id,
+                            const kvx_request_t *request, kvx_xfer_cb_t callback, void *arg,
+                            kvx_xfer_t **xfer_p)
+{
+    struct core *core  = set->core;
+    struct conn *first = NULL;
+    kvx_xfer_t *x      = xfer_get(set);
+    void *body         = NULL;
+    size_t size        = 0;
+    kvx_status_t status;
+
+    if (x == NULL)
+        return error_no_memory("a transfer");
+    x->push       = true;
+    x->request_id = request_id;
+    x->callback   = callback;
+    x->arg        = arg;
+    /* Our own plan says which prefill ranks hold our blocks, and checks the request first. */
+    status = xfer_prepare(x, peers, num_peers, request, &first);
+    if (status == KVX_OK)
+        status = push_request_encode(request_id, metadata, metadata_size, request, &body, &size);
+    if (status == KVX_OK)
+        status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
+    x->start = clock_seconds();
+    for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++)
+        status = peer_request_send(x->legs[r].peer, VERB_PUSH, body, size, push_reply,
+                                   &x->legs[r], &x->legs[r].reply_id);
+    free(body);
+    if (status != KVX_OK) {
+        /* Ranks asked already may write anyway: they answer to nothing now. */
+        for (size_t r = 0; r < x->num_reads; r++) {
+            if (x->legs[r].reply_id != 0)
+                peer_request_forget(x->legs[r].peer, x->legs[r].reply_id);
+        }
+        loop_timer_stop(&core->loop, &x->deadline);
+        xfer_recycle(x);
+        return status;
+    }
+    in_flight_link(x);
+    x->ops_left = x->num_reads;
+    if (x->ops_left == 0)
+        xfer_finish(x, KVX_OK);
+    for (size_t i = 0; i < x->num_legs; i++)
+        peer_touch(x->legs[i].peer);
+    *xfer_p = x;
+    return KVX_OK;
+}
+
+static void xfer_completion_run(struct loop_event *event)
+{
+    kvx_xfer_t *x = (kvx_xfer_t *)((char *)event - offsetof(kvx_xfer_t, completion));
+
+    x->settled = true;
+    if (x->callback != NULL) {
+        x->in_callback = true;
+        x->callback(x->arg, x, x->status);
+        x->in_callback = false;
+    }
+    if (x->destroyed)
+        xfer_recycle(x);
+}
+
+bool xfer_settled(const kvx_xfer_t *xfer)
+{
+    return xfer->settled;
+}
+
+struct core *xfer_core(const kvx_xfer_t *xfer)
+{
+    return xfer->set->core;
+}
+
+kvx_status_t kvx_xfer_status(const kvx_xfer_t *xfer)
+{
+    return xfer->status;
+}
+
+const char *kvx_xfer_error(const kvx_xfer_t *xfer)
+{
+    return xfer->error;
+}
+
+void kvx_xfer_failed_blocks(const kvx_xfer_t *xfer, const kvx_group_ids_t **groups_p,
+                            size_t *num_groups_p)
+{
+    bool failed   = xfer->status != KVX_OK && xfer->status != KVX_INPROGRESS;
+    *groups_p     = failed ? xfer->groups : NULL;
+    *num_groups_p = failed ? xfer->num_groups : 0;
+}
+
+void kvx_xfer_stats(const kvx_xfer_t *xfer, kvx_read_stats_t *stats_p)
+{
+    *stats_p = xfer->stats;
+}
+
+void kvx_xfer_destroy(kvx_xfer_t *xfer)
+{
+    if (xfer == NULL)
+        return;
+    if (xfer->status == KVX_INPROGRESS) {
+        xfer_fail(xfer, KVX_ERR_CANCELED, "%s %" PRIu64 ": cancelled; the peers %s are closed",
+                  xfer->push ? "write" : "read", xfer->request_id,
+                  xfer->push ? "asked" : "read from");
+        xfers_fail_down_peers(xfer->set); /* no get can write into our memory after this */
+    }
+    if (!xfer->settled || xfer->in_callback)
+        xfer->destroyed = true; /* its callback still runs, from progress; then it goes */
+    else
+        xfer_recycle(xfer);
+}
