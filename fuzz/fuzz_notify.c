@@ -15,14 +15,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char engine_id[ALIVE_ENGINE_ID_SIZE];
     char text[ALIVE_ENGINE_ID_SIZE + 64];
     uint64_t request_id;
+    uint32_t rank;
     uint64_t instance;
     size_t count;
 
-    if (notify_done_parse(data, size, &request_id)) {
-        struct notify n = notify_done(request_id, 0);
+    if (notify_done_parse(data, size, &request_id, &rank)) {
+        struct notify n = notify_done(request_id, rank);
 
-        invariant(size == sizeof(n), "a done is exactly one notification");
-        memcpy(&n.tp_rank, data + offsetof(struct notify, tp_rank), 2 * sizeof(uint32_t));
+        invariant(size == sizeof(n) && rank < KVX_MAX_TP, "a done is one notification of a rank");
         invariant(memcmp(&n, data, sizeof(n)) == 0, "a done re-encodes to its bytes");
     }
     if (heartbeat_ids_parse(data, size, &count)) {

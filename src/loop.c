@@ -252,17 +252,22 @@ void loop_wake_clear(struct loop *loop)
     (void)!read(loop->wake_fd, &count, sizeof(count));
 }
 
+void loop_wake(struct loop *loop)
+{
+    uint64_t one = 1;
+
+    (void)!write(loop->wake_fd, &one, sizeof(one));
+}
+
 void loop_prepare_sleep(struct loop *loop, bool busy)
 {
     uint64_t deadline         = loop_next_deadline(loop);
     uint64_t now              = clock_ms();
     struct itimerspec expires = {0};
 
-    if (busy || !loop_queue_empty(loop) || deadline <= now) {
-        uint64_t one = 1;
-
-        (void)!write(loop->wake_fd, &one, sizeof(one));
-    } else if (deadline != UINT64_MAX) {
+    if (busy || !loop_queue_empty(loop) || deadline <= now)
+        loop_wake(loop);
+    else if (deadline != UINT64_MAX) {
         uint64_t ms               = deadline - now;
         expires.it_value.tv_sec  = (time_t)(ms / 1000);
         expires.it_value.tv_nsec = (long)(ms % 1000) * 1000000;

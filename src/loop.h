@@ -77,6 +77,9 @@ void loop_unwatch_fd(struct loop *loop, int fd);
  * source has work already; the wake descriptor is made readable then, and the timer
  * descriptor is set to the next deadline. Clears the wake descriptor first thing in a turn. */
 void loop_prepare_sleep(struct loop *loop, bool busy);
+
+/* Makes the descriptor readable: a call outside the loop gave it work (a post). */
+void loop_wake(struct loop *loop);
 void loop_wake_clear(struct loop *loop);
 
 /* Sleeps on the descriptor for at most `timeout_ms` (0: not at all). */

@@ -308,7 +308,7 @@ static void op_unlink(struct transport_op *op)
 
 static void op_free(struct transport_op *op)
 {
-    if (op->released && op->completed < op->posted)
+    if (op->released) /* set only while something was pending */
         op->conn->t->orphaned--;
     op_unlink(op);
     free(op);

@@ -335,6 +335,7 @@ void xfers_cancel_peer(struct xfer_set *set, kvx_peer_t *peer)
     }
     peer_down(peer, KVX_ERR_CANCELED, "closed by its caller", PEER_CLOSED);
     xfers_fail_down_peers(set);
+    loop_wake(&set->core->loop); /* the cancelled transfers' callbacks are due */
 }
 
 static void xfer_deadline_fire(struct loop_timer *timer)
@@ -548,6 +549,7 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
     for (size_t i = 0; i < x->num_legs; i++)
         peer_touch(x->legs[i].peer);
     histogram_add(&core->stats.post_us, (clock_seconds() - entered) * 1e6);
+    loop_wake(&core->loop);
     *xfer_p = x;
     return KVX_OK;
 }
@@ -682,6 +684,7 @@ kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t m
         xfer_finish(x, KVX_OK);
     for (size_t i = 0; i < x->num_legs; i++)
         peer_touch(x->legs[i].peer);
+    loop_wake(&core->loop);
     *xfer_p = x;
     return KVX_OK;
 }
@@ -742,6 +745,7 @@ void kvx_xfer_destroy(kvx_xfer_t *xfer)
                   xfer->push ? "write" : "read", xfer->request_id,
                   xfer->push ? "asked" : "read from");
         xfers_fail_down_peers(xfer->set); /* no get can write into our memory after this */
+        loop_wake(&xfer->set->core->loop);
     }
     if (!xfer->settled || xfer->in_callback)
         xfer->destroyed = true; /* its callback still runs, from progress; then it goes */

@@ -1,5 +1,5 @@
 /* test_notify.c: the bytes of the messages between agents (notify.c): a done parses only at
- * its exact size, magic, version and kind; heartbeat id lists are whole ids within the limit;
+ * its exact size, magic, version, kind, a rank below KVX_MAX_TP and a zero reserved word; heartbeat id lists are whole ids within the limit;
  * an answer names a non-zero instance in 16 lowercase hex digits and a printable engine id,
  * and formats back to the same bytes. */
 #include "notify.h"
@@ -16,25 +16,31 @@ static void done_parses_only_its_exact_form(void **state)
 {
     struct notify note = notify_done(42, 3);
     unsigned char bytes[sizeof(note) + 1];
-    uint64_t id = 0;
+    uint64_t id   = 0;
+    uint32_t rank = 0;
 
     (void)state;
     memcpy(bytes, &note, sizeof(note));
-    assert_true(notify_done_parse(bytes, sizeof(note), &id));
+    assert_true(notify_done_parse(bytes, sizeof(note), &id, &rank));
     assert_int_equal(id, 42);
-    assert_false(notify_done_parse(bytes, sizeof(note) - 1, &id)); /* short */
-    assert_false(notify_done_parse(bytes, sizeof(note) + 1, &id)); /* extra bytes */
-    assert_false(notify_done_parse(bytes, 0, &id));
-    for (size_t field = 0; field < 3; field++) { /* magic, version, kind */
+    assert_int_equal(rank, 3);
+    assert_false(notify_done_parse(bytes, sizeof(note) - 1, &id, &rank)); /* short */
+    assert_false(notify_done_parse(bytes, sizeof(note) + 1, &id, &rank)); /* extra bytes */
+    assert_false(notify_done_parse(bytes, 0, &id, &rank));
+    for (size_t field = 0; field < 5; field++) { /* magic, version, kind, rank, reserved */
         struct notify bad = note;
 
         if (field == 0)
             bad.magic ^= 1;
         else if (field == 1)
             bad.version++;
-        else
+        else if (field == 2)
             bad.kind++;
-        assert_false(notify_done_parse(&bad, sizeof(bad), &id));
+        else if (field == 3)
+            bad.tp_rank = KVX_MAX_TP;
+        else
+            bad.reserved = 1;
+        assert_false(notify_done_parse(&bad, sizeof(bad), &id, &rank));
     }
 }
 

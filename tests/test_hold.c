@@ -1,0 +1,221 @@
+/* test_hold.c: the prefill side's hold table (hold.c) on a clock the test drives: releases
+ * after the last consumer rank, each rank counted once however often it repeats its done,
+ * leases that expire unless extended, and a lease heap that stays bounded. */
+#include "hold.h"
+#include "prng.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#define MODEL_IDS   512
+#define MODEL_RANKS 4
+
+struct release_log {
+    uint64_t ids[4096];
+    bool expired[4096];
+    size_t count;
+    uint64_t blocks; /* sum of the first block id of each release, to check the copy */
+};
+
+/* The table's release hook: records the release and frees it, as the agent does after the
+ * user's callback. */
+static void on_release(void *arg, struct hold_release *r)
+{
+    struct release_log *log = arg;
+
+    if (log->count < 4096) {
+        log->expired[log->count] = r->expired;
+        log->ids[log->count++]   = r->request_id;
+    }
+    if (r->num_groups > 0 && r->groups[0].count > 0)
+        log->blocks += r->groups[0].ids[0];
+    hold_release_free(r);
+}
+
+/* Random holds and dones from random ranks against a model of which ranks reported: a hold
+ * is released once, after its last distinct rank; repeated and unknown dones are counted and
+ * change nothing. */
+static void holds_release_after_every_consumer_rank_once(void **state)
+{
+    uint64_t seed                  = prng_seed_from_env(77);
+    struct release_log log         = {0};
+    struct hold_table table        = {.release = on_release, .arg = &log};
+    uint32_t consumers[MODEL_IDS]  = {0}; /* 0: not held */
+    uint32_t reported[MODEL_IDS]   = {0}; /* bit r: rank r reported */
+    uint64_t released = 0, unknown = 0, repeated = 0;
+    size_t held = 0;
+    struct prng prng;
+
+    (void)state;
+    prng_init(&prng, seed);
+    for (int step = 0; step < 20000; step++) {
+        uint64_t id = prng_range(&prng, 0, MODEL_IDS - 1);
+
+        if (prng_range(&prng, 0, 2) == 0) {
+            uint32_t n        = (uint32_t)prng_range(&prng, 1, MODEL_RANKS);
+            uint64_t block    = id * 10;
+            kvx_group_ids_t g = {&block, 1};
+            kvx_status_t st   = hold_table_add(&table, id, &g, 1, n, 0);
+
+            if ((st == KVX_OK) != (consumers[id] == 0))
+                fail_msg("seed %llu step %d: hold %llu gave %d", (unsigned long long)seed, step,
+                         (unsigned long long)id, st);
+            if (st == KVX_OK) {
+                consumers[id] = n;
+                reported[id]  = 0;
+                held++;
+            }
+        } else {
+            uint32_t rank       = (uint32_t)prng_range(&prng, 0, MODEL_RANKS - 1);
+            enum hold_done done = hold_table_done(&table, id, rank);
+            enum hold_done want;
+
+            if (consumers[id] == 0) {
+                want = HOLD_DONE_UNKNOWN;
+                unknown++;
+            } else if (reported[id] & (1u << rank)) {
+                want = HOLD_DONE_REPEATED;
+                repeated++;
+            } else {
+                reported[id] |= 1u << rank;
+                want = HOLD_DONE_COUNTED;
+                if ((uint32_t)__builtin_popcount(reported[id]) == consumers[id]) {
+                    want          = HOLD_DONE_RELEASED;
+                    consumers[id] = 0;
+                    released++;
+                    held--;
+                    assert_int_equal(log.ids[log.count - 1], id);
+                }
+            }
+            if (done != want)
+                fail_msg("seed %llu step %d: done %llu from rank %u gave %d, model %d",
+                         (unsigned long long)seed, step, (unsigned long long)id, rank, done,
+                         want);
+        }
+        if (table.count != held || table.released != released || table.unknown != unknown ||
+            table.repeated != repeated)
+            fail_msg("seed %llu step %d: table and model disagree", (unsigned long long)seed,
+                     step);
+    }
+    assert_int_equal(log.count, released);
+    hold_table_free(&table);
+}
+
+/* Issue 10 finding 3: a consumer rank that repeats or retries its done can never release
+ * blocks another rank has not read yet. */
+static void repeated_done_never_releases_another_ranks_blocks(void **state)
+{
+    struct release_log log  = {0};
+    struct hold_table table = {.release = on_release, .arg = &log};
+
+    (void)state;
+    assert_int_equal(hold_table_add(&table, 7, NULL, 0, 2, 0), KVX_OK);
+    assert_int_equal(hold_table_done(&table, 7, 0), HOLD_DONE_COUNTED);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(hold_table_done(&table, 7, 0), HOLD_DONE_REPEATED);
+    assert_int_equal(log.count, 0);
+    assert_int_equal(table.count, 1);
+    assert_int_equal(hold_table_done(&table, 7, 1), HOLD_DONE_RELEASED);
+    assert_int_equal(log.count, 1);
+    assert_int_equal(hold_table_done(&table, 7, 1), HOLD_DONE_UNKNOWN);
+    /* ranks far apart share no word of the bitmap */
+    assert_int_equal(hold_table_add(&table, 8, NULL, 0, 2, 0), KVX_OK);
+    assert_int_equal(hold_table_done(&table, 8, KVX_MAX_TP - 1), HOLD_DONE_COUNTED);
+    assert_int_equal(hold_table_done(&table, 8, KVX_MAX_TP - 1), HOLD_DONE_REPEATED);
+    assert_int_equal(hold_table_done(&table, 8, 3), HOLD_DONE_RELEASED);
+    assert_int_equal(table.repeated, 6);
+    hold_table_free(&table);
+}
+
+static void hold_refuses_bad_requests(void **state)
+{
+    struct release_log log  = {0};
+    struct hold_table table = {.release = on_release, .arg = &log};
+
+    (void)state;
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 0, 0), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "0 consumers"));
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, KVX_MAX_TP + 1, 0), KVX_ERR_INVALID);
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1, 0), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "already held"));
+    assert_int_equal(hold_table_add(&table, 2, NULL, 3, 1, 0), KVX_ERR_INVALID);
+    hold_table_free(&table);
+}
+
+/* Leases on a clock the test drives: a hold expires at its lease, once; a heartbeat moves
+ * it to max(old, now + 2/3 lease); stale heap entries of released or extended holds are
+ * skipped; a done before the lease wins. */
+static void leases_expire_unless_extended(void **state)
+{
+    struct release_log log  = {0};
+    struct hold_table table = {.lease_ms = 900, .release = on_release, .arg = &log};
+
+    (void)state;
+    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 2, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 3, NULL, 0, 2, 100), KVX_OK);
+    assert_int_equal(hold_table_next_expiry(&table), 900);
+    hold_table_extend(&table, 1, 100);  /* 100 + 600 < 900: unchanged */
+    hold_table_extend(&table, 1, 500);  /* 500 + 600 = 1100 */
+    hold_table_extend(&table, 99, 500); /* not held: ignored */
+    hold_table_done(&table, 3, 0);
+    hold_table_done(&table, 3, 1); /* released by its consumers, not by its lease */
+    assert_false(log.expired[log.count - 1]);
+    assert_int_equal(hold_table_expire(&table, 899), 0);
+    assert_int_equal(hold_table_expire(&table, 900), 1); /* request 2 */
+    assert_int_equal(log.ids[log.count - 1], 2);
+    assert_true(log.expired[log.count - 1]);
+    assert_int_equal(hold_table_expire(&table, 1099), 0); /* 1's stale 900 entry skipped */
+    assert_int_equal(hold_table_expire(&table, 1100), 1);
+    assert_int_equal(log.ids[log.count - 1], 1);
+    assert_int_equal(table.expired, 2);
+    assert_int_equal(table.released, 1);
+    assert_int_equal(table.count, 0);
+    assert_int_equal(hold_table_expire(&table, 5000), 0);
+    assert_int_equal(hold_table_next_expiry(&table), UINT64_MAX);
+
+    /* Many heartbeats keep the heap bounded by the live holds. */
+    assert_int_equal(hold_table_add(&table, 7, NULL, 0, 1, 6000), KVX_OK);
+    for (uint64_t t = 6000; t < 106000; t += 10)
+        hold_table_extend(&table, 7, t);
+    assert_true(table.heap_count <= 2 * table.count + 64);
+    assert_int_equal(hold_table_expire(&table, 106000), 0);
+    assert_int_equal(hold_table_expire(&table, 106590), 1);
+    hold_table_free(&table);
+}
+
+/* Held blocks are copies: the caller's array may change after kvx_hold. */
+static void held_ids_are_copied(void **state)
+{
+    struct release_log log  = {0};
+    struct hold_table table = {.release = on_release, .arg = &log};
+    uint64_t block          = 5;
+    kvx_group_ids_t g       = {&block, 1};
+
+    (void)state;
+    assert_int_equal(hold_table_add(&table, 1, &g, 1, 1, 0), KVX_OK);
+    block = 99;
+    hold_table_done(&table, 1, 0);
+    assert_int_equal(log.blocks, 5);
+    hold_table_free(&table);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(holds_release_after_every_consumer_rank_once),
+        cmocka_unit_test(repeated_done_never_releases_another_ranks_blocks),
+        cmocka_unit_test(hold_refuses_bad_requests),
+        cmocka_unit_test(leases_expire_unless_extended),
+        cmocka_unit_test(held_ids_are_copied),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
