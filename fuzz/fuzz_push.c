@@ -1,8 +1,8 @@
-/* fuzz_push.c: libFuzzer target for the push request decoder (agent_push.c), the bytes a
+/* fuzz_push.c: libFuzzer target for the push request decoder (push_request.c), the bytes a
  * decode agent sends a prefill agent's side channel. A decoded request must respect every
  * limit; a rejected one must leave a message. Aborts on a broken invariant. */
 #include "fuzz_invariant.h"
-#include "agent_push.h"
+#include "push_request.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,6 +13,8 @@
 
 /* Active-message ids a transport accepts handlers for; kvx uses a handful. */
 #define TRANSPORT_AM_IDS 16
+/* Connections closed with operations pending, kept parked (transport_conn_destroy). */
+#define TRANSPORT_MAX_PARKED 16
 
 struct am_slot {
     transport_am_handler_t handler;
@@ -23,7 +25,9 @@ struct transport {
     ucp_context_h context;
     ucp_worker_h worker; /* the main worker: its address is the one peers connect to */
     struct am_slot am[TRANSPORT_AM_IDS];
-    size_t orphaned; /* op records released while UCX still owed them completions */
+    size_t orphaned;                /* op records released while UCX still owed completions */
+    struct transport_conn *parked;  /* closed with operations pending: never progressed again */
+    size_t num_parked;
 };
 
 struct transport_mem {
@@ -42,7 +46,10 @@ struct transport_conn {
     ucp_rkey_h *rkeys; /* by the peer's storage index */
     size_t num_rkeys;
     struct transport_op *ops; /* every op record of this connection, released or not */
+    struct transport_conn *next_parked; /* in t->parked */
 };
+
+static void conn_free(struct transport_conn *conn);
 
 struct transport_op {
     struct transport_conn *conn;
@@ -111,6 +118,12 @@ void transport_destroy(struct transport *t)
 {
     if (t == NULL)
         return;
+    while (t->parked != NULL) {
+        struct transport_conn *conn = t->parked;
+
+        t->parked = conn->next_parked;
+        conn_free(conn);
+    }
     ucp_worker_destroy(t->worker);
     ucp_cleanup(t->context);
     free(t);
@@ -246,9 +259,9 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
                                    const kvx_blob_t *rkeys, size_t num_rkeys,
                                    struct transport_conn **conn_p)
 {
-    /* No peer-failure error mode: on UCX 1.13 it moves one-sided operations on user memory
-     * from CMA to TCP (docs/agent.md "Closing" has the figures); liveness comes from kvx's
-     * own deadlines and heartbeats, and closing from destroying the worker. */
+    /* No peer-failure error mode: on UCX 1.13 it moves every operation onto TCP, ten to
+     * thirty times slower (docs/agent.md "Closing" has the figures); liveness comes from
+     * kvx's own deadlines and heartbeats, and closing is transport_conn_destroy's. */
     ucp_ep_params_t params = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
         .address    = address,
@@ -314,14 +327,11 @@ static void op_free(struct transport_op *op)
     free(op);
 }
 
-void transport_conn_destroy(struct transport_conn *conn)
+/* Destroys the worker, and with it the endpoint and whatever UCX still had pending. */
+static void conn_free(struct transport_conn *conn)
 {
-    if (conn == NULL)
-        return;
-    /* UCX's order: keys before their endpoint. The worker takes the endpoint and whatever it
-     * still had pending; no flush, so a dead peer cannot make this wait. */
     for (size_t s = 0; s < conn->num_rkeys; s++)
-        ucp_rkey_destroy(conn->rkeys[s]);
+        ucp_rkey_destroy(conn->rkeys[s]); /* UCX's order: keys before their endpoint */
     for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
         op->finished = NULL; /* whatever completes during the destroy tells no owner */
     ucp_worker_destroy(conn->worker);
@@ -329,6 +339,44 @@ void transport_conn_destroy(struct transport_conn *conn)
         op_free(conn->ops);
     free(conn->rkeys);
     free(conn);
+}
+
+static bool conn_has_pending(const struct transport_conn *conn)
+{
+    for (const struct transport_op *op = conn->ops; op != NULL; op = op->next) {
+        if (op->completed < op->posted)
+            return true;
+    }
+    return false;
+}
+
+void transport_conn_destroy(struct transport_conn *conn)
+{
+    struct transport *t;
+
+    if (conn == NULL)
+        return;
+    t = conn->t;
+    if (!conn_has_pending(conn)) {
+        conn_free(conn);
+        return;
+    }
+    /* Parked, not destroyed: UCX 1.13 aborts a peer whose reply to a get finds the
+     * connection gone (ucp_get_req_handler: "Fatal: unexpected error"), which a stopped
+     * prefill process that resumes would do. A parked worker is never progressed again, so
+     * nothing it still receives reaches our memory; it goes when the transport does, or
+     * when more than TRANSPORT_MAX_PARKED are parked (the oldest first). */
+    conn->next_parked = t->parked;
+    t->parked         = conn;
+    if (++t->num_parked > TRANSPORT_MAX_PARKED) {
+        struct transport_conn **oldest = &t->parked;
+
+        while ((*oldest)->next_parked != NULL)
+            oldest = &(*oldest)->next_parked;
+        conn_free(*oldest);
+        *oldest = NULL;
+        t->num_parked--;
+    }
 }
 
 kvx_status_t transport_op_create(struct transport_conn *conn, transport_op_finished_t finished,

@@ -41,11 +41,12 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
                                    const kvx_blob_t *rkeys, size_t num_rkeys,
                                    struct transport_conn **conn_p);
 
-/* Closes a connection at once and never waits: its keys go first, then its worker with its
- * endpoint, which ends every operation still pending on it (UCX completes them as
- * cancelled, or they are simply dropped; the operation records are freed either way). After
- * it returns nothing posted on the connection can write memory or call back. Must not be
- * called from inside a transport progress call. NULL-safe. */
+/* Closes a connection at once and never waits. With nothing pending, its keys go, then its
+ * worker with its endpoint. With operations still pending (a peer that stopped or died) it is
+ * parked instead: never progressed again, so nothing posted on it writes our memory or calls
+ * back after this returns, and destroyed with the transport or once more than a few are
+ * parked (transport.c says why). Must not be called from inside a transport progress call.
+ * NULL-safe. */
 void transport_conn_destroy(struct transport_conn *conn);
 
 /* A batch's completion counter. `finished` (may be NULL) runs once, from inside transport
