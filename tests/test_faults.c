@@ -1090,6 +1090,194 @@ static void malformed_heartbeats_are_dropped_and_serving_goes_on(void **state)
     serving_goes_on(&p, agent, peer, num_cases);
 }
 
+/* A decode process of the push tests: learns the prefill address on `in`, connects over TCP,
+ * then runs commands from `in`, answering each on `out`: 'r' a verified read of blocks
+ * 0..63, 'w' a verified push of blocks 64..127, 'p' a push of every block posted and never
+ * progressed (a decode process that stalls), 'q' the end. */
+static int run_pushing_decode(int in, int out)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TRANSPORTS,
+                                 .transports = "tcp"};
+    uint64_t read_ids[64];
+    uint64_t push_ids[64];
+    uint64_t *all = calloc(SMALL_BLOCKS, sizeof(*all));
+    char address[ADDRESS_SIZE];
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_xfer_t *stalled;
+    char command;
+
+    alarm(60);
+    for (uint64_t i = 0; i < 64; i++) {
+        read_ids[i] = i;
+        push_ids[i] = 64 + i;
+    }
+    for (uint64_t i = 0; all != NULL && i < SMALL_BLOCKS; i++)
+        all[i] = i;
+    if (all == NULL || read(in, address, sizeof(address)) != sizeof(address))
+        return 10;
+    address[ADDRESS_SIZE - 1] = '\0';
+    if (agent_on_blocks(PAGE, SMALL_BLOCKS, NULL, params, &agent) != KVX_OK ||
+        kvx_agent_connect(agent, address, &peer) != KVX_OK)
+        return 11;
+    while (read(in, &command, 1) == 1 && command != 'q') {
+        kvx_group_ids_t group = {command == 'r' ? read_ids : push_ids, 64};
+        kvx_request_t request = {&group, 1, NULL, 0};
+        bool ok               = true;
+
+        blocks_clear(agent, group.ids, 64);
+        if (command == 'r')
+            ok = kvx_read(agent, &peer, 1, 1, &request, NULL) == KVX_OK;
+        else if (command == 'w')
+            ok = kvx_write(agent, &peer, 1, 2, &request, NULL) == KVX_OK;
+        else if (command == 'p') {
+            group = (kvx_group_ids_t){all, SMALL_BLOCKS};
+            ok    = kvx_write_post(agent, &peer, 1, 3, &request, NULL, NULL, &stalled) == KVX_OK;
+            (void)!write(out, ok ? "1" : "0", 1);
+            for (;;)
+                pause(); /* stalls, and is stopped and killed */
+        }
+        for (size_t k = 0; ok && k < 64; k++)
+            ok = block_matches(agent, group.ids[k]);
+        (void)!write(out, ok ? "1" : "0", 1);
+    }
+    return 0;
+}
+
+/* A decode process of the push tests, forked before the parent (P) has an agent. */
+struct decode {
+    pid_t pid;
+    int in;  /* our commands */
+    int out; /* its answers */
+};
+
+static void decode_fork(struct decode *d)
+{
+    int to[2];
+    int from[2];
+
+    assert_int_equal(pipe(to), 0);
+    assert_int_equal(pipe(from), 0);
+    d->pid = fork();
+    assert_true(d->pid >= 0);
+    if (d->pid == 0) {
+        close(to[1]);
+        close(from[0]);
+        _exit(run_pushing_decode(to[0], from[1]));
+    }
+    child_track(d->pid);
+    close(to[0]);
+    close(from[1]);
+    d->in  = to[1];
+    d->out = from[0];
+}
+
+/* Sends `command` to a decode process and serves `agent` until it answers; true for '1'. */
+static bool decode_command(struct decode *d, kvx_agent_t *agent, char command)
+{
+    struct pollfd answer = {.fd = d->out, .events = POLLIN};
+    uint64_t start       = clock_ms();
+    char c               = '0';
+
+    assert_int_equal(write(d->in, &command, 1), 1);
+    while (poll(&answer, 1, 0) == 0 && clock_ms() - start < 20000)
+        kvx_agent_progress(agent, 5);
+    assert_int_equal(read(d->out, &c, 1), 1);
+    return c == '1';
+}
+
+/* Issue 10 finding 2: a push the prefill side serves never blocks it. Decode process 1 asks
+ * for a push of every block and then neither progresses nor runs (stopped): P's puts over TCP
+ * cannot complete. Meanwhile decode process 2 is served a verified pull and a verified push;
+ * at its deadline (the clock moved) the stuck push fails alone, and P serves on. Here the
+ * parent is P. */
+static void stuck_push_never_blocks_other_decode_processes(void **state)
+{
+    uint64_t *storage         = pattern_storage(PAGE * SMALL_BLOCKS);
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
+                                               KVX_AGENT_PARAM_FIELD_TRANSPORTS,
+                                 .listen     = "127.0.0.1:0",
+                                 .transports = "tcp"};
+    char address[ADDRESS_SIZE] = {0};
+    struct decode stuck;
+    struct decode other;
+    kvx_agent_t *agent;
+    kvx_agent_stats_t stats;
+    int status;
+
+    (void)state;
+    assert_non_null(storage);
+    decode_fork(&stuck);
+    decode_fork(&other);
+    assert_int_equal(agent_on_blocks(PAGE, SMALL_BLOCKS, storage, params, &agent), KVX_OK);
+    left.agent = agent;
+    snprintf(address, sizeof(address), "%s", kvx_agent_listen_address(agent));
+    assert_int_equal(write(stuck.in, address, sizeof(address)), sizeof(address));
+    assert_int_equal(write(other.in, address, sizeof(address)), sizeof(address));
+
+    assert_true(decode_command(&stuck, agent, 'p'));
+    do {
+        kvx_agent_progress(agent, 5);
+        kvx_agent_stats(agent, &stats, sizeof(stats));
+    } while (stats.pushes_serving == 0);
+    assert_int_equal(kill(stuck.pid, SIGSTOP), 0);
+    assert_int_equal(waitpid(stuck.pid, &status, WUNTRACED), stuck.pid);
+
+    assert_true(decode_command(&other, agent, 'r'));
+    assert_true(decode_command(&other, agent, 'w'));
+    kvx_agent_stats(agent, &stats, sizeof(stats));
+    assert_int_equal(stats.pushes_serving, 1); /* the stuck one, still in flight */
+
+    clock_advance_ms(10000); /* past the agent's timeout: the stuck push's deadline */
+    progress_for(agent, 50);
+    kvx_agent_stats(agent, &stats, sizeof(stats));
+    assert_int_equal(stats.pushes_serving, 0);
+    assert_true(decode_command(&other, agent, 'r'));
+    assert_true(decode_command(&other, agent, 'w'));
+
+    assert_int_equal(write(other.in, "q", 1), 1);
+    assert_int_equal(WEXITSTATUS(child_wait(other.pid)), 0);
+    child_kill(stuck.pid);
+    agent_destroy(agent);
+    free(storage);
+    close(stuck.in);
+    close(stuck.out);
+    close(other.in);
+    close(other.out);
+}
+
+/* Issue 10: a push request with more ids in a group than its regions hold blocks (repeats of
+ * valid ids) is refused by the prefill side before any put: the decode blocks stay zero. */
+static void push_beyond_capacity_is_refused_before_any_put(void **state)
+{
+    size_t count = SMALL_BLOCKS + 1;
+    uint64_t *ids = calloc(count, sizeof(*ids));
+    kvx_group_ids_t group = {ids, count};
+    kvx_request_t request = {&group, 1, NULL, 0};
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    uint64_t first = 0;
+
+    (void)state;
+    assert_non_null(ids);
+    for (size_t i = 0; i < count; i++)
+        ids[i] = i % 256; /* 256 blocks, repeated: every id within capacity */
+    peer = prefill_connect((struct prefill_config){0}, &p, (kvx_agent_params_t){0}, &agent);
+    blocks_clear(agent, ids, 256);
+    assert_int_equal(kvx_write(agent, &peer, 1, 1, &request, NULL), KVX_ERR_PEER_REFUSED);
+    assert_non_null(strstr(kvx_errmsg(), "more than the 1024 blocks"));
+    for (uint64_t b = 0; b < 256; b++)
+        assert_false(block_matches(agent, b)); /* nothing was put */
+    group = (kvx_group_ids_t){&first, 1};
+    assert_int_equal(kvx_write(agent, &peer, 1, 2, &request, NULL), KVX_OK); /* serves on */
+    assert_true(block_matches(agent, 0));
+    free(ids);
+    peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
 #define SOAK_MAX_BLOCKS 32  /* blocks of the largest soak request */
 #define SOAK_BATCH      200 /* requests P holds at once ahead of D's reads */
 /* Leases short enough that aborted requests expire within the run, yet five heartbeats long:
@@ -1284,6 +1472,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(malformed_notifications_are_dropped_and_serving_goes_on,
                                   leftovers_clean),
         cmocka_unit_test_teardown(malformed_heartbeats_are_dropped_and_serving_goes_on,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(stuck_push_never_blocks_other_decode_processes,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(push_beyond_capacity_is_refused_before_any_put,
                                   leftovers_clean),
         cmocka_unit_test_teardown(soak_releases_or_expires_every_hold, leftovers_clean),
     };
