@@ -34,6 +34,10 @@
 #define AGENT_DEFAULT_PEER_TTL_MS  3600000
 #define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
 #define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
+/* Idle turns before the loop arms its sources and sleeps: a few tens of microseconds, about
+ * the gap between the steps of a transfer that needs the peer (an emulated get's reply), so a
+ * transfer in flight does not pay a wakeup per step; a wait longer than that sleeps. */
+#define AGENT_SPIN_TURNS 64
 
 struct kvx_agent {
     struct core core;
@@ -50,6 +54,7 @@ struct kvx_agent {
     struct xfer_set *xfers;
     struct hold_table holds;
     struct loop_timer lease_timer; /* at the earliest lease end of the hold table */
+    unsigned idle_turns;           /* turns in a row that found nothing to do */
     kvx_release_cb_t release;
     void *release_arg;
 };
@@ -486,7 +491,6 @@ static size_t agent_turn(kvx_agent_t *agent)
     size_t events     = 0;
     uint64_t malformed = 0;
 
-    loop_wake_clear(&core->loop);
     /* 1. UCX: the main worker (notifications, peers' operations that need us), every
      * connection's worker, then what their completions moved on. Bounded, so a peer keeping
      * the worker busy (a large pull of our memory) cannot hold the turn. */
@@ -528,7 +532,10 @@ static bool agent_busy(kvx_agent_t *agent)
 }
 
 /* Turns until `done(arg)` (or, with done NULL, until a turn handled an event) or until
- * `timeout_ms` passed, sleeping on the agent's descriptor in between. */
+ * `timeout_ms` passed. After AGENT_SPIN_TURNS turns that found nothing to do, the sources are
+ * armed and the loop sleeps on the agent's descriptor until an event or the next deadline;
+ * before that, and after any busy turn, the descriptor is left readable, so an event loop
+ * waiting on it calls again. */
 static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(const void *),
                       const void *arg)
 {
@@ -536,18 +543,30 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
     uint64_t start    = clock_ms();
 
     for (;;) {
-        size_t events    = agent_turn(agent);
-        uint64_t elapsed = clock_ms() - start;
-        bool busy        = agent_busy(agent);
-        uint64_t next    = loop_next_deadline(loop);
-        uint64_t now     = clock_ms();
-        uint64_t sleep   = timeout_ms > elapsed ? timeout_ms - elapsed : 0;
+        size_t events = agent_turn(agent);
+        uint64_t now  = clock_ms();
+        bool finished = done != NULL ? done(arg) : events > 0;
+        uint64_t next;
+        uint64_t sleep;
+        bool busy;
 
-        loop_prepare_sleep(loop, busy);
-        if ((done != NULL ? done(arg) : events > 0) || elapsed >= timeout_ms)
-            return;
-        if (busy)
+        if (events > 0 || agent->idle_turns < AGENT_SPIN_TURNS) {
+            agent->idle_turns = events > 0 ? 0 : agent->idle_turns + 1;
+            loop_wake(loop);
+            if (finished || now - start >= timeout_ms)
+                return;
             continue;
+        }
+        busy = agent_busy(agent);
+        loop_prepare_sleep(loop, busy);
+        if (finished || now - start >= timeout_ms)
+            return;
+        if (busy) {
+            agent->idle_turns = 0;
+            continue;
+        }
+        next  = loop_next_deadline(loop);
+        sleep = timeout_ms - (now - start);
         if (next != UINT64_MAX)
             sleep = next <= now ? 0 : next - now < sleep ? next - now : sleep;
         loop_wait(loop, sleep > INT32_MAX ? INT32_MAX : (int)sleep);

@@ -245,34 +245,39 @@ void loop_unwatch_fd(struct loop *loop, int fd)
         epoll_ctl(loop->epoll_fd, EPOLL_CTL_DEL, fd, NULL);
 }
 
-void loop_wake_clear(struct loop *loop)
-{
-    uint64_t count;
-
-    (void)!read(loop->wake_fd, &count, sizeof(count));
-}
-
 void loop_wake(struct loop *loop)
 {
     uint64_t one = 1;
 
+    if (loop->woken)
+        return;
+    loop->woken = true;
     (void)!write(loop->wake_fd, &one, sizeof(one));
 }
 
 void loop_prepare_sleep(struct loop *loop, bool busy)
 {
-    uint64_t deadline         = loop_next_deadline(loop);
-    uint64_t now              = clock_ms();
-    struct itimerspec expires = {0};
+    uint64_t deadline = loop_next_deadline(loop);
+    uint64_t now      = clock_ms();
+    uint64_t count;
 
-    if (busy || !loop_queue_empty(loop) || deadline <= now)
+    if (loop->woken) {
+        (void)!read(loop->wake_fd, &count, sizeof(count));
+        loop->woken = false;
+    }
+    if (busy || !loop_queue_empty(loop) || deadline <= now) {
         loop_wake(loop);
-    else if (deadline != UINT64_MAX) {
-        uint64_t ms               = deadline - now;
+        deadline = UINT64_MAX; /* the wake covers it */
+    }
+    if (deadline == UINT64_MAX ? loop->timer_set_for != 0 : deadline != loop->timer_set_for) {
+        struct itimerspec expires = {0}; /* zero disarms */
+        uint64_t ms               = deadline != UINT64_MAX ? deadline - now : 0;
+
         expires.it_value.tv_sec  = (time_t)(ms / 1000);
         expires.it_value.tv_nsec = (long)(ms % 1000) * 1000000;
+        timerfd_settime(loop->timer_fd, 0, &expires, NULL);
+        loop->timer_set_for = deadline != UINT64_MAX ? deadline : 0;
     }
-    timerfd_settime(loop->timer_fd, 0, &expires, NULL); /* zero disarms */
 }
 
 void loop_wait(struct loop *loop, int timeout_ms)
@@ -283,5 +288,6 @@ void loop_wait(struct loop *loop, int timeout_ms)
     if (timeout_ms <= 0)
         return;
     (void)!epoll_wait(loop->epoll_fd, events, 16, timeout_ms);
-    (void)!read(loop->timer_fd, &expirations, sizeof(expirations));
+    if (read(loop->timer_fd, &expirations, sizeof(expirations)) > 0)
+        loop->timer_set_for = 0; /* it fired: nothing is set any more */
 }

@@ -34,6 +34,8 @@ struct loop {
     int epoll_fd; /* the agent's descriptor: every source below is in it */
     int wake_fd;  /* an eventfd: readable when progress has work without waiting */
     int timer_fd; /* a timerfd: readable at the next deadline */
+    bool woken;   /* wake_fd was written and not read since: writing again changes nothing */
+    uint64_t timer_set_for; /* the deadline timer_fd is set to; 0: disarmed */
     kvx_log_cb_t log;
     void *log_arg;
     char (*lines)[LOOP_LOG_LINE];
@@ -73,14 +75,15 @@ __attribute__((format(printf, 2, 3))) void loop_log(struct loop *loop, const cha
 kvx_status_t loop_watch_fd(struct loop *loop, int fd);
 void loop_unwatch_fd(struct loop *loop, int fd);
 
-/* Before sleeping (or returning to an event loop that waits on epoll_fd): `busy` says some
- * source has work already; the wake descriptor is made readable then, and the timer
- * descriptor is set to the next deadline. Clears the wake descriptor first thing in a turn. */
+/* Before sleeping (or returning to an event loop that waits on epoll_fd) after a turn that
+ * found nothing to do: clears the wake descriptor, then makes it readable again when `busy`
+ * says some source has work already (or a completion or deadline is due), and sets the timer
+ * descriptor to the next deadline. A turn that did work leaves the wake descriptor readable
+ * instead (loop_wake), so a busy loop makes no system call for it. */
 void loop_prepare_sleep(struct loop *loop, bool busy);
 
-/* Makes the descriptor readable: a call outside the loop gave it work (a post). */
+/* Makes the descriptor readable: there is work without waiting (a post, a busy turn). */
 void loop_wake(struct loop *loop);
-void loop_wake_clear(struct loop *loop);
 
 /* Sleeps on the descriptor for at most `timeout_ms` (0: not at all). */
 void loop_wait(struct loop *loop, int timeout_ms);

@@ -137,8 +137,10 @@ static bool buffer_reserve(void **buf, size_t *capacity, size_t count, size_t si
     return true;
 }
 
-/* A transfer object with its buffers: the pool's last one, or a new one. */
-static kvx_xfer_t *xfer_get(struct xfer_set *set)
+/* A transfer object with its buffers, the pool's last one or a new one, for a pull or a
+ * push of `request_id`. */
+static kvx_xfer_t *xfer_get(struct xfer_set *set, bool push, uint64_t request_id,
+                            kvx_xfer_cb_t callback, void *arg)
 {
     kvx_xfer_t *x = set->pool;
 
@@ -155,6 +157,10 @@ static kvx_xfer_t *xfer_get(struct xfer_set *set)
                       .groups_capacity = x->groups_capacity,
                       .ids             = x->ids,
                       .ids_capacity    = x->ids_capacity,
+                      .push            = push,
+                      .request_id      = request_id,
+                      .callback        = callback,
+                      .arg             = arg,
                       .status          = KVX_INPROGRESS};
     loop_timer_init(&x->deadline, xfer_deadline_fire);
     x->completion.run = xfer_completion_run;
@@ -495,15 +501,12 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
     struct core *core  = set->core;
     double entered     = clock_seconds();
     struct conn *first = NULL;
-    kvx_xfer_t *x      = xfer_get(set);
+    kvx_xfer_t *x      = xfer_get(set, false, request_id, callback, arg);
     kvx_status_t status;
 
     if (x == NULL)
         return error_no_memory("a transfer");
-    x->request_id = request_id;
-    x->callback   = callback;
-    x->arg        = arg;
-    status        = xfer_prepare(x, peers, num_peers, request, &first);
+    status = xfer_prepare(x, peers, num_peers, request, &first);
     if (status == KVX_OK)
         status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
     x->start = clock_seconds();
@@ -646,17 +649,13 @@ kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t m
 {
     struct core *core  = set->core;
     struct conn *first = NULL;
-    kvx_xfer_t *x      = xfer_get(set);
+    kvx_xfer_t *x      = xfer_get(set, true, request_id, callback, arg);
     void *body         = NULL;
     size_t size        = 0;
     kvx_status_t status;
 
     if (x == NULL)
         return error_no_memory("a transfer");
-    x->push       = true;
-    x->request_id = request_id;
-    x->callback   = callback;
-    x->arg        = arg;
     /* Our own plan says which prefill ranks hold our blocks, and checks the request first. */
     status = xfer_prepare(x, peers, num_peers, request, &first);
     if (status == KVX_OK)
