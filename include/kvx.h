@@ -762,10 +762,9 @@ KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size
  * KVX_ERR_PEER_TIMEOUT. A prefill rank stops writing at its own deadline (the same timeout),
  * so blocks of a failed push may still change until then. The pairs and stats are our own
  * plan's, as for kvx_read. */
-KVX_API kvx_status_t kvx_write_post(kvx_agent_t *agent, kvx_peer_t *const *peers,
-                                    size_t num_peers, uint64_t request_id,
-                                    const kvx_request_t *request, kvx_xfer_cb_t callback,
-                                    void *arg, kvx_xfer_t **xfer_p);
+KVX_API kvx_status_t kvx_write_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                                    uint64_t request_id, const kvx_request_t *request,
+                                    kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p);
 KVX_API kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                                uint64_t request_id, const kvx_request_t *request,
                                kvx_read_stats_t *stats_p);

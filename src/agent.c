@@ -143,7 +143,7 @@ static kvx_status_t agent_storages_map(kvx_agent_t *agent, const kvx_agent_param
     kvx_status_t status;
 
     agent->core.num_storages = kvx_regions_num_storages(agent->core.regions);
-    agent->mems         = calloc(agent->core.num_storages, sizeof(*agent->mems));
+    agent->mems              = calloc(agent->core.num_storages, sizeof(*agent->mems));
     agent->core.bases        = calloc(agent->core.num_storages, sizeof(*agent->core.bases));
     if (agent->mems == NULL || agent->core.bases == NULL)
         return error_no_memory("the agent's storages");
@@ -200,7 +200,8 @@ static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_para
         void *key;
 
         bases[s] = (uint64_t)(uintptr_t)agent->core.bases[s];
-        status   = transport_mem_pack_rkey(agent->core.transport, agent->mems[s], &key, &keys[s].size);
+        status =
+            transport_mem_pack_rkey(agent->core.transport, agent->mems[s], &key, &keys[s].size);
         keys[s].data = key;
     }
     if (status == KVX_OK)
@@ -238,8 +239,8 @@ static void serve_heartbeat(void *arg, const struct sidechan_request *request)
 
     if (!heartbeat_ids_parse(request->body, request->body_size, &count)) {
         agent->core.stats.notifications_dropped++;
-        snprintf(reply, sizeof(reply), "%sheartbeat of %zu bytes is not a list of ids",
-                 REPLY_ERROR, request->body_size);
+        snprintf(reply, sizeof(reply), "%sheartbeat of %zu bytes is not a list of ids", REPLY_ERROR,
+                 request->body_size);
     } else {
         agent->core.stats.notifications++;
         for (size_t i = 0; i < count; i++)
@@ -355,12 +356,12 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
                                                                      : AGENT_DEFAULT_HEARTBEAT_MS;
     core->peer_ttl_ms  = (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms
                                                                     : AGENT_DEFAULT_PEER_TTL_MS;
-    agent->engine_id   = strdup((mask & KVX_AGENT_PARAM_FIELD_ENGINE_ID) && params->engine_id != NULL
-                                    ? params->engine_id
-                                    : "");
-    agent->transports  = strdup((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports
-                                    ? params->transports
-                                    : TRANSPORT_DEFAULT_TLS);
+    agent->engine_id  = strdup((mask & KVX_AGENT_PARAM_FIELD_ENGINE_ID) && params->engine_id != NULL
+                                   ? params->engine_id
+                                   : "");
+    agent->transports = strdup((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports
+                                   ? params->transports
+                                   : TRANSPORT_DEFAULT_TLS);
     if (agent->engine_id == NULL || agent->transports == NULL)
         return error_no_memory("an agent");
     core->engine_id  = agent->engine_id;
@@ -388,9 +389,9 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
     agent = calloc(1, sizeof(*agent));
     if (agent == NULL)
         return error_no_memory("an agent");
-    core                = &agent->core;
-    core->agent         = agent;
-    core->instance      = agent_instance();
+    core                 = &agent->core;
+    core->agent          = agent;
+    core->instance       = agent_instance();
     agent->holds.release = agent_on_release;
     agent->holds.arg     = agent;
     loop_timer_init(&agent->lease_timer, agent_lease_fire);
@@ -487,8 +488,8 @@ kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_i
  * it handled. User callbacks run only in the last phase. */
 static size_t agent_turn(kvx_agent_t *agent)
 {
-    struct core *core = &agent->core;
-    size_t events     = 0;
+    struct core *core  = &agent->core;
+    size_t events      = 0;
     uint64_t malformed = 0;
 
     /* 1. UCX: the main worker (notifications, peers' operations that need us), every
@@ -671,9 +672,9 @@ kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_p
 {
     kvx_xfer_t *xfer = NULL;
 
-    return xfer_blocking(kvx_read_post(agent, peers, num_peers, request_id, request, NULL, NULL,
-                                       &xfer),
-                         &xfer, stats_p);
+    return xfer_blocking(
+        kvx_read_post(agent, peers, num_peers, request_id, request, NULL, NULL, &xfer), &xfer,
+        stats_p);
 }
 
 kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
@@ -681,7 +682,7 @@ kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
 {
     kvx_xfer_t *xfer = NULL;
 
-    return xfer_blocking(kvx_write_post(agent, peers, num_peers, request_id, request, NULL, NULL,
-                                        &xfer),
-                         &xfer, stats_p);
+    return xfer_blocking(
+        kvx_write_post(agent, peers, num_peers, request_id, request, NULL, NULL, &xfer), &xfer,
+        stats_p);
 }

@@ -65,7 +65,7 @@ kvx_status_t conn_open(struct transport *t, const kvx_regions_t *local, uint32_t
                        uint32_t local_rank, kvx_transfer_mode_t mode, const void *metadata,
                        size_t size, struct conn **conn_p)
 {
-    struct conn *c = calloc(1, sizeof(*c));
+    struct conn *c                = calloc(1, sizeof(*c));
     kvx_peer_plan_params_t params = {
         .field_mask = KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP | KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK,
         .local_tp   = local_tp,

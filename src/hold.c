@@ -13,10 +13,10 @@
 struct hold {
     bool used;
     uint64_t request_id;
-    uint32_t consumers;            /* ranks that must report done */
-    uint32_t reported;             /* distinct ranks that did */
-    uint64_t expiry_ms;            /* lease end; the heap entry with this expiry is the live one */
-    uint64_t *ranks;               /* bitmap of the ranks that reported, grown on demand */
+    uint32_t consumers; /* ranks that must report done */
+    uint32_t reported;  /* distinct ranks that did */
+    uint64_t expiry_ms; /* lease end; the heap entry with this expiry is the live one */
+    uint64_t *ranks;    /* bitmap of the ranks that reported, grown on demand */
     size_t rank_words;
     struct hold_release *released; /* the ids, handed over on release */
 };
@@ -144,8 +144,10 @@ kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,
                             const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers,
                             uint64_t now_ms)
 {
-    struct hold h = {.used = true, .request_id = request_id, .consumers = consumers,
-                     .expiry_ms = now_ms + t->lease_ms};
+    struct hold h = {.used       = true,
+                     .request_id = request_id,
+                     .consumers  = consumers,
+                     .expiry_ms  = now_ms + t->lease_ms};
     struct hold_release *r;
     kvx_status_t status;
 
@@ -160,7 +162,8 @@ kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,
     if (num_groups > 0 && groups == NULL)
         return error_set(KVX_ERR_INVALID, "hold %" PRIu64 ": groups missing", request_id);
     r = calloc(1, sizeof(*r));
-    if (r == NULL || (r->groups = calloc(num_groups > 0 ? num_groups : 1, sizeof(*r->groups))) == NULL) {
+    if (r == NULL ||
+        (r->groups = calloc(num_groups > 0 ? num_groups : 1, sizeof(*r->groups))) == NULL) {
         free(r);
         return error_no_memory("a hold");
     }

@@ -18,7 +18,7 @@
 
 kvx_status_t loop_init(struct loop *loop)
 {
-    *loop = (struct loop){.epoll_fd = -1, .wake_fd = -1, .timer_fd = -1};
+    *loop          = (struct loop){.epoll_fd = -1, .wake_fd = -1, .timer_fd = -1};
     loop->lines    = calloc(LOOP_LOG_LINES, sizeof(*loop->lines));
     loop->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     loop->wake_fd  = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -22,8 +22,8 @@ struct loop_event {
     bool queued;
 };
 
-#define LOOP_LOG_LINES 64   /* log lines queued between two completion phases; more are counted */
-#define LOOP_LOG_LINE  512  /* bytes of one line */
+#define LOOP_LOG_LINES 64  /* log lines queued between two completion phases; more are counted */
+#define LOOP_LOG_LINE  512 /* bytes of one line */
 
 struct loop {
     struct loop_timer **heap; /* min-heap by deadline */

@@ -5,11 +5,11 @@
 #ifndef KVX_SRC_NOTIFY_H
 #define KVX_SRC_NOTIFY_H
 
+#include "kvx.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "kvx.h"
 
 #define NOTIFY_MAGIC         0x4b565844u /* "KVXD" */
 #define NOTIFY_VERSION       1

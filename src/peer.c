@@ -159,13 +159,12 @@ static void answer_take(kvx_peer_t *peer, struct peer_link *link, const char *te
  * socket, and the first heartbeat answer (which names the instance), within the timeout. */
 static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
 {
-    struct core *core = peer->core;
-    uint64_t deadline = clock_ms() + core->timeout_ms;
-    void *bytes       = NULL;
-    size_t size       = 0;
-    kvx_status_t status =
-        sidechan_fetch(core->zmq, peer->address, VERB_METADATA, KVX_MAX_METADATA_SIZE,
-                       core->timeout_ms, &bytes, &size);
+    struct core *core   = peer->core;
+    uint64_t deadline   = clock_ms() + core->timeout_ms;
+    void *bytes         = NULL;
+    size_t size         = 0;
+    kvx_status_t status = sidechan_fetch(core->zmq, peer->address, VERB_METADATA,
+                                         KVX_MAX_METADATA_SIZE, core->timeout_ms, &bytes, &size);
 
     if (status == KVX_OK)
         status = conn_open(core->transport, core->regions, core->tp_size, core->tp_rank,
@@ -283,8 +282,7 @@ void peer_free(kvx_peer_t *peer)
     free(peer);
 }
 
-void peer_down(kvx_peer_t *peer, kvx_status_t status, const char *reason,
-               enum peer_down_kind kind)
+void peer_down(kvx_peer_t *peer, kvx_status_t status, const char *reason, enum peer_down_kind kind)
 {
     struct core *core = peer->core;
 

@@ -31,8 +31,7 @@ enum peer_down_kind { PEER_DEAD, PEER_IDLE, PEER_CLOSED };
 /* Marks the peer down (once): `status` is what its transfers fail with (KVX_ERR_PEER_DOWN,
  * KVX_ERR_PEER_TIMEOUT or KVX_ERR_CANCELED), `reason` why. Closes its socket, logs, and queues
  * it on core->down. Never calls user code. */
-void peer_down(kvx_peer_t *peer, kvx_status_t status, const char *reason,
-               enum peer_down_kind kind);
+void peer_down(kvx_peer_t *peer, kvx_status_t status, const char *reason, enum peer_down_kind kind);
 
 /* Takes the next peer off core->down (NULL when none) and closes its connection, which the
  * caller does after failing what was in flight with it. */

@@ -4,8 +4,8 @@
 #define KVX_SRC_PUSH_REQUEST_H
 
 #include "kvx.h"
-#define PUSH_MAX_GROUPS    1024
-#define PUSH_MAX_IDS       (1u << 20) /* block ids in one request: 64 Mi tokens of 64-token blocks */
+#define PUSH_MAX_GROUPS 1024
+#define PUSH_MAX_IDS    (1u << 20) /* block ids in one request: 64 Mi tokens of 64-token blocks */
 /* Bytes of a push request: the metadata and up to PUSH_MAX_IDS ids of 10 bytes or fewer. */
 #define PUSH_MAX_REQUEST_SIZE (KVX_MAX_METADATA_SIZE + 11u * PUSH_MAX_IDS + 65536u)
 

@@ -175,8 +175,7 @@ static kvx_status_t groups_fit(const kvx_regions_t *table, const char *side,
         for (size_t r = 0; r < table->num_regions; r++) {
             const struct region *region = &table->regions[r];
 
-            if ((region->group == (int64_t)g || region->group < 0) &&
-                region->num_blocks < capacity)
+            if ((region->group == (int64_t)g || region->group < 0) && region->num_blocks < capacity)
                 capacity = region->num_blocks;
         }
         if (capacity != UINT64_MAX && groups[g].count > capacity)
@@ -217,8 +216,8 @@ static kvx_status_t writer_find(struct push_server *s, const struct push_request
     oldest->metadata = malloc(req->metadata_size);
     if (oldest->metadata == NULL)
         return error_no_memory("a push writer");
-    status = conn_open(core->transport, core->regions, core->tp_size, core->tp_rank,
-                       KVX_MODE_PUSH, req->metadata, req->metadata_size, &oldest->conn);
+    status = conn_open(core->transport, core->regions, core->tp_size, core->tp_rank, KVX_MODE_PUSH,
+                       req->metadata, req->metadata_size, &oldest->conn);
     if (status == KVX_OK)
         status = loop_watch_fd(&core->loop, transport_conn_event_fd(oldest->conn->transport));
     if (status != KVX_OK) {
@@ -240,8 +239,8 @@ static void job_step_done(void *arg, struct transport_op *op)
     (void)op;
     if (job->ready)
         return;
-    job->ready        = true;
-    job->ready_next   = job->server->ready;
+    job->ready         = true;
+    job->ready_next    = job->server->ready;
     job->server->ready = job;
 }
 
@@ -259,8 +258,8 @@ static kvx_status_t job_put(struct push_job *job, const struct push_request *req
     struct push_server *s            = job->server;
     struct conn *conn                = job->writer->conn;
     kvx_request_t request            = {req->groups, req->num_groups,
-                                        req->has_remote ? req->groups + req->num_groups : NULL,
-                                        req->has_remote ? req->num_groups : 0};
+                             req->has_remote ? req->groups + req->num_groups : NULL,
+                             req->has_remote ? req->num_groups : 0};
     struct transport_targets targets = {s->core->bases, conn->remote_bases, true};
     kvx_status_t status              = kvx_peer_plan_request(conn->plan, &request, s->pairs);
 
@@ -299,9 +298,9 @@ void push_serve(void *server, const struct sidechan_request *request)
     if (job == NULL)
         status = error_no_memory("a push");
     if (status == KVX_OK)
-        status = groups_fit(core->regions, "source", req.has_remote ? req.groups + req.num_groups
-                                                                    : req.groups,
-                            req.num_groups);
+        status =
+            groups_fit(core->regions, "source",
+                       req.has_remote ? req.groups + req.num_groups : req.groups, req.num_groups);
     if (status == KVX_OK)
         status = writer_find(s, &req, &job->writer);
     if (status == KVX_OK)
@@ -342,8 +341,8 @@ static void job_advance(struct push_job *job)
     struct push_server *s = job->server;
     struct notify note    = notify_done(job->request_id, s->core->tp_rank);
     kvx_status_t status   = transport_op_status(job->op, job->step == PUSH_PUT     ? "put"
-                                                             : job->step == PUSH_FLUSH ? "flush"
-                                                                                       : "notify");
+                                                         : job->step == PUSH_FLUSH ? "flush"
+                                                                                   : "notify");
 
     if (status == KVX_OK && job->step == PUSH_NOTIFY) {
         reply_text(s, &job->origin, REPLY_PUSHED);

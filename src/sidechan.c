@@ -24,8 +24,7 @@ struct sidechan_client {
 };
 
 /* "tcp://HOST:PORT" for "HOST:PORT"; `what` names it in errors. */
-static kvx_status_t endpoint_of(const char *address, const char *what, char *endpoint,
-                                size_t size)
+static kvx_status_t endpoint_of(const char *address, const char *what, char *endpoint, size_t size)
 {
     if (strchr(address, ':') == NULL || strlen(address) + sizeof("tcp://") > size)
         return error_set(KVX_ERR_INVALID, "%s: \"%.64s\" is not HOST:PORT", what, address);
@@ -65,9 +64,8 @@ static uint64_t id_decode(const uint8_t bytes[8])
     return id;
 }
 
-kvx_status_t sidechan_server_create(void *zmq, const char *listen, int64_t max_message,
-                                    char *bound, size_t bound_size,
-                                    struct sidechan_server **server_p)
+kvx_status_t sidechan_server_create(void *zmq, const char *listen, int64_t max_message, char *bound,
+                                    size_t bound_size, struct sidechan_server **server_p)
 {
     int linger     = 0;
     int high_water = SIDECHAN_RECV_HWM;
@@ -228,12 +226,11 @@ static kvx_status_t dealer_open(void *zmq, const char *address, int send_hwm, in
     if (status != KVX_OK)
         return status;
     socket = zmq_socket(zmq, ZMQ_DEALER);
-    if (socket == NULL ||
-        zmq_setsockopt(socket, ZMQ_SNDHWM, &send_hwm, sizeof(send_hwm)) != 0 ||
+    if (socket == NULL || zmq_setsockopt(socket, ZMQ_SNDHWM, &send_hwm, sizeof(send_hwm)) != 0 ||
         zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
         zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
         zmq_connect(socket, endpoint) != 0) {
-        status = error_set(KVX_ERR_IO, "peer %s: %s", address, zmq_strerror(zmq_errno()));
+        status = error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
         if (socket != NULL)
             zmq_close(socket);
         return status;
@@ -291,11 +288,11 @@ static kvx_status_t request_send(void *socket, const char *verb, uint64_t id, co
     bool sent;
 
     id_encode(id, bytes);
-    sent = zmq_send(socket, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) == 0 &&
-           zmq_send(socket, verb, strlen(verb), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
-           zmq_send(socket, bytes, sizeof(bytes), ZMQ_DONTWAIT | (has_body ? ZMQ_SNDMORE : 0)) >=
-               0 &&
-           (!has_body || zmq_send(socket, body, size, ZMQ_DONTWAIT) >= 0);
+    sent =
+        zmq_send(socket, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) == 0 &&
+        zmq_send(socket, verb, strlen(verb), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+        zmq_send(socket, bytes, sizeof(bytes), ZMQ_DONTWAIT | (has_body ? ZMQ_SNDMORE : 0)) >= 0 &&
+        (!has_body || zmq_send(socket, body, size, ZMQ_DONTWAIT) >= 0);
     return sent ? KVX_OK
                 : error_set(KVX_ERR_PEER_DOWN, "side channel: %s", zmq_strerror(zmq_errno()));
 }
@@ -354,8 +351,7 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const char *verb, in
         size_t size;
 
         if (now >= deadline) {
-            status = error_set(KVX_ERR_PEER_TIMEOUT, "peer %s: no answer within %" PRIu32 " ms",
-                               address, timeout_ms);
+            status = error_set(KVX_ERR_PEER_TIMEOUT, "no answer within %" PRIu32 " ms", timeout_ms);
             break;
         }
         if (zmq_poll(&item, 1, (long)(deadline - now)) <= 0 ||

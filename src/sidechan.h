@@ -9,9 +9,9 @@
 
 #include "kvx.h"
 
-#define SIDECHAN_MAX_IDENTITY 255         /* bytes of a ROUTER identity (ZeroMQ's own limit) */
-#define SIDECHAN_MAX_REPLY    4096        /* bytes of a reply on a kept socket: short texts */
-#define SIDECHAN_RECV_HWM     64          /* messages a server queues from one connection */
+#define SIDECHAN_MAX_IDENTITY 255  /* bytes of a ROUTER identity (ZeroMQ's own limit) */
+#define SIDECHAN_MAX_REPLY    4096 /* bytes of a reply on a kept socket: short texts */
+#define SIDECHAN_RECV_HWM     64   /* messages a server queues from one connection */
 
 struct sidechan_server;
 struct sidechan_client;
@@ -40,9 +40,8 @@ struct sidechan_verb {
 
 /* Binds a ROUTER at "HOST:PORT" (port 0: a free one) accepting messages of at most
  * `max_message` bytes; `bound` receives "HOST:PORT" with the real port. */
-kvx_status_t sidechan_server_create(void *zmq, const char *listen, int64_t max_message,
-                                    char *bound, size_t bound_size,
-                                    struct sidechan_server **server_p);
+kvx_status_t sidechan_server_create(void *zmq, const char *listen, int64_t max_message, char *bound,
+                                    size_t bound_size, struct sidechan_server **server_p);
 void sidechan_server_destroy(struct sidechan_server *server);
 int sidechan_server_fd(struct sidechan_server *server);
 bool sidechan_server_readable(struct sidechan_server *server);

@@ -142,10 +142,18 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
                 l, s->held);
     counter(&t, l, "released_total", "Held requests released after every consumer's done.",
             s->released);
-    counter(&t, l, "done_unknown_total", "Done for a request not held: unknown or repeated.",
+    counter(&t, l, "done_unknown_total", "Done for a request not held: never, or released.",
             s->done_unknown);
     counter(&t, l, "leases_expired_total", "Held requests released when their lease expired.",
             s->leases_expired);
+    counter(&t, l, "done_repeated_total", "Done from a rank that reported that request already.",
+            s->done_repeated);
+    text_printf(&t,
+                "# HELP kvx_ops_orphaned Operation records closed connections are still owed.\n"
+                "# TYPE kvx_ops_orphaned gauge\nkvx_ops_orphaned{%s} %" PRIu64 "\n"
+                "# HELP kvx_pushes_serving Pushes being written by this prefill agent now.\n"
+                "# TYPE kvx_pushes_serving gauge\nkvx_pushes_serving{%s} %" PRIu64 "\n",
+                l, s->ops_orphaned, l, s->pushes_serving);
     free(labels.data);
     if (t.failed || labels.failed || t.data == NULL) {
         free(t.data);

@@ -25,8 +25,8 @@ struct transport {
     ucp_context_h context;
     ucp_worker_h worker; /* the main worker: its address is the one peers connect to */
     struct am_slot am[TRANSPORT_AM_IDS];
-    size_t orphaned;                /* op records released while UCX still owed completions */
-    struct transport_conn *parked;  /* closed with operations pending: never progressed again */
+    size_t orphaned;               /* op records released while UCX still owed completions */
+    struct transport_conn *parked; /* closed with operations pending: never progressed again */
     size_t num_parked;
 };
 
@@ -45,7 +45,7 @@ struct transport_conn {
     ucp_ep_h ep;
     ucp_rkey_h *rkeys; /* by the peer's storage index */
     size_t num_rkeys;
-    struct transport_op *ops; /* every op record of this connection, released or not */
+    struct transport_op *ops;           /* every op record of this connection, released or not */
     struct transport_conn *next_parked; /* in t->parked */
 };
 
@@ -488,8 +488,8 @@ kvx_status_t transport_flush_post(struct transport_op *op)
 kvx_status_t transport_am_post(struct transport_op *op, unsigned id, const void *data, size_t size)
 {
     ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .cb.send   = op_completed,
         .user_data = op,
         .flags     = UCP_AM_SEND_FLAG_EAGER,

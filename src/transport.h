@@ -80,8 +80,7 @@ kvx_status_t transport_flush_post(struct transport_op *op);
 
 /* Posts an eager active message of at most TRANSPORT_AM_MAX bytes (copied into the op). */
 #define TRANSPORT_AM_MAX 64
-kvx_status_t transport_am_post(struct transport_op *op, unsigned id, const void *data,
-                               size_t size);
+kvx_status_t transport_am_post(struct transport_op *op, unsigned id, const void *data, size_t size);
 
 /* Nothing more will be posted on `op`: `finished` runs once everything completed (at once,
  * from inside this call, when nothing is pending). */

@@ -223,9 +223,9 @@ static void ready_queue(kvx_xfer_t *x)
 {
     if (x->ready)
         return;
-    x->ready         = true;
-    x->ready_next    = x->set->ready;
-    x->set->ready    = x;
+    x->ready      = true;
+    x->ready_next = x->set->ready;
+    x->set->ready = x;
 }
 
 /* An operation of the current step completed (from inside UCX progress): count it, and
@@ -346,9 +346,9 @@ void xfers_cancel_peer(struct xfer_set *set, kvx_peer_t *peer)
 
 static void xfer_deadline_fire(struct loop_timer *timer)
 {
-    kvx_xfer_t *x   = (kvx_xfer_t *)((char *)timer - offsetof(kvx_xfer_t, deadline));
-    size_t pending  = 0;
-    size_t posted   = 0;
+    kvx_xfer_t *x  = (kvx_xfer_t *)((char *)timer - offsetof(kvx_xfer_t, deadline));
+    size_t pending = 0;
+    size_t posted  = 0;
 
     for (size_t i = 0; i < x->num_legs; i++) {
         pending += x->legs[i].op != NULL ? transport_op_pending(x->legs[i].op) : 0;
@@ -398,14 +398,12 @@ static kvx_status_t peers_check(kvx_peer_t *const *peers, size_t num_peers, stru
         struct conn *conn = peer_conn(peers[i]);
 
         if (conn == NULL)
-            return error_set(peer_down_status(peers[i]),
-                             "peer %s is down (%s); reconnect it", peer_address(peers[i]),
-                             kvx_peer_down_reason(peers[i]));
+            return error_set(peer_down_status(peers[i]), "peer %s is down (%s); reconnect it",
+                             peer_address(peers[i]), kvx_peer_down_reason(peers[i]));
         if (i > 0 && conn->tp_size != (*first_p)->tp_size)
-            return error_set(KVX_ERR_INVALID,
-                             "peer %s has TP size %" PRIu32 " where peer %s has %" PRIu32,
-                             peer_address(peers[i]), conn->tp_size, peer_address(peers[0]),
-                             (*first_p)->tp_size);
+            return error_set(
+                KVX_ERR_INVALID, "peer %s has TP size %" PRIu32 " where peer %s has %" PRIu32,
+                peer_address(peers[i]), conn->tp_size, peer_address(peers[0]), (*first_p)->tp_size);
         if (i == 0)
             *first_p = conn;
     }
@@ -488,10 +486,10 @@ static kvx_status_t read_pairs(kvx_xfer_t *x, const kvx_request_t *request,
             return KVX_OK;
         }
     }
-    return status != KVX_OK ? status
-                            : error_set(KVX_ERR_INTERNAL,
-                                        "read: rank %" PRIu32 "'s own plan does not read it",
-                                        conn->tp_rank);
+    return status != KVX_OK
+               ? status
+               : error_set(KVX_ERR_INTERNAL, "read: rank %" PRIu32 "'s own plan does not read it",
+                           conn->tp_rank);
 }
 
 kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size_t num_peers,
@@ -511,8 +509,8 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
         status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
     x->start = clock_seconds();
     for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++) {
-        struct xfer_leg *leg = &x->legs[r];
-        struct conn *conn    = peer_conn(leg->peer);
+        struct xfer_leg *leg             = &x->legs[r];
+        struct conn *conn                = peer_conn(leg->peer);
         struct transport_targets targets = {core->bases, conn->remote_bases, false};
         const kvx_pair_t *pairs          = NULL;
         size_t count                     = 0;
@@ -579,8 +577,8 @@ static void pull_notify(kvx_xfer_t *x)
 
         transport_op_release(leg->op);
         leg->op = NULL;
-        status  = transport_op_create(peer_conn(leg->peer)->transport, xfer_op_finished, x,
-                                      &leg->op);
+        status =
+            transport_op_create(peer_conn(leg->peer)->transport, xfer_op_finished, x, &leg->op);
         if (status == KVX_OK)
             status = transport_am_post(leg->op, CORE_AM_NOTIFY, &note, sizeof(note));
         if (status == KVX_OK)
@@ -664,8 +662,8 @@ kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t m
         status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
     x->start = clock_seconds();
     for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++)
-        status = peer_request_send(x->legs[r].peer, VERB_PUSH, body, size, push_reply,
-                                   &x->legs[r], &x->legs[r].reply_id);
+        status = peer_request_send(x->legs[r].peer, VERB_PUSH, body, size, push_reply, &x->legs[r],
+                                   &x->legs[r].reply_id);
     free(body);
     if (status != KVX_OK) {
         /* Ranks asked already may write anyway: they answer to nothing now. */

@@ -49,8 +49,8 @@ static void pattern_fill(kvx_agent_t *agent, uint32_t rank)
 static bool bytes_match(const kvx_agent_t *agent, uint64_t offset, uint32_t rank,
                         uint64_t remote_offset, uint64_t len)
 {
-    const uint64_t *words = (const uint64_t *)((const char *)kvx_agent_storage(agent, 0, NULL) +
-                                               offset);
+    const uint64_t *words =
+        (const uint64_t *)((const char *)kvx_agent_storage(agent, 0, NULL) + offset);
 
     for (uint64_t i = 0; i < len / 8; i++) {
         if (words[i] != pattern_word(rank, remote_offset / 8 + i))

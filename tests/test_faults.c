@@ -426,9 +426,9 @@ static void progress_for(kvx_agent_t *agent, uint64_t ms)
 }
 
 /* Issue 6: kill -9 of P in the middle of a large pull (stopped first, so the pull is surely in
- * flight) fails the request with all its block ids within the deadline, and the decode agent then reads from a new P. TCP only and many
- * small gets (no two adjacent, so none coalesce), so that the pull lasts long enough to be
- * cut; P's storage is its own memory, which dies with it. */
+ * flight) fails the request with all its block ids within the deadline, and the decode agent then
+ * reads from a new P. TCP only and many small gets (no two adjacent, so none coalesce), so that the
+ * pull lasts long enough to be cut; P's storage is its own memory, which dies with it. */
 static void prefill_killed_mid_pull_fails_the_read_then_a_new_prefill_serves(void **state)
 {
     kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TRANSPORTS |
@@ -460,7 +460,7 @@ static void prefill_killed_mid_pull_fails_the_read_then_a_new_prefill_serves(voi
     config.spare = true;
     prefill_start(&spare); /* the new P of the end, forked while we have no agent */
     agent = agent_create_tracked(BIG_PAGE, BIG_BLOCKS, params);
-    peer = connect_tracked(agent, p.address);
+    peer  = connect_tracked(agent, p.address);
     read_verified(agent, peer, 1, (const uint64_t[]){1, 3}, 2); /* wired up: data flows */
 
     /* Stopped first, so the pull is surely in flight when the process dies: TCP gets need
@@ -554,7 +554,7 @@ static kvx_peer_t *prefill_connect(struct prefill_config c, struct prefill *p,
     config.blocks = SMALL_BLOCKS;
     prefill_start(p);
     *agent_p = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
-    peer = connect_tracked(*agent_p, p->address);
+    peer     = connect_tracked(*agent_p, p->address);
     return peer;
 }
 
@@ -568,11 +568,10 @@ static uint64_t progress_until_down(kvx_agent_t *agent, const kvx_peer_t *peer)
     return clock_ms() - start;
 }
 
-
 /* Issue 6: kill -9 of D after P holds blocks: while D heartbeats, the hold outlives its lease;
  * once D is killed, P releases it at the lease's expiry, once. Here the parent is P, and its
- * clock is moved forward instead of waiting. The decode process is forked before P's agent exists, so it inherits no UCX or
- * ZeroMQ state. */
+ * clock is moved forward instead of waiting. The decode process is forked before P's agent exists,
+ * so it inherits no UCX or ZeroMQ state. */
 static void killed_decode_leaves_its_hold_to_expire(void **state)
 {
     const uint32_t lease_ms    = 600000; /* ten minutes, moved by the test's clock */
@@ -652,8 +651,8 @@ static void killed_decode_leaves_its_hold_to_expire(void **state)
 
 /* Issue 6 and issue 10 finding 1: SIGSTOP of P past the deadline. UCX's TCP gets need the
  * target's progress, so a stopped P stalls them, and UCX cannot cancel them: the read still
- * fails at its deadline (moved to by the clock) with its block ids, and nothing waits. After SIGCONT,
- * late completions change nothing (one callback, one failure counted), and the peer,
+ * fails at its deadline (moved to by the clock) with its block ids, and nothing waits. After
+ * SIGCONT, late completions change nothing (one callback, one failure counted), and the peer,
  * reconnected, reads again. */
 static void stopped_prefill_fails_the_read_at_its_deadline(void **state)
 {
@@ -798,7 +797,7 @@ static void restarted_prefill_at_the_same_address_is_noticed(void **state)
         .page = PAGE, .blocks = SMALL_BLOCKS, .spare = true, .listen = first.address};
     prefill_start(&second);
     agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
-    peer = connect_tracked(agent, first.address);
+    peer  = connect_tracked(agent, first.address);
     read_verified(agent, peer, 1, ids, 3);
 
     prefill_kill(&first);
@@ -1003,7 +1002,10 @@ static const struct bad_side_case {
     {"only_a_delimiter", {""}, {0}, 1, NULL},
     {"heartbeat_without_an_id", {"", HB}, {0, HB_SIZE}, 2, NULL},
     {"heartbeat_without_ids", {"", HB, ID}, {0, HB_SIZE, 8}, 3, "kvx-error wrong number"},
-    {"ids_of_seven_bytes", {"", HB, ID, "1234567"}, {0, HB_SIZE, 8, 7}, 4,
+    {"ids_of_seven_bytes",
+     {"", HB, ID, "1234567"},
+     {0, HB_SIZE, 8, 7},
+     4,
      "kvx-error heartbeat of 7 bytes"},
     {"unknown_request", {"", "kvx-lunch 1", ID}, {0, 11, 8}, 3, "kvx-error unknown"},
     {"id_of_three_bytes", {"", HB, "abc", "12345678"}, {0, HB_SIZE, 3, 8}, 4, NULL},
@@ -1193,11 +1195,11 @@ static bool decode_command(struct decode *d, kvx_agent_t *agent, char command)
  * parent is P. */
 static void stuck_push_never_blocks_other_decode_processes(void **state)
 {
-    uint64_t *storage         = pattern_storage(PAGE * SMALL_BLOCKS);
-    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
-                                               KVX_AGENT_PARAM_FIELD_TRANSPORTS,
-                                 .listen     = "127.0.0.1:0",
-                                 .transports = "tcp"};
+    uint64_t *storage          = pattern_storage(PAGE * SMALL_BLOCKS);
+    kvx_agent_params_t params  = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
+                                                KVX_AGENT_PARAM_FIELD_TRANSPORTS,
+                                  .listen     = "127.0.0.1:0",
+                                  .transports = "tcp"};
     char address[ADDRESS_SIZE] = {0};
     struct decode stuck;
     struct decode other;
@@ -1250,8 +1252,8 @@ static void stuck_push_never_blocks_other_decode_processes(void **state)
  * valid ids) is refused by the prefill side before any put: the decode blocks stay zero. */
 static void push_beyond_capacity_is_refused_before_any_put(void **state)
 {
-    size_t count = SMALL_BLOCKS + 1;
-    uint64_t *ids = calloc(count, sizeof(*ids));
+    size_t count          = SMALL_BLOCKS + 1;
+    uint64_t *ids         = calloc(count, sizeof(*ids));
     kvx_group_ids_t group = {ids, count};
     kvx_request_t request = {&group, 1, NULL, 0};
     struct prefill p;
@@ -1398,7 +1400,7 @@ static void soak_releases_or_expires_every_hold(void **state)
     pid = child_track(start_prefill(run_soak_prefill, go[0], address, &ready));
     close(go[0]);
     agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
-    peer = connect_tracked(agent, address);
+    peer  = connect_tracked(agent, address);
 
     for (size_t done = 0; done < soak.requests;) {
         size_t n = soak.requests - done < SOAK_BATCH ? soak.requests - done : SOAK_BATCH;
@@ -1473,10 +1475,8 @@ int main(int argc, char **argv)
                                   leftovers_clean),
         cmocka_unit_test_teardown(malformed_heartbeats_are_dropped_and_serving_goes_on,
                                   leftovers_clean),
-        cmocka_unit_test_teardown(stuck_push_never_blocks_other_decode_processes,
-                                  leftovers_clean),
-        cmocka_unit_test_teardown(push_beyond_capacity_is_refused_before_any_put,
-                                  leftovers_clean),
+        cmocka_unit_test_teardown(stuck_push_never_blocks_other_decode_processes, leftovers_clean),
+        cmocka_unit_test_teardown(push_beyond_capacity_is_refused_before_any_put, leftovers_clean),
         cmocka_unit_test_teardown(soak_releases_or_expires_every_hold, leftovers_clean),
     };
 

@@ -43,11 +43,11 @@ static void on_release(void *arg, struct hold_release *r)
  * change nothing. */
 static void holds_release_after_every_consumer_rank_once(void **state)
 {
-    uint64_t seed                  = prng_seed_from_env(77);
-    struct release_log log         = {0};
-    struct hold_table table        = {.release = on_release, .arg = &log};
-    uint32_t consumers[MODEL_IDS]  = {0}; /* 0: not held */
-    uint32_t reported[MODEL_IDS]   = {0}; /* bit r: rank r reported */
+    uint64_t seed                 = prng_seed_from_env(77);
+    struct release_log log        = {0};
+    struct hold_table table       = {.release = on_release, .arg = &log};
+    uint32_t consumers[MODEL_IDS] = {0}; /* 0: not held */
+    uint32_t reported[MODEL_IDS]  = {0}; /* bit r: rank r reported */
     uint64_t released = 0, unknown = 0, repeated = 0;
     size_t held = 0;
     struct prng prng;
@@ -95,13 +95,11 @@ static void holds_release_after_every_consumer_rank_once(void **state)
             }
             if (done != want)
                 fail_msg("seed %llu step %d: done %llu from rank %u gave %d, model %d",
-                         (unsigned long long)seed, step, (unsigned long long)id, rank, done,
-                         want);
+                         (unsigned long long)seed, step, (unsigned long long)id, rank, done, want);
         }
         if (table.count != held || table.released != released || table.unknown != unknown ||
             table.repeated != repeated)
-            fail_msg("seed %llu step %d: table and model disagree", (unsigned long long)seed,
-                     step);
+            fail_msg("seed %llu step %d: table and model disagree", (unsigned long long)seed, step);
     }
     assert_int_equal(log.count, released);
     hold_table_free(&table);

@@ -1,7 +1,7 @@
 /* test_notify.c: the bytes of the messages between agents (notify.c): a done parses only at
- * its exact size, magic, version, kind, a rank below KVX_MAX_TP and a zero reserved word; heartbeat id lists are whole ids within the limit;
- * an answer names a non-zero instance in 16 lowercase hex digits and a printable engine id,
- * and formats back to the same bytes. */
+ * its exact size, magic, version, kind, a rank below KVX_MAX_TP and a zero reserved word; heartbeat
+ * id lists are whole ids within the limit; an answer names a non-zero instance in 16 lowercase hex
+ * digits and a printable engine id, and formats back to the same bytes. */
 #include "notify.h"
 
 #include <setjmp.h>
