@@ -614,6 +614,7 @@ typedef struct kvx_agent_stats {
     uint64_t done_repeated;  /* done from a rank that reported that request already */
     uint64_t ops_orphaned;   /* operation records UCX still owes a completion (gauge) */
     uint64_t pushes_serving; /* prefill side: pushes in flight now (gauge) */
+    uint64_t pushes_refused; /* prefill side: push requests answered with an error */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):

@@ -89,7 +89,7 @@ static void reply_error(struct push_server *s, const struct sidechan_origin *ori
 
     snprintf(text, sizeof(text), "%s%s", REPLY_ERROR, kvx_errmsg());
     reply_text(s, origin, text);
-    s->core->stats.notifications_dropped++;
+    s->core->stats.pushes_refused++;
 }
 
 static void job_free(struct push_job *job)

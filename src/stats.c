@@ -148,6 +148,8 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
             s->leases_expired);
     counter(&t, l, "done_repeated_total", "Done from a rank that reported that request already.",
             s->done_repeated);
+    counter(&t, l, "pushes_refused_total", "Push requests answered with an error.",
+            s->pushes_refused);
     text_printf(&t,
                 "# HELP kvx_ops_orphaned Operation records closed connections are still owed.\n"
                 "# TYPE kvx_ops_orphaned gauge\nkvx_ops_orphaned{%s} %" PRIu64 "\n"

@@ -1269,6 +1269,7 @@ static void push_beyond_capacity_is_refused_before_any_put(void **state)
     blocks_clear(agent, ids, 256);
     assert_int_equal(kvx_write(agent, &peer, 1, 1, &request, NULL), KVX_ERR_PEER_REFUSED);
     assert_non_null(strstr(kvx_errmsg(), "more than the 1024 blocks"));
+    assert_int_equal(prefill_stats(&p).pushes_refused, 1);
     for (uint64_t b = 0; b < 256; b++)
         assert_false(block_matches(agent, b)); /* nothing was put */
     group = (kvx_group_ids_t){&first, 1};
