@@ -52,6 +52,25 @@ check "missing LAYOUT exits 2" status_and_one_error_line 2 "LAYOUT is required" 
 check "unknown option exits 2" status_and_one_error_line 2 "unknown option --jsn" plan --jsn x
 check "unknown command exits 2" status_and_one_error_line 2 "unknown command fetchh" fetchh
 
+# serve --hold and fetch's hold options: bad values are bad input, found before serving.
+ex1=$src/layouts/examples/example1-packed-mla-slab.json
+serve_ex1=(serve "$ex1" --listen 127.0.0.1:0)
+check "serve --hold without ID= exits 2" \
+  status_and_one_error_line 2 '--hold: expected ID=BLOCKS, not "0:1"' "${serve_ex1[@]}" --hold 0:1
+check "serve --hold with bad block ids exits 2" \
+  status_and_one_error_line 2 '--hold: expected a block id' "${serve_ex1[@]}" --hold '7=0:x'
+check "serve --hold beyond the table exits 2" \
+  status_and_one_error_line 2 'block id 100 of group 0 is out of range' \
+  "${serve_ex1[@]}" --hold '7=0:100'
+check "serve --consumers 0 exits 2" \
+  status_and_one_error_line 2 '--consumers: 0 is less than 1' \
+  "${serve_ex1[@]}" --hold '7=0:1' --consumers 0
+check "serve takes no --want" \
+  status_and_one_error_line 2 'takes no --peer' "${serve_ex1[@]}" --want
+check "fetch takes no --hold" \
+  status_and_one_error_line 2 'takes no --listen or --hold' \
+  fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --hold '7=0:1'
+
 check "kvx --help explains the commands" bash -c "'$kvx' --help | grep -q 'plan LAYOUT'"
 check "kvx plan --help explains plan" bash -c "'$kvx' plan --help | grep -q -- '--json'"
 check "kvx plan prints a table with totals" \

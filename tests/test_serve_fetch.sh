@@ -10,6 +10,7 @@ export UCX_NET_DEVICES=lo # never another interface
 tmp=$(mktemp -d)
 servers=() # pids of the running servers, and their logs
 logs=()
+started=0 # servers started so far: each gets a log of its own
 cleanup() {
   for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
@@ -21,11 +22,15 @@ trap cleanup EXIT
 source "$src/tests/support/check.sh"
 
 # serve LAYOUT [OPTIONS...]: starts P on a free port the kernel picks (never one in use) and
-# waits until it serves; sets $addr from its "serving ... on HOST:PORT:" line and $log.
+# waits until it serves; sets $addr from its "serving ... on HOST:PORT:" line and $log. The
+# log is a new file: reusing a stopped server's (its name once came from ${#logs[@]}) let
+# the wait read the old "serving" line before the new process truncated it, and the
+# fetches went to the stopped server's port.
 serve() {
   local layout=$1
   shift
-  log=$tmp/serve.${#logs[@]}
+  log=$tmp/serve.$started
+  started=$((started + 1))
   "$kvx" serve "$layout" --listen 127.0.0.1:0 --fill 42 "$@" >"$log" 2>&1 &
   servers+=($!)
   logs+=("$log")

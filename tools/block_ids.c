@@ -1,9 +1,9 @@
-/* block_ids.c: parses the --blocks syntax of the command line, 'G:ids;G:ids' with ids as
- * comma-separated numbers or ranges (0-99), into per-group arrays. */
+/* block_ids.c: the --blocks syntax of the command line, 'G:ids;G:ids' with ids as
+ * comma-separated numbers or ranges (0-99): parsed into per-group arrays, and printed back. */
 #include "block_ids.h"
 
 #include <errno.h>
-#include <stdio.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,4 +127,29 @@ void block_ids_free(struct block_ids *ids)
         free((void *)ids->groups[g].ids);
     free(ids->groups);
     ids->groups = NULL;
+}
+
+void block_ids_print(FILE *out, const kvx_group_ids_t *groups, size_t num_groups)
+{
+    const char *group_separator = "";
+
+    for (size_t g = 0; g < num_groups; g++) {
+        const uint64_t *ids = groups[g].ids;
+        size_t n            = groups[g].count;
+
+        if (n == 0)
+            continue;
+        fprintf(out, "%s%zu:", group_separator, g);
+        group_separator = ";";
+        for (size_t i = 0; i < n;) {
+            size_t run = i; /* ids[i..run] count up by one */
+
+            while (run + 1 < n && ids[run + 1] == ids[run] + 1)
+                run++;
+            fprintf(out, "%s%" PRIu64, i > 0 ? "," : "", ids[i]);
+            if (run > i)
+                fprintf(out, "-%" PRIu64, ids[run]);
+            i = run + 1;
+        }
+    }
 }

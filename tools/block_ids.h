@@ -5,6 +5,8 @@
 
 #include "kvx.h"
 
+#include <stdio.h>
+
 struct block_ids {
     kvx_group_ids_t *groups; /* indexed by group id; groups not named are empty */
     size_t num_groups;
@@ -16,5 +18,9 @@ bool block_ids_parse(const char *option, const char *text, struct block_ids *out
                      size_t size);
 
 void block_ids_free(struct block_ids *ids);
+
+/* Prints `groups` in the --blocks syntax ('G:ids;G:ids', runs of ids as ranges, empty groups
+ * left out), so a message can name block ids the way the command line takes them. */
+void block_ids_print(FILE *out, const kvx_group_ids_t *groups, size_t num_groups);
 
 #endif

@@ -8,6 +8,10 @@
 #define EXIT_BAD_INPUT 2
 #define EXIT_INTERNAL  1
 
+/* The exit status for a failed call's `status`: EXIT_INTERNAL for memory and internal
+ * errors, EXIT_BAD_INPUT for the rest. */
+int cli_exit_status(kvx_status_t status);
+
 /* Prints `kvx: error: MESSAGE` (kvx_errmsg()) and returns the exit status for `status`. */
 int cli_fail(kvx_status_t status);
 

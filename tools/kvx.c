@@ -84,12 +84,18 @@ static const char usage_demo[] =
     "  --d-tp N        N decode ranks (processes), 1..8; default 1\n"
     "  --tables        print the region tables of the built-in model layouts instead\n";
 
+/* Memory and internal errors are kvx's own failures (1); the rest are the input's (2). */
+int cli_exit_status(kvx_status_t status)
+{
+    return status == KVX_ERR_NO_MEMORY || status == KVX_ERR_INTERNAL ? EXIT_INTERNAL
+                                                                     : EXIT_BAD_INPUT;
+}
+
 /* Prints `kvx: error: MESSAGE` and returns the exit status for `status`. */
 int cli_fail(kvx_status_t status)
 {
     fprintf(stderr, "kvx: error: %s\n", kvx_errmsg());
-    return status == KVX_ERR_NO_MEMORY || status == KVX_ERR_INTERNAL ? EXIT_INTERNAL
-                                                                     : EXIT_BAD_INPUT;
+    return cli_exit_status(status);
 }
 
 int cli_usage_error(const char *message, const char *usage)

@@ -10,14 +10,16 @@
 
 #include <inttypes.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char usage_serve[] =
     "usage: kvx serve LAYOUT --listen HOST:PORT [--tp-rank R --tp-size N] [--fill SEED]\n"
     "                 [--transports LIST] [--malloc] [--lease MS] [--metrics HOST:PORT]\n"
-    "                 [--verbose]\n"
+    "                 [--hold 'ID=G:IDS;G:IDS' ... [--consumers N]] [--verbose]\n"
     "\n"
     "A prefill worker: allocates the layout's storages (through UCX, or with malloc when\n"
     "--malloc is given), fills every byte with a pattern of (SEED, storage, offset), and\n"
@@ -30,6 +32,10 @@ static const char usage_serve[] =
     "  --timeout MS        transfer deadline; default 10000\n"
     "  --lease MS          how long held blocks wait for their done or a heartbeat;\n"
     "                      default 30000\n"
+    "  --hold ID=BLOCKS    before serving, hold request ID's blocks (the --blocks syntax of\n"
+    "                      kvx fetch) until --consumers dones for ID arrived or the lease\n"
+    "                      expired; prints \"released request ID\" then. Repeatable\n"
+    "  --consumers N       decode ranks each --hold waits for; default 1\n"
     "  --metrics HOST:PORT Prometheus metrics at http://HOST:PORT/metrics (port 0: a free\n"
     "                      one, printed)\n"
     "  --verbose           one line on stderr per state change, never per block\n";
@@ -37,19 +43,28 @@ static const char usage_serve[] =
 static const char usage_fetch[] =
     "usage: kvx fetch LAYOUT --peer HOST:PORT[,HOST:PORT...] --blocks 'G:IDS;G:IDS'\n"
     "                 [--remote-blocks IDS] [--tp-rank R --tp-size N] [--verify [--fill SEED]]\n"
-    "                 [--push] [--transports LIST] [--malloc] [--timeout MS] [--json]\n"
-    "                 [--verbose]\n"
+    "                 [--push] [--transports LIST] [--malloc] [--timeout MS] [--request ID]\n"
+    "                 [--want] [--heartbeat MS] [--wait-before-read MS] [--json] [--verbose]\n"
     "\n"
     "A decode worker: connects to every prefill rank given (handshake: compatibility hash,\n"
     "then the region tables), pulls the request, notifies the ranks read from, and prints\n"
     "bytes, descriptors before and after coalescing, GB/s and transports. With --verify it\n"
     "checks every transferred byte against the pattern kvx serve filled with SEED and prints\n"
-    "the verdict, 'verified' or the first wrong byte (exit status 2).\n"
+    "the verdict, 'verified' or the first wrong byte (exit status 2). A pull that fails\n"
+    "prints the error and \"not loaded: BLOCKS\", the block ids it did not load.\n"
     "\n"
     "  --push              ask the prefill ranks to write the blocks in (push mode) instead\n"
     "                      of reading them\n"
     "  --fill SEED         the seed kvx serve used; default 1\n"
     "  --timeout MS        handshake and transfer deadline; default 10000\n"
+    "  --request ID        the request id read (and notified done); default 1. A prefill\n"
+    "                      rank that holds ID (kvx serve --hold) releases it on the done\n"
+    "  --want              want the request from every peer before reading: heartbeats\n"
+    "                      carry its id, which keeps its lease alive on the prefill side\n"
+    "  --heartbeat MS      heartbeat interval; a peer silent for three is dead; default 5000\n"
+    "  --wait-before-read MS\n"
+    "                      connect (and want), then wait MS, heartbeating, before reading;\n"
+    "                      prints \"waiting MS ms before reading request ID\" on stderr\n"
     "  --json              one JSON object: outcome, figures and the agent's stats\n"
     "  --verbose           one line on stderr per state change, never per block\n";
 
@@ -60,6 +75,8 @@ static void on_stop_signal(int sig)
     (void)sig;
     stop_requested = 1;
 }
+
+#define HOLDS_MAX 64 /* --hold options of one kvx serve */
 
 struct agent_args {
     const char *layout;
@@ -73,7 +90,14 @@ struct agent_args {
     uint64_t seed;
     uint64_t timeout_ms;
     uint64_t lease_ms;
+    uint64_t heartbeat_ms;
     const char *metrics;
+    const char *holds[HOLDS_MAX]; /* serve: each 'ID=G:IDS;...' */
+    size_t num_holds;
+    uint64_t consumers;  /* serve: per hold */
+    uint64_t request_id; /* fetch: read as this id */
+    uint64_t wait_before_read_ms;
+    bool want;
     bool verify;
     bool push;
     bool use_malloc;
@@ -81,17 +105,63 @@ struct agent_args {
     bool json;
 };
 
+/* The options that take a number, with their smallest and largest values (times: up to an
+ * hour). */
+static const struct number_option {
+    const char *name;
+    size_t offset; /* of the uint64_t in struct agent_args */
+    uint64_t min;
+    uint64_t max;
+} number_options[] = {
+    {"--tp-rank", offsetof(struct agent_args, tp_rank), 0, KVX_MAX_TP},
+    {"--tp-size", offsetof(struct agent_args, tp_size), 0, KVX_MAX_TP},
+    {"--fill", offsetof(struct agent_args, seed), 0, UINT64_MAX},
+    {"--timeout", offsetof(struct agent_args, timeout_ms), 0, 3600000},
+    {"--lease", offsetof(struct agent_args, lease_ms), 0, 3600000},
+    {"--heartbeat", offsetof(struct agent_args, heartbeat_ms), 1, 3600000},
+    {"--consumers", offsetof(struct agent_args, consumers), 1, UINT32_MAX},
+    {"--request", offsetof(struct agent_args, request_id), 0, UINT64_MAX},
+    {"--wait-before-read", offsetof(struct agent_args, wait_before_read_ms), 0, 3600000},
+};
+
+static const struct number_option *number_option_find(const char *arg)
+{
+    for (size_t i = 0; i < sizeof(number_options) / sizeof(number_options[0]); i++) {
+        if (strcmp(arg, number_options[i].name) == 0)
+            return &number_options[i];
+    }
+    return NULL;
+}
+
+/* Parses the value of number option `o` into its field of `a`; prints why not otherwise. */
+static bool number_option_parse(const struct number_option *o, const char *text,
+                                struct agent_args *a)
+{
+    uint64_t *field = (uint64_t *)((char *)a + o->offset);
+
+    if (!cli_parse_number(o->name, text, o->max, field))
+        return false;
+    if (*field < o->min) {
+        fprintf(stderr, "kvx: error: %s: %s is less than %" PRIu64 "\n", o->name, text, o->min);
+        return false;
+    }
+    return true;
+}
+
 /* Parses the options serve and fetch share; -1 to go on, else the exit status. */
 static int agent_args_parse(int argc, char **argv, const char *usage, struct agent_args *a)
 {
-    a->tp_size    = 1;
-    a->seed       = 1;
-    a->timeout_ms = 10000;
-    a->lease_ms   = 30000;
+    a->tp_size      = 1;
+    a->seed         = 1;
+    a->timeout_ms   = 10000;
+    a->lease_ms     = 30000;
+    a->heartbeat_ms = 5000;
+    a->consumers    = 1;
+    a->request_id   = 1;
     for (int i = 0; i < argc; i++) {
-        const char *arg   = argv[i];
-        const char **text = NULL;
-        uint64_t *number  = NULL;
+        const char *arg                    = argv[i];
+        const char **text                  = NULL;
+        const struct number_option *number = number_option_find(arg);
 
         if (cli_is_help(arg)) {
             fputs(usage, stdout);
@@ -117,6 +187,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             a->json = true;
             continue;
         }
+        if (strcmp(arg, "--want") == 0) {
+            a->want = true;
+            continue;
+        }
         if (arg[0] != '-') {
             if (a->layout != NULL)
                 return cli_usage_error("more than one LAYOUT given", usage);
@@ -135,17 +209,11 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             text = &a->transports;
         else if (strcmp(arg, "--metrics") == 0)
             text = &a->metrics;
-        else if (strcmp(arg, "--tp-rank") == 0)
-            number = &a->tp_rank;
-        else if (strcmp(arg, "--tp-size") == 0)
-            number = &a->tp_size;
-        else if (strcmp(arg, "--fill") == 0)
-            number = &a->seed;
-        else if (strcmp(arg, "--timeout") == 0)
-            number = &a->timeout_ms;
-        else if (strcmp(arg, "--lease") == 0)
-            number = &a->lease_ms;
-        else {
+        else if (strcmp(arg, "--hold") == 0) {
+            if (a->num_holds == HOLDS_MAX)
+                return cli_usage_error("more than 64 --hold options", usage);
+            text = &a->holds[a->num_holds++];
+        } else if (number == NULL) {
             fprintf(stderr, "kvx: error: unknown option %s\n\n%s", arg, usage);
             return EXIT_BAD_INPUT;
         }
@@ -155,12 +223,7 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
         }
         if (text != NULL)
             *text = argv[++i];
-        else if (!cli_parse_number(arg, argv[++i],
-                                   number == &a->seed ? UINT64_MAX
-                                   : number == &a->timeout_ms || number == &a->lease_ms
-                                       ? 3600000
-                                       : KVX_MAX_TP,
-                                   number))
+        else if (!number_option_parse(number, argv[++i], a))
             return EXIT_BAD_INPUT;
     }
     if (a->layout == NULL)
@@ -189,14 +252,15 @@ static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **ag
     kvx_agent_params_t params = {
         .field_mask = KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE |
                       KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
-                      KVX_AGENT_PARAM_FIELD_LEASE_MS,
-        .timeout_ms = (uint32_t)a->timeout_ms,
-        .lease_ms   = (uint32_t)a->lease_ms,
-        .name       = listen ? "kvx serve" : "kvx fetch",
-        .tp_rank    = (uint32_t)a->tp_rank,
-        .tp_size    = (uint32_t)a->tp_size,
-        .listen     = a->listen,
-        .transports = a->transports,
+                      KVX_AGENT_PARAM_FIELD_LEASE_MS | KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
+        .timeout_ms   = (uint32_t)a->timeout_ms,
+        .lease_ms     = (uint32_t)a->lease_ms,
+        .heartbeat_ms = (uint32_t)a->heartbeat_ms,
+        .name         = listen ? "kvx serve" : "kvx fetch",
+        .tp_rank      = (uint32_t)a->tp_rank,
+        .tp_size      = (uint32_t)a->tp_size,
+        .listen       = a->listen,
+        .transports   = a->transports,
     };
     kvx_layout_t *layout;
     kvx_status_t status = kvx_layout_load_file(a->layout, &layout);
@@ -247,30 +311,105 @@ static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **ag
     return cli_fail(status);
 }
 
+/* A held request was released: every consumer's done came, or its lease expired (the
+ * metrics and --verbose say which). One line, flushed, so a script can wait for it. */
+static void on_release(void *arg, uint64_t request_id, const kvx_group_ids_t *groups,
+                       size_t num_groups)
+{
+    (void)arg;
+    printf("released request %" PRIu64 ": ", request_id);
+    block_ids_print(stdout, groups, num_groups);
+    printf("\n");
+    fflush(stdout);
+}
+
+/* One --hold ID=BLOCKS, parsed. */
+struct serve_hold {
+    uint64_t request_id;
+    struct block_ids ids;
+};
+
+/* Parses --hold `text` into *hold; on error prints the message and returns false. */
+static bool serve_hold_parse(const char *text, struct serve_hold *hold)
+{
+    size_t id_len = strcspn(text, "=");
+    char id_text[32];
+    char error[512];
+
+    if (text[id_len] != '=' || id_len >= sizeof(id_text)) {
+        fprintf(stderr, "kvx: error: --hold: expected ID=BLOCKS, not \"%s\"\n", text);
+        return false;
+    }
+    snprintf(id_text, sizeof(id_text), "%.*s", (int)id_len, text);
+    if (!cli_parse_number("--hold", id_text, UINT64_MAX, &hold->request_id))
+        return false;
+    if (!block_ids_parse("--hold", text + id_len + 1, &hold->ids, error, sizeof(error))) {
+        fprintf(stderr, "kvx: error: %s\n", error);
+        return false;
+    }
+    return true;
+}
+
+/* Holds each request for `a->consumers` dones, before serving starts so that no read can
+ * come first, and says so, one line each. Ids beyond the table fail as a request's would:
+ * kvx_hold takes any id. */
+static kvx_status_t serve_holds_take(kvx_agent_t *agent, const struct serve_hold *holds,
+                                     size_t num_holds, const struct agent_args *a)
+{
+    for (size_t i = 0; i < num_holds; i++) {
+        const struct serve_hold *h = &holds[i];
+        size_t num_ids;
+        kvx_status_t status = kvx_regions_request_ids(kvx_agent_regions(agent), h->ids.groups,
+                                                      h->ids.num_groups, NULL, 0, &num_ids);
+
+        if (status == KVX_OK)
+            status = kvx_hold(agent, h->request_id, h->ids.groups, h->ids.num_groups,
+                              (uint32_t)a->consumers);
+        if (status != KVX_OK)
+            return status;
+        printf("holding request %" PRIu64 ": ", h->request_id);
+        block_ids_print(stdout, h->ids.groups, h->ids.num_groups);
+        printf(" for %" PRIu64 " consumer%s, lease %" PRIu64 " ms\n", a->consumers,
+               a->consumers > 1 ? "s" : "", a->lease_ms);
+    }
+    return KVX_OK;
+}
+
 int command_serve(int argc, char **argv)
 {
     struct agent_args a = {0};
-    kvx_agent_t *agent;
-    void **storages;
-    size_t num_storages;
-    uint64_t bytes = 0;
+    kvx_agent_t *agent  = NULL;
+    void **storages     = NULL;
+    size_t num_storages = 0;
+    uint64_t bytes      = 0;
     kvx_agent_stats_t stats;
     struct metrics_http *metrics = NULL;
-    int ret                      = agent_args_parse(argc, argv, usage_serve, &a);
+    struct serve_hold holds[HOLDS_MAX];
+    size_t num_holds = 0;
+    kvx_status_t status;
+    int ret = agent_args_parse(argc, argv, usage_serve, &a);
 
     if (ret >= 0)
         return ret;
-    if (a.listen == NULL || a.peers != NULL || a.blocks != NULL || a.verify || a.json)
-        return cli_usage_error(
-            "serve: needs --listen, takes no --peer, --blocks, --verify or --json", usage_serve);
+    if (a.listen == NULL || a.peers != NULL || a.blocks != NULL || a.verify || a.json || a.want ||
+        a.wait_before_read_ms > 0)
+        return cli_usage_error("serve: needs --listen, takes no --peer, --blocks, --verify, "
+                               "--json, --want or --wait-before-read",
+                               usage_serve);
+    /* Bad holds are bad input: found before any memory is allocated or port bound. */
+    for (; num_holds < a.num_holds; num_holds++) {
+        if (!serve_hold_parse(a.holds[num_holds], &holds[num_holds])) {
+            ret = EXIT_BAD_INPUT;
+            goto out;
+        }
+    }
     ret = agent_start(&a, true, &agent, &storages, &num_storages);
     if (ret >= 0)
-        return ret;
+        goto out;
     if (a.metrics != NULL &&
         metrics_http_start(a.metrics, agent, "kvx serve", &metrics) != KVX_OK) {
-        kvx_agent_destroy(agent);
-        storages_free(storages, num_storages);
-        return EXIT_BAD_INPUT;
+        ret = EXIT_BAD_INPUT;
+        goto out;
     }
     for (size_t s = 0;; s++) {
         uint64_t size;
@@ -280,6 +419,12 @@ int command_serve(int argc, char **argv)
             break;
         pattern_fill(base, size, a.seed, (uint32_t)a.tp_rank, s);
         bytes += size;
+    }
+    kvx_agent_set_release_callback(agent, on_release, NULL);
+    status = serve_holds_take(agent, holds, num_holds, &a);
+    if (status != KVX_OK) {
+        ret = cli_fail(status);
+        goto out;
     }
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
@@ -292,21 +437,26 @@ int command_serve(int argc, char **argv)
                metrics_http_port(metrics));
     fflush(stdout);
     while (!stop_requested) {
-        kvx_status_t status = kvx_agent_progress(agent, 20);
-
+        status = kvx_agent_progress(agent, 20);
         if (status != KVX_OK) {
             cli_fail(status);
             break;
         }
         metrics_http_serve(metrics);
     }
-    metrics_http_stop(metrics);
     kvx_agent_stats(agent, &stats, sizeof(stats));
-    printf("stopped: %" PRIu64 " notifications, %" PRIu64 " dropped, %" PRIu64 " leases expired\n",
-           stats.notifications, stats.notifications_dropped, stats.leases_expired);
+    printf("stopped: %" PRIu64 " notifications, %" PRIu64 " dropped, %" PRIu64 " released, %" PRIu64
+           " leases expired\n",
+           stats.notifications, stats.notifications_dropped, stats.released, stats.leases_expired);
+    ret = 0;
+
+out:
+    metrics_http_stop(metrics);
     kvx_agent_destroy(agent);
     storages_free(storages, num_storages);
-    return 0;
+    for (size_t i = 0; i < num_holds; i++)
+        block_ids_free(&holds[i].ids);
+    return ret;
 }
 
 /* --json: one object with the outcome, the transfer's figures and the agent's stats. */
@@ -330,6 +480,68 @@ static void fetch_json_print(const struct agent_args *a, const kvx_agent_t *agen
     printf("}\n");
 }
 
+static uint64_t monotonic_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* --want and --wait-before-read: the request is wanted from every peer (a heartbeat carries
+ * it at once, since the prefill side's lease has been running since it held the request),
+ * then the agent heartbeats for wait_before_read_ms before the read: the window in which a
+ * test can take this decode host away while it holds leases. The line saying so goes to
+ * stderr, so that --json's stdout stays one object. */
+static kvx_status_t fetch_want_and_wait(kvx_agent_t *agent, kvx_peer_t *const *peers,
+                                        size_t num_peers, const struct agent_args *a)
+{
+    kvx_status_t status = KVX_OK;
+
+    if (a->want) {
+        status = kvx_want(agent, peers, num_peers, a->request_id);
+        if (status == KVX_OK)
+            status = kvx_heartbeat(agent, peers, num_peers, &a->request_id, 1);
+    }
+    if (status != KVX_OK || a->wait_before_read_ms == 0)
+        return status;
+    fprintf(stderr, "waiting %" PRIu64 " ms before reading request %" PRIu64 "\n",
+            a->wait_before_read_ms, a->request_id);
+    for (uint64_t start = monotonic_ms();
+         status == KVX_OK && monotonic_ms() - start < a->wait_before_read_ms;)
+        status = kvx_agent_progress(agent, 20);
+    return status;
+}
+
+/* Pulls the request. A pull that was posted and failed prints its error and the block ids it
+ * did not load, and sets *reported_p; a post that failed prints nothing. */
+static kvx_status_t fetch_pull(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                               uint64_t request_id, const kvx_request_t *request,
+                               kvx_read_stats_t *stats_p, bool *reported_p)
+{
+    kvx_xfer_t *xfer;
+    kvx_status_t status =
+        kvx_read_post(agent, peers, num_peers, request_id, request, NULL, NULL, &xfer);
+
+    if (status != KVX_OK)
+        return status;
+    status = kvx_xfer_wait(xfer);
+    if (status == KVX_OK) {
+        kvx_xfer_stats(xfer, stats_p);
+    } else {
+        const kvx_group_ids_t *groups;
+        size_t num_groups;
+
+        kvx_xfer_failed_blocks(xfer, &groups, &num_groups);
+        fprintf(stderr, "kvx: error: %s\nkvx: not loaded: ", kvx_xfer_error(xfer));
+        block_ids_print(stderr, groups, num_groups);
+        fprintf(stderr, "\n");
+        *reported_p = true;
+    }
+    kvx_xfer_destroy(xfer);
+    return status;
+}
+
 int command_fetch(int argc, char **argv)
 {
     struct agent_args a = {0};
@@ -345,12 +557,14 @@ int command_fetch(int argc, char **argv)
     char error[512];
     kvx_request_t request;
     kvx_status_t status;
-    int ret = agent_args_parse(argc, argv, usage_fetch, &a);
+    bool reported = false; /* the failure is printed already */
+    int ret       = agent_args_parse(argc, argv, usage_fetch, &a);
 
     if (ret >= 0)
         return ret;
-    if (a.peers == NULL || a.blocks == NULL || a.listen != NULL)
-        return cli_usage_error("fetch: needs --peer and --blocks, takes no --listen", usage_fetch);
+    if (a.peers == NULL || a.blocks == NULL || a.listen != NULL || a.num_holds > 0)
+        return cli_usage_error("fetch: needs --peer and --blocks, takes no --listen or --hold",
+                               usage_fetch);
     if (!block_ids_parse("--blocks", a.blocks, &ids, error, sizeof(error)) ||
         (a.remote_blocks != NULL &&
          !block_ids_parse("--remote-blocks", a.remote_blocks, &rids, error, sizeof(error)))) {
@@ -376,12 +590,15 @@ int command_fetch(int argc, char **argv)
         p += len + (p[len] == ',');
     }
     request = (kvx_request_t){ids.groups, ids.num_groups, rids.groups, rids.num_groups};
-    status  = a.push ? kvx_write(agent, peers, num_peers, 1, &request, &stats)
-                     : kvx_read(agent, peers, num_peers, 1, &request, &stats);
+    status  = fetch_want_and_wait(agent, peers, num_peers, &a);
+    if (status == KVX_OK && a.push)
+        status = kvx_write(agent, peers, num_peers, a.request_id, &request, &stats);
+    else if (status == KVX_OK)
+        status = fetch_pull(agent, peers, num_peers, a.request_id, &request, &stats, &reported);
     if (status != KVX_OK) {
         if (a.json)
             fetch_json_print(&a, agent, peers[0], status, &stats, NULL);
-        ret = cli_fail(status);
+        ret = reported ? cli_exit_status(status) : cli_fail(status);
         goto out;
     }
     ret = 0;
