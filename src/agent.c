@@ -34,10 +34,12 @@
 #define AGENT_DEFAULT_PEER_TTL_MS  3600000
 #define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
 #define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
-/* Idle turns before the loop arms its sources and sleeps: a few tens of microseconds, about
- * the gap between the steps of a transfer that needs the peer (an emulated get's reply), so a
- * transfer in flight does not pay a wakeup per step; a wait longer than that sleeps. */
-#define AGENT_SPIN_TURNS 64
+/* How long the loop keeps turning without sleeping while UCX operations of ours are in flight:
+ * about the gap between the steps of a transfer that needs the peer (an emulated get's reply,
+ * a flush), so such a transfer does not pay a wakeup (tens of microseconds here) per step.
+ * With nothing of ours in flight (a push's answer, a heartbeat) it sleeps at once: spinning
+ * then only takes the core from the threads that bring the answer (ZeroMQ's, the peer's). */
+#define AGENT_SPIN_US 200
 
 struct kvx_agent {
     struct core core;
@@ -54,7 +56,7 @@ struct kvx_agent {
     struct xfer_set *xfers;
     struct hold_table holds;
     struct loop_timer lease_timer; /* at the earliest lease end of the hold table */
-    unsigned idle_turns;           /* turns in a row that found nothing to do */
+    double idle_since;             /* clock_seconds() of the first idle turn in a row; 0: busy */
     kvx_release_cb_t release;
     void *release_arg;
 };
@@ -533,10 +535,10 @@ static bool agent_busy(kvx_agent_t *agent)
 }
 
 /* Turns until `done(arg)` (or, with done NULL, until a turn handled an event) or until
- * `timeout_ms` passed. After AGENT_SPIN_TURNS turns that found nothing to do, the sources are
- * armed and the loop sleeps on the agent's descriptor until an event or the next deadline;
- * before that, and after any busy turn, the descriptor is left readable, so an event loop
- * waiting on it calls again. */
+ * `timeout_ms` passed. After a turn that found nothing to do (after AGENT_SPIN_US of them while
+ * UCX operations are in flight), the sources are armed and the loop sleeps on the agent's
+ * descriptor until an event or the next deadline; before that, and after any busy turn, the
+ * descriptor is left readable, so an event loop waiting on it calls again. */
 static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(const void *),
                       const void *arg)
 {
@@ -551,8 +553,12 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
         uint64_t sleep;
         bool busy;
 
-        if (events > 0 || agent->idle_turns < AGENT_SPIN_TURNS) {
-            agent->idle_turns = events > 0 ? 0 : agent->idle_turns + 1;
+        if (events == 0 && agent->idle_since == 0)
+            agent->idle_since = clock_seconds();
+        if (events > 0 || (transport_ops_pending(agent->core.transport) > 0 &&
+                           clock_seconds() - agent->idle_since < AGENT_SPIN_US * 1e-6)) {
+            if (events > 0)
+                agent->idle_since = 0;
             loop_wake(loop);
             if (finished || now - start >= timeout_ms)
                 return;
@@ -563,7 +569,7 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
         if (finished || now - start >= timeout_ms)
             return;
         if (busy) {
-            agent->idle_turns = 0;
+            agent->idle_since = 0;
             continue;
         }
         next  = loop_next_deadline(loop);

@@ -26,6 +26,7 @@ struct transport {
     ucp_worker_h worker; /* the main worker: its address is the one peers connect to */
     struct am_slot am[TRANSPORT_AM_IDS];
     size_t orphaned;               /* op records released while UCX still owed completions */
+    size_t pending;                /* operations posted on live connections, not completed */
     struct transport_conn *parked; /* closed with operations pending: never progressed again */
     size_t num_parked;
 };
@@ -47,6 +48,7 @@ struct transport_conn {
     size_t num_rkeys;
     struct transport_op *ops;           /* every op record of this connection, released or not */
     struct transport_conn *next_parked; /* in t->parked */
+    bool parked;
 };
 
 static void conn_free(struct transport_conn *conn);
@@ -169,6 +171,11 @@ bool transport_conn_arm(struct transport_conn *conn)
 size_t transport_ops_orphaned(const struct transport *t)
 {
     return t->orphaned;
+}
+
+size_t transport_ops_pending(const struct transport *t)
+{
+    return t->pending;
 }
 
 kvx_status_t transport_mem_map(struct transport *t, void *address, size_t size,
@@ -367,7 +374,10 @@ void transport_conn_destroy(struct transport_conn *conn)
      * nothing it still receives reaches our memory; it goes when the transport does, or
      * when more than TRANSPORT_MAX_PARKED are parked (the oldest first). */
     conn->next_parked = t->parked;
+    conn->parked      = true;
     t->parked         = conn;
+    for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
+        t->pending -= op->posted - op->completed; /* they will never complete */
     if (++t->num_parked > TRANSPORT_MAX_PARKED) {
         struct transport_conn **oldest = &t->parked;
 
@@ -425,6 +435,8 @@ static void op_completed(void *request, ucs_status_t status, void *user_data)
     struct transport_op *op = user_data;
 
     op->completed++;
+    if (!op->conn->parked)
+        op->conn->t->pending--;
     if (status != UCS_OK && op->first_error == 0)
         op->first_error = status;
     ucp_request_free(request);
@@ -440,8 +452,10 @@ static kvx_status_t op_count(struct transport_op *op, ucs_status_ptr_t sp, const
             op->first_error = UCS_PTR_STATUS(sp);
         return ucs_error(what, UCS_PTR_STATUS(sp));
     }
-    if (sp != NULL)
+    if (sp != NULL) {
         op->posted++; /* NULL: completed in place, no callback comes */
+        op->conn->t->pending++;
+    }
     return KVX_OK;
 }
 

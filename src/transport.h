@@ -117,4 +117,8 @@ bool transport_conn_arm(struct transport_conn *conn);
  * answering), across every connection: bounded by what was posted on live connections. */
 size_t transport_ops_orphaned(const struct transport *t);
 
+/* Operations posted on connections that are not parked and not completed yet: while there
+ * are some, a completion may come from any progress call. */
+size_t transport_ops_pending(const struct transport *t);
+
 #endif
