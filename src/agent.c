@@ -40,6 +40,10 @@
  * With nothing of ours in flight (a push's answer, a heartbeat) it sleeps at once: spinning
  * then only takes the core from the threads that bring the answer (ZeroMQ's, the peer's). */
 #define AGENT_SPIN_US 200
+/* The longest sleep while UCX operations of ours are in flight: UCX's wakeup descriptor
+ * signals what arrives, not every local completion (a put or flush that finishes), so such a
+ * sleep must end on its own soon. */
+#define AGENT_PENDING_SLEEP_MS 1
 
 struct kvx_agent {
     struct core core;
@@ -534,6 +538,30 @@ static bool agent_busy(kvx_agent_t *agent)
     return busy;
 }
 
+/* Sleeps until an event or `timeout_ms`: on the agent's descriptor, and on each ZeroMQ socket
+ * through zmq_poll, which reads ZeroMQ's edge-triggered ZMQ_FD the way ZeroMQ means it to be
+ * read (an epoll on ZMQ_FD alone was seen to sleep through replies). */
+#define AGENT_POLL_SOCKETS 64
+static void agent_wait(kvx_agent_t *agent, int timeout_ms)
+{
+    zmq_pollitem_t items[AGENT_POLL_SOCKETS + 2];
+    void *sockets[AGENT_POLL_SOCKETS];
+    size_t n = 0;
+    size_t count;
+
+    items[n++] = (zmq_pollitem_t){.fd = agent->core.loop.epoll_fd, .events = ZMQ_POLLIN};
+    if (agent->side != NULL)
+        items[n++] =
+            (zmq_pollitem_t){.socket = sidechan_server_socket(agent->side), .events = ZMQ_POLLIN};
+    count = peers_sockets(&agent->core, sockets, AGENT_POLL_SOCKETS);
+    for (size_t i = 0; i < count; i++)
+        items[n++] = (zmq_pollitem_t){.socket = sockets[i], .events = ZMQ_POLLIN};
+    if (count == AGENT_POLL_SOCKETS && timeout_ms > 5)
+        timeout_ms = 5; /* more peers than items: the rest are served within 5 ms */
+    zmq_poll(items, (int)n, timeout_ms);
+    loop_wait_done(&agent->core.loop);
+}
+
 /* Turns until `done(arg)` (or, with done NULL, until a turn handled an event) or until
  * `timeout_ms` passed. After a turn that found nothing to do (after AGENT_SPIN_US of them while
  * UCX operations are in flight), the sources are armed and the loop sleeps on the agent's
@@ -576,7 +604,9 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
         sleep = timeout_ms - (now - start);
         if (next != UINT64_MAX)
             sleep = next <= now ? 0 : next - now < sleep ? next - now : sleep;
-        loop_wait(loop, sleep > INT32_MAX ? INT32_MAX : (int)sleep);
+        if (transport_ops_pending(agent->core.transport) > 0 && sleep > AGENT_PENDING_SLEEP_MS)
+            sleep = AGENT_PENDING_SLEEP_MS;
+        agent_wait(agent, sleep > INT32_MAX ? INT32_MAX : (int)sleep);
     }
 }
 

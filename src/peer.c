@@ -470,6 +470,15 @@ bool peers_busy(struct core *core)
     return busy;
 }
 
+size_t peers_sockets(struct core *core, void **sockets, size_t max)
+{
+    size_t n = 0;
+
+    for (kvx_peer_t *peer = core->peers; peer != NULL && n < max; peer = peer->next)
+        sockets[n++] = sidechan_client_socket(peer->link.client);
+    return n;
+}
+
 /* Adds `request_id` to the peer's wanted ids, once. */
 static kvx_status_t peer_want(kvx_peer_t *peer, uint64_t request_id)
 {

@@ -62,6 +62,10 @@ unsigned peers_progress(struct core *core);
 size_t peers_serve(struct core *core);
 bool peers_busy(struct core *core);
 
+/* The kept sockets of the peers that are up, at most `max` of them (a wait's zmq_poll items);
+ * returns how many. */
+size_t peers_sockets(struct core *core, void **sockets, size_t max);
+
 /* The peer among `peers` that is remote TP rank `rank`, or NULL. */
 kvx_peer_t *peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t rank);
 

@@ -276,11 +276,41 @@ static kvx_status_t job_put(struct push_job *job, const struct push_request *req
     return status;
 }
 
+static void job_advance(struct push_job *job);
+
+/* Moves on the jobs whose step completed. */
+static unsigned jobs_advance(struct push_server *server)
+{
+    unsigned moved = 0;
+
+    while (server->ready != NULL) {
+        struct push_job *job = server->ready;
+
+        server->ready = job->ready_next;
+        job->ready    = false;
+        job_advance(job); /* may queue it again, at once */
+        moved++;
+    }
+    return moved;
+}
+
+/* A small push completes in a few progress rounds of its writer: take them now, a bounded
+ * number, rather than a loop turn per step (put, flush, notify, answer). */
+#define PUSH_EAGER_ROUNDS 64
+static void push_eager(struct push_server *server, struct push_writer *w)
+{
+    for (int round = 0; round < PUSH_EAGER_ROUNDS && w->conn != NULL && w->jobs > 0; round++) {
+        transport_conn_progress(w->conn->transport); /* a failed job closes w: checked above */
+        jobs_advance(server);
+    }
+}
+
 void push_serve(void *server, const struct sidechan_request *request)
 {
     struct push_server *s = server;
     struct core *core     = s->core;
     struct push_request req;
+    struct push_writer *writer;
     struct push_job *job;
     kvx_status_t status;
 
@@ -331,7 +361,9 @@ void push_serve(void *server, const struct sidechan_request *request)
         job_fail(job);
         return;
     }
+    writer = job->writer;
     transport_op_arm(job->op);
+    push_eager(s, writer);
 }
 
 /* The next step of a job whose step completed: flush after the puts, notify after the
@@ -390,15 +422,7 @@ unsigned push_progress(struct push_server *server)
              round++)
             events++;
     }
-    while (server->ready != NULL) {
-        struct push_job *job = server->ready;
-
-        server->ready = job->ready_next;
-        job->ready    = false;
-        job_advance(job); /* may queue it again, at once */
-        events++;
-    }
-    return events;
+    return events + jobs_advance(server);
 }
 
 bool push_busy(struct push_server *server)

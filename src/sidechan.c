@@ -112,6 +112,11 @@ int sidechan_server_fd(struct sidechan_server *server)
     return socket_fd(server->router);
 }
 
+void *sidechan_server_socket(struct sidechan_server *server)
+{
+    return server->router;
+}
+
 bool sidechan_server_readable(struct sidechan_server *server)
 {
     return socket_readable(server->router);
@@ -267,6 +272,11 @@ void sidechan_client_destroy(struct sidechan_client *client)
 int sidechan_client_fd(struct sidechan_client *client)
 {
     return socket_fd(client->dealer);
+}
+
+void *sidechan_client_socket(struct sidechan_client *client)
+{
+    return client->dealer;
 }
 
 bool sidechan_client_readable(struct sidechan_client *client)

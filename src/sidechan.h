@@ -44,6 +44,7 @@ kvx_status_t sidechan_server_create(void *zmq, const char *listen, int64_t max_m
                                     size_t bound_size, struct sidechan_server **server_p);
 void sidechan_server_destroy(struct sidechan_server *server);
 int sidechan_server_fd(struct sidechan_server *server);
+void *sidechan_server_socket(struct sidechan_server *server); /* for zmq_poll */
 bool sidechan_server_readable(struct sidechan_server *server);
 
 /* Receives and dispatches at most `max` waiting requests; each is handed to its verb's
@@ -62,6 +63,7 @@ kvx_status_t sidechan_client_create(void *zmq, const char *address, int send_hwm
                                     struct sidechan_client **client_p);
 void sidechan_client_destroy(struct sidechan_client *client);
 int sidechan_client_fd(struct sidechan_client *client);
+void *sidechan_client_socket(struct sidechan_client *client); /* for zmq_poll */
 bool sidechan_client_readable(struct sidechan_client *client);
 
 /* Sleeps on the socket until a reply waits or `timeout_ms` passed (the handshake only). */
