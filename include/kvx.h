@@ -569,8 +569,10 @@ KVX_API const char *kvx_agent_listen_address(const kvx_agent_t *agent);
  * flight (closing their connections), and run the queued completions: transfer callbacks,
  * release callbacks and log lines. Those run only here (and in kvx_xfer_wait, kvx_read and
  * kvx_write, which run this loop), never inside any other call. Between turns it sleeps on
- * kvx_agent_fd() until an event or the next deadline, never spinning. Create agents after
- * any fork(): UCX in a child forked from a process with an agent does not work. */
+ * kvx_agent_fd() until an event or the next deadline; only while UCX operations of its own
+ * are in flight does it turn on for up to 200 us first, and then sleep at most 1 ms at a
+ * time (UCX does not signal every local completion). Create agents after any fork(): UCX in
+ * a child forked from a process with an agent does not work. */
 KVX_API kvx_status_t kvx_agent_progress(kvx_agent_t *agent, int timeout_ms);
 
 /* One descriptor an event loop (asyncio, libuv, epoll) waits on: it is readable when
