@@ -287,13 +287,3 @@ void loop_wait_done(struct loop *loop)
     if (read(loop->timer_fd, &expirations, sizeof(expirations)) > 0)
         loop->timer_set_for = 0; /* it fired: nothing is set any more */
 }
-
-void loop_wait(struct loop *loop, int timeout_ms)
-{
-    struct epoll_event events[16];
-
-    if (timeout_ms <= 0)
-        return;
-    (void)!epoll_wait(loop->epoll_fd, events, 16, timeout_ms);
-    loop_wait_done(loop);
-}

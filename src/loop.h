@@ -85,9 +85,8 @@ void loop_prepare_sleep(struct loop *loop, bool busy);
 /* Makes the descriptor readable: there is work without waiting (a post, a busy turn). */
 void loop_wake(struct loop *loop);
 
-/* Sleeps on the descriptor for at most `timeout_ms` (0: not at all); after a wait of the
- * caller's own on the descriptor, loop_wait_done takes the timer's expiry. */
-void loop_wait(struct loop *loop, int timeout_ms);
+/* After a wait on the descriptor (the caller's own poll of epoll_fd): takes the timer's
+ * expiry, so the descriptor is not readable for it again. */
 void loop_wait_done(struct loop *loop);
 
 #endif

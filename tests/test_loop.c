@@ -509,7 +509,7 @@ static void descriptor_is_readable_when_busy_woken_or_due_and_not_before(void **
     loop_prepare_sleep(loop, false);
     assert_true(readable_within(loop, WAKE_MS));
     assert_true(clock_ms() >= deadline);
-    loop_wait(loop, 1); /* consumes the expiry */
+    loop_wait_done(loop); /* consumes the expiry */
     assert_int_equal(loop_timers_run(loop, clock_ms()), 1);
     loop_prepare_sleep(loop, false);
     assert_false(readable_within(loop, 0));
