@@ -363,14 +363,22 @@ section "(3) a link cut mid-pull"
 # did not load; P must release the request when the lease runs out and, with the cable
 # back, serve a verified pull from the same process. D starts first, so that its wanted
 # heartbeat follows P's hold by a handshake, not by a process start-up (slow under ASan).
-rate_limit p0 32mbit # 32 MiB at 4 MB/s: about 8 s
-since=$(tx_bytes p0)
-fetch_start d0 "$tmp/cut" "$attn" "${address[p0]}:7003" '0:0-15' --request 7 --want \
-  --heartbeat 1000 --timeout 20000
-fetch_pid=$pid
-serve p0:7003 "$attn" --hold '7=0:0-15' --lease 3000
-check "the rate-limited pull gets under way" \
-  wait_until 30 "2 MiB of the pull" sent_since p0 "$since" 2097152
+# slow_pull_start LOG PORT REQUEST: D pulls blocks 0:0-15 from P on p0:PORT through a 32 Mbit
+# link (32 MiB at 4 MB/s: about 8 s), P holding REQUEST; returns once 2 MiB went out. Sets
+# $fetch_pid.
+slow_pull_start() {
+  local log=$1 port=$2 request=$3 since
+  rate_limit p0 32mbit
+  since=$(tx_bytes p0)
+  fetch_start d0 "$log" "$attn" "${address[p0]}:$port" '0:0-15' --request "$request" --want \
+    --heartbeat 1000 --timeout 20000
+  fetch_pid=$pid
+  serve "p0:$port" "$attn" --hold "$request=0:0-15" --lease 3000
+  check "the rate-limited pull gets under way" \
+    wait_until 30 "2 MiB of the pull" sent_since p0 "$since" 2097152
+}
+
+slow_pull_start "$tmp/cut" 7003 7
 check "the pull still runs when the cable is pulled" kill -0 "$fetch_pid"
 cut_ms=$(now_ms)
 link_cut p0
@@ -467,14 +475,7 @@ section "known bugs: a prefill process aborts in UCX"
 #   cable is back they reach P, which aborts answering them ("Fatal: unexpected error:
 #   Endpoint timeout" in ucp_get_req_handler), at once or at the next pull.
 if [[ ${KVX_FAULTS_KNOWN_BUGS:-0} == 1 ]]; then
-  rate_limit p0 32mbit
-  since=$(tx_bytes p0)
-  fetch_start d0 "$tmp/stop" "$attn" "${address[p0]}:7006" '0:0-15' --request 11 --want \
-    --heartbeat 1000 --timeout 20000
-  fetch_pid=$pid
-  serve p0:7006 "$attn" --hold '11=0:0-15' --lease 3000
-  check "the rate-limited pull gets under way" \
-    wait_until 30 "2 MiB of the pull" sent_since p0 "$since" 2097152
+  slow_pull_start "$tmp/stop" 7006 11
   check "the pull still runs when P is stopped" kill -0 "$fetch_pid"
   stopped_ms=$(now_ms)
   kill -STOP "$serve_pid"
