@@ -19,18 +19,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t instance;
     size_t count;
 
-    if (notify_done_parse(data, size, &request_id, &rank)) {
-        struct notify n = notify_done(request_id, rank);
+    kvx_token_t token;
+
+    if (notify_done_parse(data, size, &request_id, &rank, &token)) {
+        struct notify n = notify_done(request_id, rank, &token);
 
         invariant(size == sizeof(n) && rank < KVX_MAX_TP, "a done is one notification of a rank");
         invariant(memcmp(&n, data, sizeof(n)) == 0, "a done re-encodes to its bytes");
     }
     if (heartbeat_ids_parse(data, size, &count)) {
-        invariant(count * sizeof(uint64_t) == size && count <= HEARTBEAT_MAX_IDS,
-                  "ids fill the frame, within the limit");
-        if (count > 0)
-            invariant(heartbeat_id(data, count - 1) == heartbeat_id(data, count - 1),
-                      "the last id is readable");
+        invariant(count * sizeof(struct heartbeat_entry) == size && count <= HEARTBEAT_MAX_IDS,
+                  "entries fill the frame, within the limit");
+        if (count > 0) {
+            struct heartbeat_entry last = heartbeat_entry(data, count - 1);
+
+            invariant(memcmp(&last, (const uint8_t *)data + size - sizeof(last), sizeof(last)) == 0,
+                      "the last entry is readable");
+        }
     }
     if (alive_answer_parse(data, size, &instance, engine_id)) {
         size_t length = alive_answer_format(text, sizeof(text), instance, engine_id);

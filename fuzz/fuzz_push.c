@@ -1,27 +1,33 @@
-/* fuzz_push.c: libFuzzer target for the push request decoder (push_request.c), the bytes a
- * decode agent sends a prefill agent's side channel. A decoded request must respect every
- * limit; a rejected one must leave a message. Aborts on a broken invariant. */
+/* fuzz_push.c: libFuzzer target for the push request decoder and the writer's proof
+ * (push_request.c), bytes a decode agent sends a prefill agent's side channel and bytes any
+ * UCX peer can send a worker. A decoded request must respect every limit; a rejected one must
+ * leave a message; a parsed proof re-encodes to its bytes. Aborts on a broken invariant. */
 #include "fuzz_invariant.h"
 #include "push_request.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct push_request req;
+    struct push_proof proof;
     size_t ids = 0;
 
+    if (push_proof_parse(data, size, &proof)) {
+        struct push_proof again = push_proof_make(proof.instance, proof.nonce);
+
+        invariant(size == sizeof(again) && memcmp(&again, data, size) == 0,
+                  "a proof re-encodes to its bytes");
+    }
     if (push_request_decode(data, size, &req) != KVX_OK) {
         invariant(kvx_errmsg()[0] != '\0', "a rejected request leaves a message");
         return 0;
     }
     invariant(req.num_groups >= 1 && req.num_groups <= PUSH_MAX_GROUPS, "group count in range");
-    invariant(req.metadata != NULL && req.metadata_size >= 1 &&
-                  req.metadata_size <= KVX_MAX_METADATA_SIZE,
-              "metadata size in range");
     for (size_t g = 0; g < req.num_groups * (req.has_remote ? 2 : 1); g++) {
         invariant(req.groups[g].count == 0 || req.groups[g].ids != NULL, "ids present");
         ids += req.groups[g].count;

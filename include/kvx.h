@@ -331,11 +331,22 @@ typedef struct kvx_pair {
 /* A request: block ids per group on each side (arrays indexed by group id, as for
  * kvx_regions_request_ids). remote == NULL means "the same blocks": the local ids, or with a
  * block-size ratio bsr > 1, each local id b as the remote ids b*bsr .. b*bsr + bsr - 1. */
+#define KVX_TOKEN_LEN 16 /* bytes of a hold's capability */
+
+/* A held request's capability: random bytes kvx_hold returns on the prefill side, carried to
+ * the decode side with the request's transfer parameters (as engines carry
+ * kv_transfer_params); a `done` or heartbeat for a held request counts only with it. */
+typedef struct kvx_token {
+    uint8_t bytes[KVX_TOKEN_LEN];
+} kvx_token_t;
+
 typedef struct kvx_request {
     const kvx_group_ids_t *local;
     size_t num_local_groups;
     const kvx_group_ids_t *remote;
     size_t num_remote_groups;
+    const kvx_token_t *token; /* transfers: the prefill side's hold token for this request,
+                                 sent with its `done`; NULL: none (a hold ignores the done) */
 } kvx_request_t;
 
 typedef struct kvx_pairs_stats {
@@ -497,6 +508,24 @@ KVX_API kvx_status_t kvx_metadata_validate(kvx_metadata_t *metadata, const kvx_r
 KVX_API const char *kvx_metadata_difference(const kvx_metadata_t *metadata, size_t index);
 
 /* ---------------------------------------------------------------------------------------
+ * Authentication: one secret shared by a deployment (docs/security.md). The side channel is
+ * ZeroMQ CURVE, with keys derived from it; a peer without it is answered nothing.
+ * ------------------------------------------------------------------------------------- */
+
+#define KVX_AUTH_KEY_LEN 32 /* bytes of the shared secret */
+
+/* Fills `key` with a new random secret (for a process that makes its own, like kvx demo). */
+KVX_API kvx_status_t kvx_auth_key_generate(uint8_t key[KVX_AUTH_KEY_LEN]);
+
+/* Writes a new random secret to a new file `path`, mode 0600; an existing file is an error
+ * and stays as it was. */
+KVX_API kvx_status_t kvx_auth_key_create(const char *path);
+
+/* Reads the secret of a file kvx_auth_key_create wrote. The file must be a regular file that
+ * neither its group nor others may read or write. */
+KVX_API kvx_status_t kvx_auth_key_load(const char *path, uint8_t key[KVX_AUTH_KEY_LEN]);
+
+/* ---------------------------------------------------------------------------------------
  * Agent: one worker's storages, region table, UCX transport and handshake side channel
  * (docs/agent.md). Pull direction: the decode side connects to prefill agents and reads.
  * Thread safety: one thread uses an agent and its peers at a time.
@@ -506,39 +535,61 @@ typedef struct kvx_agent kvx_agent_t;
 typedef struct kvx_peer kvx_peer_t;
 
 enum {
-    KVX_AGENT_PARAM_FIELD_NAME          = 1u << 0,
-    KVX_AGENT_PARAM_FIELD_TRANSPORTS    = 1u << 1,
-    KVX_AGENT_PARAM_FIELD_LISTEN        = 1u << 2,
-    KVX_AGENT_PARAM_FIELD_ENGINE_ID     = 1u << 3,
-    KVX_AGENT_PARAM_FIELD_TP_RANK       = 1u << 4,
-    KVX_AGENT_PARAM_FIELD_TP_SIZE       = 1u << 5,
-    KVX_AGENT_PARAM_FIELD_STORAGE_BASES = 1u << 6,
-    KVX_AGENT_PARAM_FIELD_TIMEOUT_MS    = 1u << 7,
-    KVX_AGENT_PARAM_FIELD_LEASE_MS      = 1u << 8,
-    KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS  = 1u << 9,
-    KVX_AGENT_PARAM_FIELD_PEER_TTL_MS   = 1u << 10,
+    KVX_AGENT_PARAM_FIELD_NAME            = 1u << 0,
+    KVX_AGENT_PARAM_FIELD_TRANSPORTS      = 1u << 1,
+    KVX_AGENT_PARAM_FIELD_LISTEN          = 1u << 2,
+    KVX_AGENT_PARAM_FIELD_ENGINE_ID       = 1u << 3,
+    KVX_AGENT_PARAM_FIELD_TP_RANK         = 1u << 4,
+    KVX_AGENT_PARAM_FIELD_TP_SIZE         = 1u << 5,
+    KVX_AGENT_PARAM_FIELD_STORAGE_BASES   = 1u << 6,
+    KVX_AGENT_PARAM_FIELD_TIMEOUT_MS      = 1u << 7,
+    KVX_AGENT_PARAM_FIELD_LEASE_MS        = 1u << 8,
+    KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS    = 1u << 9,
+    KVX_AGENT_PARAM_FIELD_PEER_TTL_MS     = 1u << 10,
+    KVX_AGENT_PARAM_FIELD_AUTH_KEY        = 1u << 11,
+    KVX_AGENT_PARAM_FIELD_INSECURE        = 1u << 12,
+    KVX_AGENT_PARAM_FIELD_MAX_PEERS       = 1u << 13,
+    KVX_AGENT_PARAM_FIELD_MAX_MESSAGE     = 1u << 14,
+    KVX_AGENT_PARAM_FIELD_MAX_PUSHES      = 1u << 15,
+    KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS = 1u << 16,
 };
 
 typedef struct kvx_agent_params {
-    uint64_t field_mask;        /* KVX_AGENT_PARAM_FIELD_* bits of the fields set below */
-    const char *name;           /* _NAME: in logs and metadata; default "kvx" */
-    const char *transports;     /* _TRANSPORTS: a UCX_TLS list; default "sm,cma,tcp" */
-    const char *listen;         /* _LISTEN: "HOST:PORT" of the side channel (prefill);
-                                   default: none, the agent only connects */
-    const char *engine_id;      /* _ENGINE_ID: default "" */
-    uint32_t tp_rank;           /* _TP_RANK: default 0 */
-    uint32_t tp_size;           /* _TP_SIZE: default 1 */
-    void *const *storage_bases; /* _STORAGE_BASES: the engine's memory, one base per storage
-                                   of the layout, registered as is; default: kvx allocates
-                                   every storage through UCX */
-    uint32_t timeout_ms;        /* _TIMEOUT_MS: handshake and transfer deadline; default 10000 */
-    uint32_t lease_ms;          /* _LEASE_MS: how long kvx_hold keeps blocks with neither a done
-                                   nor a heartbeat; default 30000 */
-    uint32_t heartbeat_ms;      /* _HEARTBEAT_MS: decode side: how often progress heartbeats
-                                   each prefill peer; a peer that answers none for three
-                                   intervals is dead; default 5000 */
-    uint32_t peer_ttl_ms;       /* _PEER_TTL_MS: decode side: a peer with nothing in flight and
-                                   nothing wanted for this long is dropped; default 3600000 */
+    uint64_t field_mask;         /* KVX_AGENT_PARAM_FIELD_* bits of the fields set below */
+    const char *name;            /* _NAME: in logs and metadata; default "kvx" */
+    const char *transports;      /* _TRANSPORTS: a UCX_TLS list; default "sm,cma,tcp" */
+    const char *listen;          /* _LISTEN: "HOST:PORT" of the side channel (prefill);
+                                    default: none, the agent only connects */
+    const char *engine_id;       /* _ENGINE_ID: default "" */
+    uint32_t tp_rank;            /* _TP_RANK: default 0 */
+    uint32_t tp_size;            /* _TP_SIZE: default 1 */
+    void *const *storage_bases;  /* _STORAGE_BASES: the engine's memory, one base per storage
+                                    of the layout, registered as is; default: kvx allocates
+                                    every storage through UCX */
+    uint32_t timeout_ms;         /* _TIMEOUT_MS: handshake and transfer deadline; default 10000 */
+    uint32_t lease_ms;           /* _LEASE_MS: how long kvx_hold keeps blocks with neither a done
+                                    nor a heartbeat; default 30000 */
+    uint32_t heartbeat_ms;       /* _HEARTBEAT_MS: decode side: how often progress heartbeats
+                                    each prefill peer; a peer that answers none for three
+                                    intervals is dead; default 5000 */
+    uint32_t peer_ttl_ms;        /* _PEER_TTL_MS: decode side: a peer with nothing in flight and
+                                    nothing wanted for this long is dropped; default 3600000 */
+    const uint8_t *auth_key;     /* _AUTH_KEY: the deployment's secret, KVX_AUTH_KEY_LEN bytes
+                                    (copied): the side channel is authenticated and encrypted
+                                    with it. An agent needs it unless _INSECURE is set */
+    bool insecure;               /* _INSECURE: no auth key: the side channel is plain ZeroMQ
+                                    and may listen only on loopback (127.0.0.0/8, localhost) */
+    uint32_t max_peers;          /* _MAX_PEERS: listener: side-channel connections open at once
+                                    (a handshake in progress counts); default 64 */
+    uint32_t max_message;        /* _MAX_MESSAGE: listener: bytes of one side-channel message
+                                    (a push request's ids, a push registration's metadata);
+                                    8 messages queue per connection, so a listener holds at most
+                                    max_peers * 8 * max_message; default 1 MiB */
+    uint32_t max_pushes;         /* _MAX_PUSHES: listener: pushes one peer may have in flight;
+                                    default 64 */
+    const char *push_transports; /* _PUSH_TRANSPORTS: listener: the UCX_TLS list its push
+                                   writers use: one transport that carries both the proof and
+                                   the data to the requester's own process; default "tcp" */
 } kvx_agent_params_t;
 
 /* Registers `layout`, creates the transport, maps every storage once (the caller's memory or
@@ -613,10 +664,14 @@ typedef struct kvx_agent_stats {
     uint64_t done_unknown;          /* done for a request not held (never, or released) */
     uint64_t leases_expired;
     /* added after version 0.1: callers built against a shorter struct pass its size */
-    uint64_t done_repeated;  /* done from a rank that reported that request already */
-    uint64_t ops_orphaned;   /* operation records UCX still owes a completion (gauge) */
-    uint64_t pushes_serving; /* prefill side: pushes in flight now (gauge) */
-    uint64_t pushes_refused; /* prefill side: push requests answered with an error */
+    uint64_t done_repeated;   /* done from a rank that reported that request already */
+    uint64_t ops_orphaned;    /* operation records UCX still owes a completion (gauge) */
+    uint64_t pushes_serving;  /* prefill side: pushes in flight now (gauge) */
+    uint64_t pushes_refused;  /* prefill side: push requests answered with an error */
+    uint64_t auth_refused;    /* side-channel handshakes refused: no auth key or another one */
+    uint64_t peers_refused;   /* connections refused past max_peers */
+    uint64_t tokens_refused;  /* dones and heartbeats for a held request with a wrong token */
+    uint64_t peers_connected; /* side-channel connections open now (gauge) */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):
@@ -648,27 +703,33 @@ KVX_API void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t
 
 /* Prefill side: holds request `request_id`'s blocks (copied) until `consumers` distinct decode
  * ranks reported `done` for it, or until its lease (the agent's lease_ms) expires without
- * being extended by a heartbeat, then releases them through the callback. Each `done` names
- * its sender's TP rank, and a rank counts once: a repeated or retried `done` from a rank that
- * reported already changes nothing (counted in done_repeated), so it can never release blocks
- * another rank has not read yet. Errors: KVX_ERR_INVALID for a request already held,
- * consumers outside 1..KVX_MAX_TP, or more than KVX_MAX_HELD requests. */
+ * being extended by a heartbeat, then releases them through the callback. *token_p receives
+ * the hold's capability: a `done` or heartbeat counts only when it comes over an
+ * authenticated side channel and carries it (kvx_request_t.token, kvx_want); any other is
+ * counted in tokens_refused and changes nothing. Each `done` names its sender's TP rank, and a
+ * rank counts once: a repeated or retried `done` from a rank that reported already changes
+ * nothing (counted in done_repeated), so it can never release blocks another rank has not
+ * read yet. Errors: KVX_ERR_INVALID for a request already held, consumers outside
+ * 1..KVX_MAX_TP, or more than KVX_MAX_HELD requests. */
 #define KVX_MAX_HELD 65536 /* requests held at once by one agent */
 KVX_API kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id,
-                              const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers);
+                              const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers,
+                              kvx_token_t *token_p);
 
 /* Decode side: tells each prefill rank in `peers` now that the requests `request_ids` are
- * still wanted, extending their leases to max(old, now + 2/3 lease). At most 65,536 ids.
+ * still wanted, extending their leases to max(old, now + 2/3 lease); tokens[i] is request i's
+ * hold token (the lease of a hold is extended only with it). At most 65,536 ids.
  * kvx_agent_progress does the same on its own every heartbeat_ms for the ids kvx_want
  * registered; this call is for engines that keep their own list. */
 KVX_API kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
-                                   const uint64_t *request_ids, size_t count);
+                                   const uint64_t *request_ids, const kvx_token_t *tokens,
+                                   size_t count);
 
-/* Decode side: request `request_id` is wanted from each of `peers`: progress's heartbeats
- * carry it (keeping its lease alive on the prefill side) until a transfer of it completes or
- * kvx_unwant (an abort) removes it. */
+/* Decode side: request `request_id` (whose hold token is `token`) is wanted from each of
+ * `peers`: progress's heartbeats carry it (keeping its lease alive on the prefill side) until a
+ * transfer of it completes or kvx_unwant (an abort) removes it. */
 KVX_API kvx_status_t kvx_want(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
-                              uint64_t request_id);
+                              uint64_t request_id, const kvx_token_t *token);
 KVX_API void kvx_unwant(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                         uint64_t request_id);
 

@@ -7,6 +7,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "gate.h"
 #include "hold.h"
 #include "notify.h"
 #include "peer.h"
@@ -15,7 +16,9 @@
 #include "regions.h"
 #include "sidechan.h"
 #include "xfer.h"
+#include "zsocket.h"
 
+#include <openssl/rand.h>
 #include <zmq.h>
 
 #include <inttypes.h>
@@ -25,9 +28,13 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Bytes a side-channel message may have: ZeroMQ drops a peer that sends more, so a stranger
- * cannot make a listener buffer more than a push request needs. */
-#define AGENT_MAX_REQUEST          PUSH_MAX_REQUEST_SIZE
+/* What one side-channel connection may make a listener hold (sidechan_limits): ZeroMQ drops
+ * a peer that sends a longer message, and stops reading one that has this many queued. */
+#define AGENT_DEFAULT_MAX_MESSAGE  (1u << 20)
+#define AGENT_RECV_HWM             8
+#define AGENT_HANDSHAKE_MS         5000 /* a handshake that stalls longer loses its slot */
+#define AGENT_DEFAULT_MAX_PEERS    64
+#define AGENT_DEFAULT_MAX_PUSHES   64
 #define AGENT_DEFAULT_TIMEOUT_MS   10000
 #define AGENT_DEFAULT_LEASE_MS     30000
 #define AGENT_DEFAULT_HEARTBEAT_MS 5000
@@ -54,6 +61,7 @@ struct kvx_agent {
     size_t metadata_size;
     void *push_metadata; /* the same in push mode, sent with push requests */
     size_t push_metadata_size;
+    struct gate *gate;            /* who may talk to the side channel, or NULL */
     struct sidechan_server *side; /* the listening side channel, or NULL */
     char listen_address[300];     /* "HOST:PORT" it is bound to (the real port when given 0) */
     struct push_server *pushes;
@@ -63,22 +71,25 @@ struct kvx_agent {
     double idle_since;             /* clock_seconds() of the first idle turn in a row; 0: busy */
     kvx_release_cb_t release;
     void *release_arg;
+    char *push_transports;
+    uint32_t max_peers;
+    uint32_t max_message;
+    uint32_t max_pushes;
+    bool insecure;
 };
 
-/* A `done` from a decode rank, as a UCX active message on the main worker: counted once per
- * rank. Anything malformed is counted and dropped. */
-static void agent_on_notify(void *arg, const void *data, size_t size)
+/* A push writer's proof, as a UCX active message on the main worker from anyone: handed to
+ * the peer it names, which returns it on its authenticated side channel. */
+static void agent_on_proof(void *arg, const void *data, size_t size)
 {
     kvx_agent_t *agent = arg;
-    uint64_t request_id;
-    uint32_t rank;
+    struct push_proof proof;
 
-    if (!notify_done_parse(data, size, &request_id, &rank)) {
+    if (!push_proof_parse(data, size, &proof)) {
         agent->core.stats.notifications_dropped++;
         return;
     }
-    agent->core.stats.notifications++;
-    hold_table_done(&agent->holds, request_id, rank);
+    peers_forward_proof(&agent->core, &proof);
 }
 
 /* A released hold's completion: the user's callback, from the completion phase. */
@@ -234,8 +245,9 @@ static void serve_metadata(void *arg, const struct sidechan_request *request)
     sidechan_reply(agent->side, &request->origin, agent->metadata, agent->metadata_size);
 }
 
-/* VERB_HEARTBEAT: the request ids a decode rank still wants get their leases extended; the
- * answer says who we are. A malformed list is counted and answered with an error. */
+/* VERB_HEARTBEAT: the requests a decode rank still wants get their leases extended, each only
+ * with its hold's token; the answer says who we are. A malformed list is counted and
+ * answered with an error. */
 static void serve_heartbeat(void *arg, const struct sidechan_request *request)
 {
     kvx_agent_t *agent = arg;
@@ -249,24 +261,56 @@ static void serve_heartbeat(void *arg, const struct sidechan_request *request)
                  request->body_size);
     } else {
         agent->core.stats.notifications++;
-        for (size_t i = 0; i < count; i++)
-            hold_table_extend(&agent->holds, heartbeat_id(request->body, i), now);
+        for (size_t i = 0; i < count; i++) {
+            struct heartbeat_entry entry = heartbeat_entry(request->body, i);
+
+            hold_table_extend(&agent->holds, entry.request_id, &entry.token, now);
+        }
         alive_answer_format(reply, sizeof(reply), agent->core.instance, agent->engine_id);
     }
     sidechan_reply(agent->side, &request->origin, reply, strlen(reply));
 }
 
-static void serve_push(void *arg, const struct sidechan_request *request)
+/* VERB_DONE: a decode rank has its data: counted once per rank, with the hold's token only.
+ * Not answered; anything malformed is counted and dropped. */
+static void serve_done(void *arg, const struct sidechan_request *request)
 {
     kvx_agent_t *agent = arg;
+    uint64_t request_id;
+    uint32_t rank;
+    kvx_token_t token;
 
-    push_serve(agent->pushes, request);
+    if (!notify_done_parse(request->body, request->body_size, &request_id, &rank, &token)) {
+        agent->core.stats.notifications_dropped++;
+        return;
+    }
+    agent->core.stats.notifications++;
+    hold_table_done(&agent->holds, request_id, rank, &token);
 }
 
-/* The side channel's verbs, one table: what a listening agent answers. */
+static void serve_push(void *arg, const struct sidechan_request *request)
+{
+    push_serve(((kvx_agent_t *)arg)->pushes, request);
+}
+
+static void serve_push_register(void *arg, const struct sidechan_request *request)
+{
+    push_register(((kvx_agent_t *)arg)->pushes, request);
+}
+
+static void serve_push_proof(void *arg, const struct sidechan_request *request)
+{
+    push_prove(((kvx_agent_t *)arg)->pushes, request);
+}
+
+/* The side channel's verbs, one table: what a listening agent answers, and only to peers its
+ * gate let through. */
 static const struct sidechan_verb agent_verbs[] = {
     {VERB_METADATA, false, serve_metadata},
     {VERB_HEARTBEAT, true, serve_heartbeat},
+    {VERB_DONE, true, serve_done},
+    {VERB_PUSH_REGISTER, true, serve_push_register},
+    {VERB_PUSH_PROOF, true, serve_push_proof},
     {VERB_PUSH, true, serve_push},
 };
 
@@ -308,6 +352,14 @@ static void agent_free(kvx_agent_t *agent)
         loop_unwatch_fd(&core->loop, sidechan_server_fd(agent->side));
         sidechan_server_destroy(agent->side);
     }
+    if (agent->gate != NULL) {
+        void *sockets[2];
+        size_t n = gate_sockets(agent->gate, sockets);
+
+        for (size_t i = 0; i < n; i++)
+            loop_unwatch_fd(&core->loop, zsocket_fd(sockets[i]));
+        gate_destroy(agent->gate);
+    }
     if (core->zmq != NULL)
         zmq_ctx_term(core->zmq);
     for (size_t s = 0; agent->mems != NULL && s < core->num_storages; s++)
@@ -319,6 +371,7 @@ static void agent_free(kvx_agent_t *agent)
     free(agent->metadata);
     free(agent->push_metadata);
     free(agent->transports);
+    free(agent->push_transports);
     free(agent->engine_id);
     free(agent->mems);
     free(core->bases);
@@ -338,6 +391,62 @@ kvx_status_t kvx_agent_destroy(kvx_agent_t *agent)
     return KVX_OK;
 }
 
+/* Secure by default: an agent is either given the deployment's secret or told it is
+ * insecure, and an insecure one listens only on loopback. */
+static kvx_status_t agent_auth(kvx_agent_t *agent, const kvx_agent_params_t *params)
+{
+    uint64_t mask = params != NULL ? params->field_mask : 0;
+    bool keyed    = (mask & KVX_AGENT_PARAM_FIELD_AUTH_KEY) && params->auth_key != NULL;
+
+    if (keyed && agent->insecure)
+        return error_set(KVX_ERR_INVALID, "agent: an auth key and insecure: choose one");
+    if (!keyed && !agent->insecure)
+        return error_set(KVX_ERR_INVALID,
+                         "agent: no auth key: give the deployment's secret (auth_key; kvx "
+                         "auth-key makes one), or set insecure for loopback-only use");
+    if (agent->insecure && (mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL &&
+        !auth_address_is_loopback(params->listen))
+        return error_set(KVX_ERR_INVALID,
+                         "agent: insecure, so it may listen on loopback only, not on \"%.64s\": "
+                         "give an auth key",
+                         params->listen);
+    if (!keyed) {
+        agent->core.keys = (struct auth_keys){.curve = false};
+        return KVX_OK;
+    }
+    return auth_keys_derive(params->auth_key, &agent->core.keys);
+}
+
+/* Binds the side channel behind its gate: the ZAP handler first, so no connection is ever
+ * admitted without it, then the listening socket within its limits, then the push server. */
+static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
+{
+    struct core *core                   = &agent->core;
+    const struct sidechan_limits limits = {agent->max_message, AGENT_RECV_HWM, AGENT_HANDSHAKE_MS};
+    void *sockets[2];
+    size_t n;
+    kvx_status_t status =
+        gate_create(core->zmq, &core->keys, agent->max_peers, &core->loop, &agent->gate);
+
+    if (status != KVX_OK)
+        return status;
+    status =
+        sidechan_server_create(core->zmq, listen, &limits, &core->keys, agent->gate,
+                               agent->listen_address, sizeof(agent->listen_address), &agent->side);
+    n = gate_sockets(agent->gate, sockets);
+    for (size_t i = 0; status == KVX_OK && i < n; i++)
+        status = loop_watch_fd(&core->loop, zsocket_fd(sockets[i]));
+    if (status == KVX_OK)
+        status = loop_watch_fd(&core->loop, sidechan_server_fd(agent->side));
+    if (status == KVX_OK)
+        status = push_server_create(core, agent->side, agent->push_transports, agent->max_pushes,
+                                    &agent->pushes);
+    if (status == KVX_OK && strncmp(listen, "0.0.0.0:", 8) == 0)
+        loop_log(&core->loop, "side channel: listening on every interface (%s)",
+                 agent->listen_address);
+    return status;
+}
+
 static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t *params)
 {
     const uint64_t known = KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TRANSPORTS |
@@ -345,7 +454,10 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
                            KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE |
                            KVX_AGENT_PARAM_FIELD_STORAGE_BASES | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
                            KVX_AGENT_PARAM_FIELD_LEASE_MS | KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS |
-                           KVX_AGENT_PARAM_FIELD_PEER_TTL_MS;
+                           KVX_AGENT_PARAM_FIELD_PEER_TTL_MS | KVX_AGENT_PARAM_FIELD_AUTH_KEY |
+                           KVX_AGENT_PARAM_FIELD_INSECURE | KVX_AGENT_PARAM_FIELD_MAX_PEERS |
+                           KVX_AGENT_PARAM_FIELD_MAX_MESSAGE | KVX_AGENT_PARAM_FIELD_MAX_PUSHES |
+                           KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS;
     uint64_t mask     = params != NULL ? params->field_mask : 0;
     struct core *core = &agent->core;
 
@@ -368,8 +480,22 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
     agent->transports = strdup((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports
                                    ? params->transports
                                    : TRANSPORT_DEFAULT_TLS);
-    if (agent->engine_id == NULL || agent->transports == NULL)
+    agent->push_transports =
+        strdup((mask & KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS) && params->push_transports
+                   ? params->push_transports
+                   : PUSH_DEFAULT_TLS);
+    agent->max_peers =
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_PEERS) ? params->max_peers : AGENT_DEFAULT_MAX_PEERS;
+    agent->max_message = (mask & KVX_AGENT_PARAM_FIELD_MAX_MESSAGE) ? params->max_message
+                                                                    : AGENT_DEFAULT_MAX_MESSAGE;
+    agent->max_pushes =
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSHES) ? params->max_pushes : AGENT_DEFAULT_MAX_PUSHES;
+    agent->insecure = (mask & KVX_AGENT_PARAM_FIELD_INSECURE) && params->insecure;
+    if (agent->engine_id == NULL || agent->transports == NULL || agent->push_transports == NULL)
         return error_no_memory("an agent");
+    if (agent->max_peers == 0 || agent->max_pushes == 0 || agent->max_message < 4096)
+        return error_set(KVX_ERR_INVALID,
+                         "agent: max_peers and max_pushes must be > 0, max_message >= 4096");
     core->engine_id  = agent->engine_id;
     core->transports = agent->transports;
     if (core->heartbeat_ms == 0 || core->peer_ttl_ms == 0 || core->timeout_ms == 0)
@@ -379,7 +505,7 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
         return error_set(KVX_ERR_INVALID,
                          "agent: tp_rank %" PRIu32 " of tp_size %" PRIu32 " is not a rank",
                          core->tp_rank, core->tp_size);
-    return KVX_OK;
+    return agent_auth(agent, params);
 }
 
 kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params_t *params,
@@ -405,9 +531,9 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
     if ((status = loop_init(&core->loop)) != KVX_OK || (status = agent_settings(agent, params)) ||
         (status = core->zmq != NULL ? KVX_OK : error_no_memory("a ZeroMQ context")) != KVX_OK ||
         (status = kvx_regions_register(layout, &core->regions)) != KVX_OK ||
-        (status = transport_create(agent->transports, &core->transport)) != KVX_OK ||
+        (status = transport_create(agent->transports, false, &core->transport)) != KVX_OK ||
         (status = agent_storages_map(agent, params)) != KVX_OK ||
-        (status = transport_am_set_handler(core->transport, CORE_AM_NOTIFY, agent_on_notify,
+        (status = transport_am_set_handler(core->transport, CORE_AM_PUSH_PROOF, agent_on_proof,
                                            agent)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PULL, &agent->metadata,
                                       &agent->metadata_size)) != KVX_OK ||
@@ -418,11 +544,7 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
         goto err;
     core->xfers = agent->xfers;
     if ((mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL &&
-        ((status = sidechan_server_create(core->zmq, params->listen, AGENT_MAX_REQUEST,
-                                          agent->listen_address, sizeof(agent->listen_address),
-                                          &agent->side)) != KVX_OK ||
-         (status = loop_watch_fd(&core->loop, sidechan_server_fd(agent->side))) != KVX_OK ||
-         (status = push_server_create(core, agent->side, &agent->pushes)) != KVX_OK))
+        (status = agent_listen(agent, params->listen)) != KVX_OK)
         goto err;
     *agent_p = agent;
     return KVX_OK;
@@ -457,6 +579,14 @@ void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_
     stats.leases_expired = agent->holds.expired;
     stats.ops_orphaned   = transport_ops_orphaned(agent->core.transport);
     stats.pushes_serving = agent->pushes != NULL ? push_jobs(agent->pushes) : 0;
+    stats.tokens_refused = agent->holds.forged;
+    if (agent->gate != NULL) {
+        const struct gate_counters *gate = gate_counters(agent->gate);
+
+        stats.auth_refused    = gate->auth_refused;
+        stats.peers_refused   = gate->peers_refused;
+        stats.peers_connected = gate->connections;
+    }
     memcpy(stats_p, &stats, size < sizeof(stats) ? size : sizeof(stats));
 }
 
@@ -478,16 +608,22 @@ void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t callbac
 }
 
 kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_ids_t *groups,
-                      size_t num_groups, uint32_t consumers)
+                      size_t num_groups, uint32_t consumers, kvx_token_t *token_p)
 {
+    kvx_token_t token;
     kvx_status_t status;
 
-    if (agent == NULL)
-        return error_set(KVX_ERR_INVALID, "hold: no agent");
-    status = hold_table_add(&agent->holds, request_id, groups, num_groups, consumers, clock_ms());
-    if (status == KVX_OK)
-        agent_lease_timer_update(agent);
-    return status;
+    if (agent == NULL || token_p == NULL)
+        return error_set(KVX_ERR_INVALID, "hold: agent and token are required");
+    if (RAND_bytes(token.bytes, KVX_TOKEN_LEN) != 1)
+        return error_set(KVX_ERR_INTERNAL, "hold: the system's random source failed");
+    status = hold_table_add(&agent->holds, request_id, &token, groups, num_groups, consumers,
+                            clock_ms());
+    if (status != KVX_OK)
+        return status;
+    agent_lease_timer_update(agent);
+    *token_p = token;
+    return KVX_OK;
 }
 
 /* One turn of the loop, its phases in order (docs/agent.md "The loop"); returns the events
@@ -508,7 +644,10 @@ static size_t agent_turn(kvx_agent_t *agent)
     if (agent->pushes != NULL)
         events += push_progress(agent->pushes);
     events += xfers_advance(agent->xfers);
-    /* 2. The side channel: requests to us, replies to our requests. */
+    /* 2. The side channel: who may connect (before anything they send), requests to us,
+     * replies to our requests. */
+    if (agent->gate != NULL)
+        events += gate_serve(agent->gate);
     if (agent->side != NULL)
         events += sidechan_server_serve(agent->side, agent_verbs,
                                         sizeof(agent_verbs) / sizeof(agent_verbs[0]), agent,
@@ -534,7 +673,7 @@ static bool agent_busy(kvx_agent_t *agent)
     if (agent->pushes != NULL)
         busy |= push_busy(agent->pushes);
     if (agent->side != NULL)
-        busy |= sidechan_server_readable(agent->side);
+        busy |= sidechan_server_readable(agent->side) || gate_readable(agent->gate);
     return busy;
 }
 
@@ -544,15 +683,21 @@ static bool agent_busy(kvx_agent_t *agent)
 #define AGENT_POLL_SOCKETS 64
 static void agent_wait(kvx_agent_t *agent, int timeout_ms)
 {
-    zmq_pollitem_t items[AGENT_POLL_SOCKETS + 2];
+    zmq_pollitem_t items[AGENT_POLL_SOCKETS + 4];
     void *sockets[AGENT_POLL_SOCKETS];
     size_t n = 0;
     size_t count;
 
     items[n++] = (zmq_pollitem_t){.fd = agent->core.loop.epoll_fd, .events = ZMQ_POLLIN};
-    if (agent->side != NULL)
+    if (agent->side != NULL) {
+        void *gate[2];
+        size_t num_gate = gate_sockets(agent->gate, gate);
+
         items[n++] =
             (zmq_pollitem_t){.socket = sidechan_server_socket(agent->side), .events = ZMQ_POLLIN};
+        for (size_t i = 0; i < num_gate; i++)
+            items[n++] = (zmq_pollitem_t){.socket = gate[i], .events = ZMQ_POLLIN};
+    }
     count = peers_sockets(&agent->core, sockets, AGENT_POLL_SOCKETS);
     for (size_t i = 0; i < count; i++)
         items[n++] = (zmq_pollitem_t){.socket = sockets[i], .events = ZMQ_POLLIN};

@@ -4,19 +4,24 @@
 #ifndef KVX_SRC_CORE_H
 #define KVX_SRC_CORE_H
 
+#include "auth.h"
 #include "kvx.h"
 #include "loop.h"
 #include "transport.h"
 
-/* Active message of done notifications (notify.h has its bytes). */
-#define CORE_AM_NOTIFY 1
+/* Active message a push writer sends to the worker a requester named: its proof (push_serve.h). */
+#define CORE_AM_PUSH_PROOF 2
 
-/* Side-channel verbs (sidechan.h frames them). */
-#define VERB_METADATA  "kvx-metadata 2"
-#define VERB_HEARTBEAT "kvx-heartbeat 2" /* body: request ids still wanted */
-#define VERB_PUSH      "kvx-push 2"      /* body: a push request (push_request.h) */
-#define REPLY_PUSHED   "kvx-done"
-#define REPLY_ERROR    "kvx-error " /* then the message */
+/* Side-channel verbs (sidechan.h frames them), all behind the gate (gate.h). */
+#define VERB_METADATA      "kvx-metadata 3"
+#define VERB_HEARTBEAT     "kvx-heartbeat 3"     /* body: wanted requests and tokens (notify.h) */
+#define VERB_DONE          "kvx-done 3"          /* body: a done notification; no answer */
+#define VERB_PUSH_REGISTER "kvx-push-register 3" /* body: the requester's push metadata */
+#define VERB_PUSH_PROOF    "kvx-push-proof 3"    /* body: the proof its worker received */
+#define VERB_PUSH          "kvx-push 3"          /* body: a push request (push_request.h) */
+#define REPLY_PUSHED       "kvx-done"
+#define REPLY_REGISTERED   "kvx-registered" /* then " " and the writer's proof id, 16 hex */
+#define REPLY_ERROR        "kvx-error "     /* then the message */
 
 struct xfer_set;
 
@@ -36,6 +41,7 @@ struct core {
     uint32_t peer_ttl_ms;
     uint64_t instance; /* random per agent: a restart at the same address answers another */
     const char *engine_id;
+    struct auth_keys keys; /* the side channel's, or insecure */
     struct loop loop;
     kvx_agent_stats_t stats;
     struct kvx_peer *peers; /* connected peers, a list (peer.c) */

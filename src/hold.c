@@ -4,6 +4,7 @@
  * deletion: a released or extended hold leaves a stale entry, skipped when it surfaces. */
 #include "hold.h"
 
+#include "auth.h"
 #include "error.h"
 
 #include <inttypes.h>
@@ -13,6 +14,7 @@
 struct hold {
     bool used;
     uint64_t request_id;
+    kvx_token_t token;  /* what a done or heartbeat must present */
     uint32_t consumers; /* ranks that must report done */
     uint32_t reported;  /* distinct ranks that did */
     uint64_t expiry_ms; /* lease end; the heap entry with this expiry is the live one */
@@ -140,12 +142,13 @@ void hold_release_free(struct hold_release *release)
     free(release);
 }
 
-kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,
+kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id, const kvx_token_t *token,
                             const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers,
                             uint64_t now_ms)
 {
     struct hold h = {.used       = true,
                      .request_id = request_id,
+                     .token      = *token,
                      .consumers  = consumers,
                      .expiry_ms  = now_ms + t->lease_ms};
     struct hold_release *r;
@@ -225,7 +228,17 @@ static void hold_release(struct hold_table *t, struct hold *h, bool expired)
     t->release(t->arg, released);
 }
 
-enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank)
+/* Whether a done or heartbeat may act on `h`: its token must be the hold's (counted if not). */
+static bool hold_token_ok(struct hold_table *t, const struct hold *h, const kvx_token_t *token)
+{
+    if (auth_equal(h->token.bytes, token->bytes, KVX_TOKEN_LEN))
+        return true;
+    t->forged++;
+    return false;
+}
+
+enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank,
+                               const kvx_token_t *token)
 {
     struct hold *h = hold_find(t, request_id);
     size_t word    = rank / 64;
@@ -235,6 +248,8 @@ enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32
         t->unknown++;
         return HOLD_DONE_UNKNOWN;
     }
+    if (!hold_token_ok(t, h, token))
+        return HOLD_DONE_FORGED;
     if (word >= h->rank_words) {
         uint64_t *grown = realloc(h->ranks, (word + 1) * sizeof(*grown));
 
@@ -269,12 +284,13 @@ static void heap_compact(struct hold_table *t)
     }
 }
 
-void hold_table_extend(struct hold_table *t, uint64_t request_id, uint64_t now_ms)
+void hold_table_extend(struct hold_table *t, uint64_t request_id, const kvx_token_t *token,
+                       uint64_t now_ms)
 {
     struct hold *h  = hold_find(t, request_id);
     uint64_t expiry = now_ms + t->lease_ms * 2 / 3;
 
-    if (h == NULL || expiry <= h->expiry_ms)
+    if (h == NULL || !hold_token_ok(t, h, token) || expiry <= h->expiry_ms)
         return;
     heap_compact(t);
     if (heap_push(t, request_id, expiry) == KVX_OK) /* else the old lease stands */

@@ -29,6 +29,7 @@ enum hold_done {
     HOLD_DONE_RELEASED, /* ... and it was the last one: the request is released */
     HOLD_DONE_REPEATED, /* this rank reported already: ignored */
     HOLD_DONE_UNKNOWN,  /* no such request is held (never, or released already) */
+    HOLD_DONE_FORGED,   /* held, but the done carried another token: ignored */
 };
 
 /* A lease in the expiry heap; stale once its hold was released or extended. */
@@ -49,17 +50,20 @@ struct hold_table {
     uint64_t released;
     uint64_t unknown;
     uint64_t repeated;
+    uint64_t forged; /* dones and heartbeats with a wrong token */
     void (*release)(void *arg, struct hold_release *release); /* required */
     void *arg;
 };
 
-kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id,
+/* Holds request_id until its consumers report; dones and heartbeats must present `token`. */
+kvx_status_t hold_table_add(struct hold_table *t, uint64_t request_id, const kvx_token_t *token,
                             const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers,
                             uint64_t now_ms);
 
 /* A consumer still wants request_id: its lease becomes max(old, now + 2/3 lease). Unknown
- * ids are ignored. */
-void hold_table_extend(struct hold_table *t, uint64_t request_id, uint64_t now_ms);
+ * ids are ignored; a wrong token is counted in `forged` and changes nothing. */
+void hold_table_extend(struct hold_table *t, uint64_t request_id, const kvx_token_t *token,
+                       uint64_t now_ms);
 
 /* Releases every hold whose lease expired by now_ms; returns how many. */
 size_t hold_table_expire(struct hold_table *t, uint64_t now_ms);
@@ -70,8 +74,10 @@ uint64_t hold_table_next_expiry(const struct hold_table *t);
 
 /* The `done` of consumer rank `rank` (< KVX_MAX_TP) for request_id: each rank counts once (a
  * bitmap per hold), and the request is released once `consumers` distinct ranks reported.
- * Counts unknown and repeated dones. */
-enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank);
+ * A done whose token is not the hold's changes nothing. Counts unknown, forged and repeated
+ * dones. */
+enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank,
+                               const kvx_token_t *token);
 
 void hold_table_free(struct hold_table *t);
 

@@ -7,12 +7,17 @@
 #include <stdio.h>
 #include <string.h>
 
-struct notify notify_done(uint64_t request_id, uint32_t tp_rank)
+struct notify notify_done(uint64_t request_id, uint32_t tp_rank, const kvx_token_t *token)
 {
-    return (struct notify){NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE, request_id, tp_rank, 0};
+    struct notify n = {NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE, request_id, tp_rank, 0, {{0}}};
+
+    if (token != NULL)
+        n.token = *token;
+    return n;
 }
 
-bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p)
+bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p,
+                       kvx_token_t *token_p)
 {
     struct notify n;
 
@@ -24,24 +29,25 @@ bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, ui
         return false;
     *request_id_p = n.request_id;
     *rank_p       = n.tp_rank;
+    *token_p      = n.token;
     return true;
 }
 
 bool heartbeat_ids_parse(const void *data, size_t size, size_t *count_p)
 {
-    if ((data == NULL && size > 0) || size % sizeof(uint64_t) != 0 ||
-        size / sizeof(uint64_t) > HEARTBEAT_MAX_IDS)
+    if ((data == NULL && size > 0) || size % sizeof(struct heartbeat_entry) != 0 ||
+        size / sizeof(struct heartbeat_entry) > HEARTBEAT_MAX_IDS)
         return false;
-    *count_p = size / sizeof(uint64_t);
+    *count_p = size / sizeof(struct heartbeat_entry);
     return true;
 }
 
-uint64_t heartbeat_id(const void *data, size_t index)
+struct heartbeat_entry heartbeat_entry(const void *data, size_t index)
 {
-    uint64_t id;
+    struct heartbeat_entry entry;
 
-    memcpy(&id, (const char *)data + index * sizeof(id), sizeof(id));
-    return id;
+    memcpy(&entry, (const char *)data + index * sizeof(entry), sizeof(entry));
+    return entry;
 }
 
 /* An engine id as it may appear in an answer: printable, no spaces, not empty. */

@@ -1,7 +1,7 @@
-/* notify.h: the small messages between a decode and a prefill agent, as bytes: the `done`
- * notification (a UCX active message after the data), and on the side channel the
- * heartbeat's list of request ids and its answer. Pure: parsing outside bytes, fuzzed by
- * fuzz/fuzz_notify.c. */
+/* notify.h: the small messages between a decode and a prefill agent, as bytes, all on the
+ * authenticated side channel: the `done` notification (sent once the data is here), the
+ * heartbeat's list of request ids with their hold tokens, and its answer. Pure: parsing outside
+ * bytes, fuzzed by fuzz/fuzz_notify.c. */
 #ifndef KVX_SRC_NOTIFY_H
 #define KVX_SRC_NOTIFY_H
 
@@ -12,9 +12,9 @@
 #include <stdint.h>
 
 #define NOTIFY_MAGIC         0x4b565844u /* "KVXD" */
-#define NOTIFY_VERSION       1
+#define NOTIFY_VERSION       2
 #define NOTIFY_DONE          1
-#define HEARTBEAT_MAX_IDS    65536       /* request ids in one heartbeat */
+#define HEARTBEAT_MAX_IDS    16384       /* request ids in one heartbeat: 384 KiB */
 #define ALIVE_ANSWER         "kvx-alive" /* then " INSTANCE ENGINE_ID" */
 #define ALIVE_ENGINE_ID_SIZE 256
 
@@ -26,18 +26,27 @@ struct notify {
     uint64_t request_id;
     uint32_t tp_rank; /* of the sender */
     uint32_t reserved;
+    kvx_token_t token; /* the hold's (zero when the sender has none) */
 };
 
-struct notify notify_done(uint64_t request_id, uint32_t tp_rank);
+/* One wanted request in a heartbeat. */
+struct heartbeat_entry {
+    uint64_t request_id;
+    kvx_token_t token;
+};
+
+/* `token` may be NULL: none. */
+struct notify notify_done(uint64_t request_id, uint32_t tp_rank, const kvx_token_t *token);
 
 /* True when `data` is exactly a `done` notification of our version from a rank below
- * KVX_MAX_TP; its request id and the sender's rank. */
-bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p);
+ * KVX_MAX_TP; its request id, the sender's rank and the token it presents. */
+bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p,
+                       kvx_token_t *token_p);
 
-/* True when `data` is a list of at most HEARTBEAT_MAX_IDS request ids; *count_p of them,
- * read with heartbeat_id (the bytes need not be aligned). */
+/* True when `data` is a list of at most HEARTBEAT_MAX_IDS entries; *count_p of them, read
+ * with heartbeat_entry (the bytes need not be aligned). */
 bool heartbeat_ids_parse(const void *data, size_t size, size_t *count_p);
-uint64_t heartbeat_id(const void *data, size_t index);
+struct heartbeat_entry heartbeat_entry(const void *data, size_t index);
 
 /* The answer to a heartbeat: "kvx-alive " 16 hex digits of a non-zero instance, a space and
  * the engine id ("-" when it has none; printable, no spaces, shorter than

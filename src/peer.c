@@ -7,6 +7,7 @@
 #include "clock.h"
 #include "error.h"
 #include "notify.h"
+#include "push_request.h"
 #include "sidechan.h"
 
 #include <inttypes.h>
@@ -33,6 +34,10 @@ struct peer_link {
     struct conn *conn;
     struct sidechan_client *client;
     uint64_t instance;
+    bool push_registering; /* a registration awaits its proof and answer */
+    bool push_registered;  /* push_handle names our writer on the peer */
+    uint8_t push_handle[PUSH_HANDLE_LEN];
+    char *push_answer; /* the registration's answer while it is awaited */
 };
 
 struct kvx_peer {
@@ -45,7 +50,7 @@ struct kvx_peer {
     uint64_t next_id;
     struct pending *pending;
     size_t num_pending;
-    uint64_t *wanted; /* request ids heartbeats carry */
+    struct heartbeat_entry *wanted; /* requests heartbeats carry, with their tokens */
     size_t num_wanted;
     size_t wanted_capacity;
     char down[256]; /* why it is down; "" while usable */
@@ -108,6 +113,9 @@ static void link_close(struct core *core, struct peer_link *link)
         sidechan_client_destroy(link->client);
         link->client = NULL;
     }
+    free(link->push_answer);
+    link->push_answer     = NULL;
+    link->push_registered = false;
     if (link->conn != NULL) {
         loop_unwatch_fd(&core->loop, transport_conn_event_fd(link->conn->transport));
         conn_close(link->conn);
@@ -163,7 +171,7 @@ static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
     uint64_t deadline   = clock_ms() + core->timeout_ms;
     void *bytes         = NULL;
     size_t size         = 0;
-    kvx_status_t status = sidechan_fetch(core->zmq, peer->address, VERB_METADATA,
+    kvx_status_t status = sidechan_fetch(core->zmq, peer->address, &core->keys, VERB_METADATA,
                                          KVX_MAX_METADATA_SIZE, core->timeout_ms, &bytes, &size);
 
     if (status == KVX_OK)
@@ -171,7 +179,8 @@ static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
                            KVX_MODE_PULL, bytes, size, &link->conn);
     free(bytes);
     if (status == KVX_OK)
-        status = sidechan_client_create(core->zmq, peer->address, PEER_SEND_HWM, &link->client);
+        status = sidechan_client_create(core->zmq, peer->address, &core->keys, PEER_SEND_HWM,
+                                        &link->client);
     if (status == KVX_OK)
         status = sidechan_client_send(link->client, VERB_HEARTBEAT, HEARTBEAT_ID_FLAG, peer->wanted,
                                       peer->num_wanted * sizeof(*peer->wanted));
@@ -201,6 +210,9 @@ static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
 
         snprintf(what, sizeof(what), "%s", kvx_errmsg());
         link_close(core, link);
+        /* a message that names the peer already (the side channel's) is not wrapped again */
+        if (strstr(what, peer->address) != NULL)
+            return error_set(status, "%s", what);
         return error_set(status, "peer %s: %s", peer->address, what);
     }
     return KVX_OK;
@@ -479,33 +491,39 @@ size_t peers_sockets(struct core *core, void **sockets, size_t max)
     return n;
 }
 
-/* Adds `request_id` to the peer's wanted ids, once. */
-static kvx_status_t peer_want(kvx_peer_t *peer, uint64_t request_id)
+/* Adds `request_id` to the peer's wanted ids, once (a new token replaces the old). */
+static kvx_status_t peer_want(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token)
 {
+    struct heartbeat_entry entry = {.request_id = request_id};
+
+    if (token != NULL)
+        entry.token = *token;
     for (size_t i = 0; i < peer->num_wanted; i++) {
-        if (peer->wanted[i] == request_id)
+        if (peer->wanted[i].request_id == request_id) {
+            peer->wanted[i] = entry;
             return KVX_OK;
+        }
     }
     if (peer->num_wanted == HEARTBEAT_MAX_IDS)
         return error_set(KVX_ERR_INVALID, "want: peer %s already has %d wanted requests",
                          peer->address, HEARTBEAT_MAX_IDS);
     if (peer->num_wanted == peer->wanted_capacity) {
-        size_t capacity = peer->wanted_capacity > 0 ? 2 * peer->wanted_capacity : 16;
-        uint64_t *grown = realloc(peer->wanted, capacity * sizeof(*grown));
+        size_t capacity               = peer->wanted_capacity > 0 ? 2 * peer->wanted_capacity : 16;
+        struct heartbeat_entry *grown = realloc(peer->wanted, capacity * sizeof(*grown));
 
         if (grown == NULL)
             return error_no_memory("wanted requests");
         peer->wanted          = grown;
         peer->wanted_capacity = capacity;
     }
-    peer->wanted[peer->num_wanted++] = request_id;
+    peer->wanted[peer->num_wanted++] = entry;
     return KVX_OK;
 }
 
 void peer_unwant(kvx_peer_t *peer, uint64_t request_id)
 {
     for (size_t i = 0; i < peer->num_wanted; i++) {
-        if (peer->wanted[i] == request_id) {
+        if (peer->wanted[i].request_id == request_id) {
             peer->wanted[i] = peer->wanted[--peer->num_wanted]; /* order does not matter */
             return;
         }
@@ -513,14 +531,14 @@ void peer_unwant(kvx_peer_t *peer, uint64_t request_id)
 }
 
 kvx_status_t kvx_want(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
-                      uint64_t request_id)
+                      uint64_t request_id, const kvx_token_t *token)
 {
     kvx_status_t status = KVX_OK;
 
     if (agent == NULL || (peers == NULL && num_peers > 0))
         return error_set(KVX_ERR_INVALID, "want: agent and peers are required");
     for (size_t i = 0; i < num_peers && status == KVX_OK; i++)
-        status = peer_want(peers[i], request_id);
+        status = peer_want(peers[i], request_id, token);
     if (status != KVX_OK)
         kvx_unwant(agent, peers, num_peers, request_id); /* all or nothing */
     return status;
@@ -534,28 +552,151 @@ void kvx_unwant(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers, 
 }
 
 kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
-                           const uint64_t *request_ids, size_t count)
+                           const uint64_t *request_ids, const kvx_token_t *tokens, size_t count)
 {
+    struct heartbeat_entry *entries;
+    kvx_status_t status = KVX_OK;
+
     if (agent == NULL || (peers == NULL && num_peers > 0) || (request_ids == NULL && count > 0))
         return error_set(KVX_ERR_INVALID, "heartbeat: agent, peers and ids are required");
     if (count > HEARTBEAT_MAX_IDS)
         return error_set(KVX_ERR_INVALID, "heartbeat: %zu ids is more than %d", count,
                          HEARTBEAT_MAX_IDS);
-    for (size_t i = 0; i < num_peers; i++) {
+    entries = calloc(count > 0 ? count : 1, sizeof(*entries));
+    if (entries == NULL)
+        return error_no_memory("a heartbeat");
+    for (size_t i = 0; i < count; i++) {
+        entries[i].request_id = request_ids[i];
+        if (tokens != NULL)
+            entries[i].token = tokens[i];
+    }
+    for (size_t i = 0; i < num_peers && status == KVX_OK; i++) {
         kvx_peer_t *peer = peers[i];
-        kvx_status_t status;
+
+        if (peer_is_down(peer)) {
+            status = error_set(peer->down_status, "heartbeat: peer %s is down (%s); reconnect it",
+                               peer->address, peer->down);
+            break;
+        }
+        status = sidechan_client_send(peer->link.client, VERB_HEARTBEAT,
+                                      HEARTBEAT_ID_FLAG | ++peer->next_id, entries,
+                                      count * sizeof(*entries));
+        if (status != KVX_OK)
+            status = error_set(status, "heartbeat: peer %s: %s", peer->address, kvx_errmsg());
+        else
+            peer->core->stats.heartbeats_sent++;
+    }
+    free(entries);
+    return status;
+}
+
+kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token)
+{
+    struct notify note = notify_done(request_id, peer->core->tp_rank, token);
+
+    if (peer_is_down(peer))
+        return error_set(peer->down_status, "peer %s is down (%s)", peer->address, peer->down);
+    return sidechan_client_send(peer->link.client, VERB_DONE, 0, &note, sizeof(note));
+}
+
+void peers_forward_proof(struct core *core, const struct push_proof *proof)
+{
+    /* only a peer we are registering with gets it back, on its own authenticated socket */
+    for (kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
+        if (peer->link.push_registering && peer->link.instance == proof->instance)
+            sidechan_client_send(peer->link.client, VERB_PUSH_PROOF, 0, proof->nonce,
+                                 sizeof(proof->nonce));
+    }
+}
+
+/* The registration's answer, kept for peer_push_handle (a reply callback only records). */
+static void push_answer_take(void *arg, const char *reply, size_t size)
+{
+    struct peer_link *link = arg;
+
+    (void)size;
+    free(link->push_answer);
+    link->push_answer = strdup(reply);
+}
+
+/* "kvx-registered HEX": the handle; false for anything else. */
+static bool handle_parse(const char *answer, uint8_t handle[PUSH_HANDLE_LEN])
+{
+    size_t n = strlen(REPLY_REGISTERED);
+
+    if (strncmp(answer, REPLY_REGISTERED, n) != 0 || answer[n] != ' ' ||
+        strlen(answer + n + 1) != 2 * PUSH_HANDLE_LEN)
+        return false;
+    for (size_t i = 0; i < PUSH_HANDLE_LEN; i++) {
+        unsigned byte;
+
+        if (sscanf(answer + n + 1 + 2 * i, "%2x", &byte) != 1)
+            return false;
+        handle[i] = (uint8_t)byte;
+    }
+    return true;
+}
+
+kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t size,
+                              const uint8_t **handle_p)
+{
+    struct core *core      = peer->core;
+    struct peer_link *link = &peer->link;
+    uint64_t deadline      = clock_ms() + core->timeout_ms;
+    kvx_status_t status    = KVX_OK;
+    uint64_t id;
+
+    if (link->push_registered) {
+        *handle_p = link->push_handle;
+        return KVX_OK;
+    }
+    status =
+        peer_request_send(peer, VERB_PUSH_REGISTER, metadata, size, push_answer_take, link, &id);
+    free(link->push_answer);
+    link->push_answer      = NULL;
+    link->push_registering = status == KVX_OK;
+    /* The proof comes to our main worker, which forwards it (peers_forward_proof); the answer
+     * comes on the kept socket, whose other replies are recorded as in the loop's phase 2. */
+    while (status == KVX_OK && link->push_answer == NULL) {
+        uint64_t now = clock_ms();
 
         if (peer_is_down(peer))
-            return error_set(peer->down_status, "heartbeat: peer %s is down (%s); reconnect it",
-                             peer->address, peer->down);
-        status = sidechan_client_send(peer->link.client, VERB_HEARTBEAT,
-                                      HEARTBEAT_ID_FLAG | ++peer->next_id, request_ids,
-                                      count * sizeof(*request_ids));
-        if (status != KVX_OK)
-            return error_set(status, "heartbeat: peer %s: %s", peer->address, kvx_errmsg());
-        peer->core->stats.heartbeats_sent++;
+            status =
+                error_set(peer->down_status, "peer %s went down: %s", peer->address, peer->down);
+        else if (now >= deadline)
+            status = error_set(KVX_ERR_PEER_TIMEOUT,
+                               "peer %s: push registration not answered within %" PRIu32 " ms",
+                               peer->address, core->timeout_ms);
+        if (status != KVX_OK) {
+            peer_request_forget(peer, id);
+            break;
+        }
+        while (transport_progress(core->transport) > 0)
+            ;
+        if (peer_serve(peer) == 0)
+            sidechan_client_wait(link->client, 1);
     }
+    if (status == KVX_OK && !handle_parse(link->push_answer, link->push_handle))
+        status = error_set(strncmp(link->push_answer, REPLY_ERROR, strlen(REPLY_ERROR)) == 0
+                               ? KVX_ERR_PEER_REFUSED
+                               : KVX_ERR_IO,
+                           "peer %s: push registration: %.600s", peer->address,
+                           strncmp(link->push_answer, REPLY_ERROR, strlen(REPLY_ERROR)) == 0
+                               ? link->push_answer + strlen(REPLY_ERROR)
+                               : link->push_answer);
+    free(link->push_answer);
+    link->push_answer      = NULL;
+    link->push_registering = false;
+    if (status != KVX_OK)
+        return status;
+    link->push_registered = true;
+    *handle_p             = link->push_handle;
     return KVX_OK;
+}
+
+void peer_push_forget(kvx_peer_t *peer)
+{
+    peer->link.push_registered = false;
 }
 
 const char *kvx_peer_down_reason(const kvx_peer_t *peer)

@@ -52,6 +52,22 @@ kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *b
                                peer_reply_cb_t on_reply, void *arg, uint64_t *id_p);
 void peer_request_forget(kvx_peer_t *peer, uint64_t id);
 
+/* The `done` of `request_id` with its hold token, on the side channel; not answered. */
+kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token);
+
+/* The handle of our push writer on the peer: registers `metadata` (ours, push mode) on the
+ * kept socket the first time, which blocks up to the timeout: the peer's writer sends a nonce
+ * to our main worker, peers_forward_proof returns it, and the peer answers with the handle.
+ * Later calls return the same handle until peer_push_forget or a reconnect. */
+struct push_proof;
+kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t size,
+                              const uint8_t **handle_p);
+void peer_push_forget(kvx_peer_t *peer);
+
+/* A writer's proof arrived on our main worker (from anyone): returned only to the peer of its
+ * instance that we are registering with. */
+void peers_forward_proof(struct core *core, const struct push_proof *proof);
+
 /* A transfer of `request_id` completed: it is no longer wanted from `peer`. */
 void peer_unwant(kvx_peer_t *peer, uint64_t request_id);
 

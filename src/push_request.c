@@ -1,5 +1,6 @@
 /* push_request.c: the push request the decode side sends on the side channel (proto/kvx.proto
- * PushRequest): its encoding, and its decoding, which treats the bytes as hostile and checks
+ * PushRequest) and the proof a writer sends to a registrant's worker: their encodings, and
+ * their decodings, which treats the bytes as hostile and checks
  * every count before use. Pure: no I/O; fuzzed by fuzz/fuzz_push.c. */
 #include "push_request.h"
 
@@ -18,7 +19,6 @@ void push_request_free(struct push_request *req)
             free((void *)req->groups[req->num_groups + g].ids);
     }
     free(req->groups);
-    free(req->metadata);
     *req = (struct push_request){0};
 }
 
@@ -60,22 +60,20 @@ kvx_status_t push_request_decode(const void *buf, size_t size, struct push_reque
                            "push request: %zu local and %zu remote groups"
                            " (1..%d local; remote none or as many)",
                            msg->n_local, msg->n_remote, PUSH_MAX_GROUPS);
-    if (status == KVX_OK && (msg->metadata.len == 0 || msg->metadata.len > KVX_MAX_METADATA_SIZE))
-        status =
-            error_set(KVX_ERR_INVALID, "push request: metadata of %zu bytes", msg->metadata.len);
+    if (status == KVX_OK && msg->handle.len != PUSH_HANDLE_LEN)
+        status = error_set(KVX_ERR_INVALID, "push request: a writer handle of %zu bytes (%d)",
+                           msg->handle.len, PUSH_HANDLE_LEN);
     if (status == KVX_OK) {
         req->request_id = msg->request_id;
         req->num_groups = msg->n_local;
         req->has_remote = msg->n_remote > 0;
         req->groups     = calloc(2 * msg->n_local, sizeof(*req->groups));
-        req->metadata   = malloc(msg->metadata.len);
-        if (req->groups == NULL || req->metadata == NULL)
+        if (req->groups == NULL)
             status = error_no_memory("a push request");
     }
     if (status == KVX_OK) {
-        memcpy(req->metadata, msg->metadata.data, msg->metadata.len);
-        req->metadata_size = msg->metadata.len;
-        status             = groups_copy(msg->local, msg->n_local, req->groups, &total);
+        memcpy(req->handle, msg->handle.data, PUSH_HANDLE_LEN);
+        status = groups_copy(msg->local, msg->n_local, req->groups, &total);
     }
     if (status == KVX_OK && req->has_remote)
         status = groups_copy(msg->remote, msg->n_remote, req->groups + req->num_groups, &total);
@@ -85,7 +83,7 @@ kvx_status_t push_request_decode(const void *buf, size_t size, struct push_reque
     return status;
 }
 
-kvx_status_t push_request_encode(uint64_t request_id, const void *metadata, size_t metadata_size,
+kvx_status_t push_request_encode(uint64_t request_id, const uint8_t handle[PUSH_HANDLE_LEN],
                                  const kvx_request_t *request, void **buf_p, size_t *size_p)
 {
     size_t n             = request->num_local_groups;
@@ -114,7 +112,7 @@ kvx_status_t push_request_encode(uint64_t request_id, const void *metadata, size
             remote[g - n] = &groups[g];
     }
     msg.request_id = request_id;
-    msg.metadata   = (ProtobufCBinaryData){metadata_size, (uint8_t *)metadata};
+    msg.handle     = (ProtobufCBinaryData){PUSH_HANDLE_LEN, (uint8_t *)handle};
     msg.n_local    = n;
     msg.local      = local;
     msg.n_remote   = nr;
@@ -139,4 +137,20 @@ out:
     free(local);
     free(remote);
     return status;
+}
+
+struct push_proof push_proof_make(uint64_t instance, const uint8_t nonce[PUSH_NONCE_LEN])
+{
+    struct push_proof proof = {.magic = PUSH_PROOF_MAGIC, .instance = instance};
+
+    memcpy(proof.nonce, nonce, PUSH_NONCE_LEN);
+    return proof;
+}
+
+bool push_proof_parse(const void *data, size_t size, struct push_proof *proof)
+{
+    if (size != sizeof(*proof))
+        return false;
+    memcpy(proof, data, sizeof(*proof));
+    return proof->magic == PUSH_PROOF_MAGIC && proof->reserved == 0 && proof->instance != 0;
 }

@@ -6,21 +6,35 @@
 #include "kvx.h"
 #define PUSH_MAX_GROUPS 1024
 #define PUSH_MAX_IDS    (1u << 20) /* block ids in one request: 64 Mi tokens of 64-token blocks */
-/* Bytes of a push request: the metadata and up to PUSH_MAX_IDS ids of 10 bytes or fewer. */
-#define PUSH_MAX_REQUEST_SIZE (KVX_MAX_METADATA_SIZE + 11u * PUSH_MAX_IDS + 65536u)
+/* Bytes of a push request: the handle and up to PUSH_MAX_IDS ids of 10 bytes or fewer (the
+ * listener's max_message bounds it further). */
+#define PUSH_MAX_REQUEST_SIZE (11u * PUSH_MAX_IDS + 65536u)
+#define PUSH_HANDLE_LEN       16
+#define PUSH_NONCE_LEN        16
+#define PUSH_PROOF_MAGIC      0x5058564bu /* "KVXP" */
 
-/* A decoded push request: the decode side's metadata and block ids, all owned. groups holds
+/* The active message a writer sends to the worker a registration named. */
+struct push_proof {
+    uint32_t magic;
+    uint32_t reserved;
+    uint64_t instance; /* the prefill agent's: the registrant answers that peer */
+    uint8_t nonce[PUSH_NONCE_LEN];
+};
+
+struct push_proof push_proof_make(uint64_t instance, const uint8_t nonce[PUSH_NONCE_LEN]);
+bool push_proof_parse(const void *data, size_t size, struct push_proof *proof);
+
+/* A decoded push request: the writer handle and block ids, all owned. groups holds
  * num_groups local groups, then, when has_remote, num_groups remote ones. */
 struct push_request {
     uint64_t request_id;
-    void *metadata;
-    size_t metadata_size;
+    uint8_t handle[PUSH_HANDLE_LEN];
     kvx_group_ids_t *groups;
     size_t num_groups;
     bool has_remote;
 };
 
-kvx_status_t push_request_encode(uint64_t request_id, const void *metadata, size_t metadata_size,
+kvx_status_t push_request_encode(uint64_t request_id, const uint8_t handle[PUSH_HANDLE_LEN],
                                  const kvx_request_t *request, void **buf_p, size_t *size_p);
 
 /* Decodes untrusted bytes; on success the caller frees with push_request_free. */

@@ -1,16 +1,19 @@
-/* push_serve.c: push jobs on the prefill side. A job is a small state machine (put, flush,
- * notify, answer) whose steps complete in UCX progress and are moved on from the loop; its
- * deadline is a timer. The decode agents written to are kept as writers (their checked
- * metadata and connection), found by the exact metadata bytes a push carries. */
+/* push_serve.c: push writers and jobs on the prefill side. A decode agent registers its push
+ * metadata once per side-channel connection; the writer connects to the worker it names on
+ * the push transport and sends it a random nonce, and only when that connection returns the
+ * nonce (so the worker is the registrant's own) does it get a handle for its pushes. A job is a
+ * small state machine (put, flush, answer) whose steps complete in UCX progress and are moved
+ * on from the loop; its deadline is a timer. */
 #include "push_serve.h"
 
 #include "clock.h"
 #include "conn.h"
 #include "error.h"
-#include "notify.h"
 #include "push_request.h"
 #include "regions.h"
 #include "wire.h"
+
+#include <openssl/rand.h>
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -20,15 +23,24 @@
 
 #define PUSH_PROGRESS_ROUNDS 64
 
+/* A decode agent written to: registered once by one side-channel connection, whose worker
+ * proved itself (it returned the nonce sent to the worker its metadata named), then used by
+ * that connection's pushes, which name it by its handle. */
 struct push_writer {
-    void *metadata; /* the bytes that name it; NULL: a free slot */
-    size_t metadata_size;
+    struct push_server *server;
+    bool used;
+    bool proven;
+    uint8_t handle[PUSH_HANDLE_LEN]; /* the registrant's capability for its pushes */
+    uint8_t nonce[PUSH_NONCE_LEN];   /* sent to the named worker; must come back */
+    struct sidechan_origin owner;    /* the registrant's connection and its request */
+    struct loop_timer proof_deadline;
+    struct transport_op *proof_op;
     struct conn *conn;
-    uint64_t used; /* server->uses when last used */
-    size_t jobs;   /* in flight: a writer with jobs is never evicted */
+    uint64_t used_at; /* server->uses when last used */
+    size_t jobs;      /* in flight: a writer with jobs is never evicted */
 };
 
-enum push_step { PUSH_PUT, PUSH_FLUSH, PUSH_NOTIFY };
+enum push_step { PUSH_PUT, PUSH_FLUSH };
 
 struct push_job {
     struct push_server *server;
@@ -47,6 +59,10 @@ struct push_job {
 struct push_server {
     struct core *core;
     struct sidechan_server *side;
+    struct transport *transport; /* the writers': push_transports, one rail */
+    uint32_t max_per_peer;
+    void *own_addresses[2]; /* this agent's workers: never a writer's target */
+    size_t own_sizes[2];
     struct push_writer writers[PUSH_MAX_WRITERS];
     uint64_t uses;
     kvx_pairs_t *pairs;
@@ -56,20 +72,32 @@ struct push_server {
 };
 
 static void job_deadline(struct loop_timer *timer);
+static void proof_deadline(struct loop_timer *timer);
 
-kvx_status_t push_server_create(struct core *core, struct sidechan_server *side,
-                                struct push_server **server_p)
+kvx_status_t push_server_create(struct core *core, struct sidechan_server *side, const char *tls,
+                                uint32_t max_per_peer, struct push_server **server_p)
 {
     struct push_server *s = calloc(1, sizeof(*s));
     kvx_status_t status;
 
     if (s == NULL)
         return error_no_memory("the push server");
-    s->core = core;
-    s->side = side;
-    status  = kvx_pairs_create(&s->pairs);
+    s->core         = core;
+    s->side         = side;
+    s->max_per_peer = max_per_peer;
+    for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
+        s->writers[i].server = s;
+        loop_timer_init(&s->writers[i].proof_deadline, proof_deadline);
+    }
+    status = kvx_pairs_create(&s->pairs);
+    if (status == KVX_OK)
+        status = transport_create(tls, true, &s->transport);
+    if (status == KVX_OK)
+        status = transport_worker_address(core->transport, &s->own_addresses[0], &s->own_sizes[0]);
+    if (status == KVX_OK)
+        status = transport_worker_address(s->transport, &s->own_addresses[1], &s->own_sizes[1]);
     if (status != KVX_OK) {
-        free(s);
+        push_server_destroy(s);
         return status;
     }
     *server_p = s;
@@ -118,16 +146,17 @@ static void job_free(struct push_job *job)
 
 static void writer_close(struct push_server *s, struct push_writer *w)
 {
+    loop_timer_stop(&s->core->loop, &w->proof_deadline);
+    transport_op_release(w->proof_op);
     if (w->conn != NULL) {
         loop_unwatch_fd(&s->core->loop, transport_conn_event_fd(w->conn->transport));
         conn_close(w->conn);
     }
-    free(w->metadata);
-    *w = (struct push_writer){0};
+    *w = (struct push_writer){.server = s, .proof_deadline = w->proof_deadline};
 }
 
 /* Fails `job` with kvx_errmsg()'s message, and every other job of its writer, whose
- * connection closes (a dead or broken writer is connected afresh next time). */
+ * connection closes (a dead or broken writer must be registered afresh). */
 static void job_fail(struct push_job *job)
 {
     struct push_server *s = job->server;
@@ -154,7 +183,10 @@ void push_server_destroy(struct push_server *server)
         job_free(server->jobs);
     for (size_t i = 0; i < PUSH_MAX_WRITERS; i++)
         writer_close(server, &server->writers[i]);
+    transport_destroy(server->transport);
     kvx_pairs_destroy(server->pairs);
+    free(server->own_addresses[0]);
+    free(server->own_addresses[1]);
     free(server);
 }
 
@@ -187,48 +219,180 @@ static kvx_status_t groups_fit(const kvx_regions_t *table, const char *side,
     return KVX_OK;
 }
 
-/* The writer for `req`'s metadata: kept, or connected now in the least recently used slot
- * that has no job in flight. */
-static kvx_status_t writer_find(struct push_server *s, const struct push_request *req,
-                                struct push_writer **writer_p)
+static bool same_connection(const struct sidechan_origin *a, const struct sidechan_origin *b)
 {
-    struct core *core          = s->core;
-    struct push_writer *oldest = NULL;
-    kvx_status_t status;
+    return a->identity_size == b->identity_size &&
+           memcmp(a->identity, b->identity, a->identity_size) == 0;
+}
 
-    s->uses++;
+/* The least recently used slot without a job in flight, emptied. */
+static struct push_writer *writer_slot(struct push_server *s)
+{
+    struct push_writer *oldest = NULL;
+
     for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
         struct push_writer *w = &s->writers[i];
 
-        if (w->conn != NULL && w->metadata_size == req->metadata_size &&
-            memcmp(w->metadata, req->metadata, req->metadata_size) == 0) {
-            w->used   = s->uses;
-            *writer_p = w;
-            return KVX_OK;
-        }
-        if (w->jobs == 0 && (oldest == NULL || w->used < oldest->used))
+        if (!w->used)
+            return w;
+        if (w->jobs == 0 && (oldest == NULL || w->used_at < oldest->used_at))
             oldest = w;
     }
-    if (oldest == NULL)
-        return error_set(KVX_ERR_BUSY, "push: all %d writers have pushes in flight",
-                         PUSH_MAX_WRITERS);
-    writer_close(s, oldest);
-    oldest->metadata = malloc(req->metadata_size);
-    if (oldest->metadata == NULL)
-        return error_no_memory("a push writer");
-    status = conn_open(core->transport, core->regions, core->tp_size, core->tp_rank, KVX_MODE_PUSH,
-                       req->metadata, req->metadata_size, &oldest->conn);
-    if (status == KVX_OK)
-        status = loop_watch_fd(&core->loop, transport_conn_event_fd(oldest->conn->transport));
-    if (status != KVX_OK) {
+    if (oldest != NULL)
         writer_close(s, oldest);
-        return status;
+    return oldest;
+}
+
+/* The metadata's worker must not be one of ours: a push would write this process. */
+static kvx_status_t target_not_ours(struct push_server *s, const struct conn *conn)
+{
+    kvx_metadata_info_t info;
+
+    kvx_metadata_get_info(conn->metadata, &info);
+    for (size_t i = 0; i < 2; i++) {
+        if (info.transport_address.size == s->own_sizes[i] &&
+            memcmp(info.transport_address.data, s->own_addresses[i], s->own_sizes[i]) == 0)
+            return error_set(KVX_ERR_INVALID,
+                             "push registration: the metadata names this agent's own worker");
     }
-    memcpy(oldest->metadata, req->metadata, req->metadata_size);
-    oldest->metadata_size = req->metadata_size;
-    oldest->used          = s->uses;
-    *writer_p             = oldest;
     return KVX_OK;
+}
+
+static kvx_status_t random_bytes(uint8_t *bytes, size_t size)
+{
+    return RAND_bytes(bytes, (int)size) == 1
+               ? KVX_OK
+               : error_set(KVX_ERR_INTERNAL, "push: the system's random source failed");
+}
+
+/* The proof's active message completed: nothing to do until the registrant returns it. */
+static void proof_sent(void *arg, struct transport_op *op)
+{
+    (void)arg;
+    (void)op;
+}
+
+void push_register(void *server, const struct sidechan_request *request)
+{
+    struct push_server *s = server;
+    struct core *core     = s->core;
+    struct push_writer *w = NULL;
+    struct push_proof proof;
+    kvx_status_t status = KVX_OK;
+
+    /* one registration per connection: a new one replaces the old (a restarted decode agent) */
+    for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
+        struct push_writer *old = &s->writers[i];
+
+        if (old->used && same_connection(&old->owner, &request->origin)) {
+            if (old->jobs > 0)
+                status = error_set(KVX_ERR_BUSY, "push registration: pushes are in flight");
+            else
+                writer_close(s, old);
+        }
+    }
+    if (status == KVX_OK && (w = writer_slot(s)) == NULL)
+        status = error_set(KVX_ERR_BUSY, "push registration: all %d writers have pushes in flight",
+                           PUSH_MAX_WRITERS);
+    if (status == KVX_OK) {
+        w->used    = true;
+        w->owner   = request->origin;
+        w->used_at = ++s->uses;
+        status = conn_open(s->transport, core->regions, core->tp_size, core->tp_rank, KVX_MODE_PUSH,
+                           request->body, request->body_size, &w->conn);
+    }
+    if (status == KVX_OK)
+        status = target_not_ours(s, w->conn);
+    if (status == KVX_OK)
+        status = loop_watch_fd(&core->loop, transport_conn_event_fd(w->conn->transport));
+    if (status == KVX_OK)
+        status = random_bytes(w->handle, sizeof(w->handle));
+    if (status == KVX_OK)
+        status = random_bytes(w->nonce, sizeof(w->nonce));
+    if (status == KVX_OK) {
+        proof  = push_proof_make(core->instance, w->nonce);
+        status = transport_op_create(w->conn->transport, proof_sent, w, &w->proof_op);
+    }
+    if (status == KVX_OK)
+        status = transport_am_post(w->proof_op, CORE_AM_PUSH_PROOF, &proof, sizeof(proof));
+    if (status == KVX_OK)
+        status = loop_timer_start(&core->loop, &w->proof_deadline, clock_ms() + core->timeout_ms);
+    if (status != KVX_OK) {
+        char why[600];
+
+        snprintf(why, sizeof(why), "%s", kvx_errmsg());
+        error_set(status, "%s", why);
+        if (w != NULL)
+            writer_close(s, w);
+        reply_error(s, &request->origin);
+        return;
+    }
+    transport_op_arm(w->proof_op);
+}
+
+void push_prove(void *server, const struct sidechan_request *request)
+{
+    struct push_server *s = server;
+
+    for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
+        struct push_writer *w = &s->writers[i];
+
+        if (!w->used || w->proven || !same_connection(&w->owner, &request->origin))
+            continue;
+        if (request->body_size != PUSH_NONCE_LEN ||
+            !auth_equal(request->body, w->nonce, PUSH_NONCE_LEN)) {
+            error_set(KVX_ERR_INVALID, "push registration: a wrong proof");
+            reply_error(s, &w->owner);
+            writer_close(s, w);
+            return;
+        }
+        {
+            char text[sizeof(REPLY_REGISTERED) + 2 * PUSH_HANDLE_LEN + 1];
+            size_t n = (size_t)snprintf(text, sizeof(text), "%s ", REPLY_REGISTERED);
+
+            for (size_t b = 0; b < PUSH_HANDLE_LEN; b++)
+                n += (size_t)snprintf(text + n, sizeof(text) - n, "%02x", w->handle[b]);
+            w->proven = true;
+            loop_timer_stop(&s->core->loop, &w->proof_deadline);
+            reply_text(s, &w->owner, text);
+        }
+        return;
+    }
+    s->core->stats.pushes_refused++; /* a proof nobody asked this connection for */
+}
+
+static void proof_deadline(struct loop_timer *timer)
+{
+    struct push_writer *w =
+        (struct push_writer *)((char *)timer - offsetof(struct push_writer, proof_deadline));
+
+    error_set(KVX_ERR_PEER_REFUSED,
+              "push registration: the worker the metadata names did not return the proof within"
+              " %" PRIu32 " ms: it is not the registrant's (or the registrant is not kvx)",
+              w->server->core->timeout_ms);
+    loop_log(&w->server->core->loop, "%s", kvx_errmsg());
+    reply_error(w->server, &w->owner);
+    writer_close(w->server, w);
+}
+
+/* The writer of `handle`, registered and proven by the connection `origin`. */
+static kvx_status_t writer_find(struct push_server *s, const struct sidechan_origin *origin,
+                                const uint8_t handle[PUSH_HANDLE_LEN],
+                                struct push_writer **writer_p)
+{
+    for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
+        struct push_writer *w = &s->writers[i];
+
+        if (w->used && w->proven && same_connection(&w->owner, origin) &&
+            auth_equal(w->handle, handle, PUSH_HANDLE_LEN)) {
+            w->used_at = ++s->uses;
+            *writer_p  = w;
+            return KVX_OK;
+        }
+    }
+    return error_set(KVX_ERR_INVALID,
+                     "push: this connection has no registered writer of that handle (evicted "
+                     "or never registered): register again");
 }
 
 /* A step completed (from inside UCX progress): queue the job to be moved on. */
@@ -259,7 +423,7 @@ static kvx_status_t job_put(struct push_job *job, const struct push_request *req
     struct conn *conn                = job->writer->conn;
     kvx_request_t request            = {req->groups, req->num_groups,
                              req->has_remote ? req->groups + req->num_groups : NULL,
-                             req->has_remote ? req->num_groups : 0};
+                             req->has_remote ? req->num_groups : 0, NULL};
     struct transport_targets targets = {s->core->bases, conn->remote_bases, true};
     kvx_status_t status              = kvx_peer_plan_request(conn->plan, &request, s->pairs);
 
@@ -295,7 +459,7 @@ static unsigned jobs_advance(struct push_server *server)
 }
 
 /* A small push completes in a few progress rounds of its writer: take them now, a bounded
- * number, rather than a loop turn per step (put, flush, notify, answer). */
+ * number, rather than a loop turn per step (put, flush, answer). */
 #define PUSH_EAGER_ROUNDS 64
 static void push_eager(struct push_server *server, struct push_writer *w)
 {
@@ -310,7 +474,7 @@ void push_serve(void *server, const struct sidechan_request *request)
     struct push_server *s = server;
     struct core *core     = s->core;
     struct push_request req;
-    struct push_writer *writer;
+    struct push_writer *writer = NULL;
     struct push_job *job;
     kvx_status_t status;
 
@@ -324,25 +488,27 @@ void push_serve(void *server, const struct sidechan_request *request)
         reply_error(s, &request->origin);
         return;
     }
-    job = calloc(1, sizeof(*job));
-    if (job == NULL)
-        status = error_no_memory("a push");
+    status = writer_find(s, &request->origin, req.handle, &writer);
+    if (status == KVX_OK && writer->jobs >= s->max_per_peer)
+        status = error_set(KVX_ERR_BUSY, "push: this peer has %zu pushes in flight already",
+                           writer->jobs);
     if (status == KVX_OK)
         status =
             groups_fit(core->regions, "source",
                        req.has_remote ? req.groups + req.num_groups : req.groups, req.num_groups);
     if (status == KVX_OK)
-        status = writer_find(s, &req, &job->writer);
-    if (status == KVX_OK)
-        status = groups_fit(kvx_metadata_regions(job->writer->conn->metadata), "destination",
-                            req.groups, req.num_groups);
+        status = groups_fit(kvx_metadata_regions(writer->conn->metadata), "destination", req.groups,
+                            req.num_groups);
+    job = status == KVX_OK ? calloc(1, sizeof(*job)) : NULL;
+    if (status == KVX_OK && job == NULL)
+        status = error_no_memory("a push");
     if (status != KVX_OK) {
         push_request_free(&req);
-        free(job);
         reply_error(s, &request->origin);
         return;
     }
     job->server     = s;
+    job->writer     = writer;
     job->origin     = request->origin;
     job->request_id = req.request_id;
     job->step       = PUSH_PUT;
@@ -352,7 +518,7 @@ void push_serve(void *server, const struct sidechan_request *request)
         s->jobs->prev = job;
     s->jobs = job;
     s->num_jobs++;
-    job->writer->jobs++;
+    writer->jobs++;
     status = job_put(job, &req);
     push_request_free(&req);
     if (status == KVX_OK)
@@ -361,32 +527,26 @@ void push_serve(void *server, const struct sidechan_request *request)
         job_fail(job);
         return;
     }
-    writer = job->writer;
     transport_op_arm(job->op);
     push_eager(s, writer);
 }
 
-/* The next step of a job whose step completed: flush after the puts, notify after the
- * flush (the data is at the target then), answer after the notification. */
+/* The next step of a job whose step completed: flush after the puts; after the flush the data
+ * is at the target, and the answer says so. */
 static void job_advance(struct push_job *job)
 {
     struct push_server *s = job->server;
-    struct notify note    = notify_done(job->request_id, s->core->tp_rank);
-    kvx_status_t status   = transport_op_status(job->op, job->step == PUSH_PUT     ? "put"
-                                                         : job->step == PUSH_FLUSH ? "flush"
-                                                                                   : "notify");
+    kvx_status_t status   = transport_op_status(job->op, job->step == PUSH_PUT ? "put" : "flush");
 
-    if (status == KVX_OK && job->step == PUSH_NOTIFY) {
+    if (status == KVX_OK && job->step == PUSH_FLUSH) {
         reply_text(s, &job->origin, REPLY_PUSHED);
         job_free(job);
         return;
     }
     if (status == KVX_OK)
         status = job_op_new(job);
-    if (status == KVX_OK && job->step == PUSH_PUT)
+    if (status == KVX_OK)
         status = transport_flush_post(job->op);
-    else if (status == KVX_OK)
-        status = transport_am_post(job->op, CORE_AM_NOTIFY, &note, sizeof(note));
     if (status != KVX_OK) {
         char what[600];
 
@@ -395,7 +555,7 @@ static void job_advance(struct push_job *job)
         job_fail(job);
         return;
     }
-    job->step = job->step == PUSH_PUT ? PUSH_FLUSH : PUSH_NOTIFY;
+    job->step = PUSH_FLUSH;
     transport_op_arm(job->op);
 }
 

@@ -1,6 +1,12 @@
-/* push_serve.h: the prefill half of push mode: a push request from a decode agent becomes a job
- * that puts this rank's share into the decode agent's blocks, flushes, notifies and answers,
- * each step posted and completed through the loop, so serving goes on meanwhile. */
+/* push_serve.h: the prefill half of push mode. A decode agent first registers (its push
+ * metadata, over its side-channel connection) and proves that the worker it names is its own:
+ * the prefill sends a random nonce to that worker on the push transport, and only the
+ * registrant's connection returning it gets a writer handle. A push request names the handle;
+ * it becomes a job that puts this rank's share into the registrant's blocks, flushes and
+ * answers, each step posted and completed through the loop, so serving goes on meanwhile.
+ * The push transport is one that carries the proof and the data on the same lane to the
+ * process at the other end (TCP, or one RDMA transport), never shared memory or CMA, whose
+ * keys and process ids a forged metadata could point anywhere on this host. */
 #ifndef KVX_SRC_PUSH_SERVE_H
 #define KVX_SRC_PUSH_SERVE_H
 
@@ -8,18 +14,25 @@
 #include "sidechan.h"
 
 #define PUSH_MAX_JOBS    256 /* pushes in flight at once; more are refused */
-#define PUSH_MAX_WRITERS 16  /* decode agents kept connected for their next push */
+#define PUSH_MAX_WRITERS 64  /* decode agents registered at once (least recently used go) */
+#define PUSH_DEFAULT_TLS "tcp"
 
 struct push_server;
 
-kvx_status_t push_server_create(struct core *core, struct sidechan_server *side,
-                                struct push_server **server_p);
+/* `tls` is the push transport's UCX_TLS list; each peer may have `max_per_peer` pushes in
+ * flight. */
+kvx_status_t push_server_create(struct core *core, struct sidechan_server *side, const char *tls,
+                                uint32_t max_per_peer, struct push_server **server_p);
 
 /* Fails every job (without answering) and closes every writer. NULL-safe. */
 void push_server_destroy(struct push_server *server);
 
-/* The side-channel handler of VERB_PUSH (sidechan_verb.serve): a request that breaks a limit
- * is answered with an error before anything is put. */
+/* The side-channel handlers (sidechan_verb.serve) of VERB_PUSH_REGISTER (answered once the
+ * proof came back, or with an error at the deadline), VERB_PUSH_PROOF (no answer of its own)
+ * and VERB_PUSH: a request that breaks a limit or names no writer of its connection is
+ * answered with an error before anything is put. */
+void push_register(void *server, const struct sidechan_request *request);
+void push_prove(void *server, const struct sidechan_request *request);
 void push_serve(void *server, const struct sidechan_request *request);
 
 /* The loop's phases for the writers: progress their connections and move on the jobs whose

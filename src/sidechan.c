@@ -5,6 +5,8 @@
 
 #include "clock.h"
 #include "error.h"
+#include "gate.h"
+#include "zsocket.h"
 
 #include <zmq.h>
 
@@ -23,30 +25,21 @@ struct sidechan_client {
     void *dealer;
 };
 
-/* "tcp://HOST:PORT" for "HOST:PORT"; `what` names it in errors. */
+/* "tcp://HOST:PORT" for "HOST:PORT" with a port of 0..65535 in decimal (ZeroMQ would take
+ * 99999 modulo 65536); `what` names it in errors. */
 static kvx_status_t endpoint_of(const char *address, const char *what, char *endpoint, size_t size)
 {
-    if (strchr(address, ':') == NULL || strlen(address) + sizeof("tcp://") > size)
+    const char *colon = strrchr(address, ':');
+    size_t digits     = colon != NULL ? strspn(colon + 1, "0123456789") : 0;
+
+    if (colon == NULL || colon == address || strlen(address) + sizeof("tcp://") > size)
         return error_set(KVX_ERR_INVALID, "%s: \"%.64s\" is not HOST:PORT", what, address);
+    if (digits == 0 || colon[1 + digits] != '\0' || digits > 5 || atoi(colon + 1) > 65535 ||
+        (digits > 1 && colon[1] == '0'))
+        return error_set(KVX_ERR_INVALID, "%s: \"%.64s\": the port must be 0..65535", what,
+                         address);
     snprintf(endpoint, size, "tcp://%s", address);
     return KVX_OK;
-}
-
-static int socket_fd(void *socket)
-{
-    int fd        = -1;
-    size_t length = sizeof(fd);
-
-    return zmq_getsockopt(socket, ZMQ_FD, &fd, &length) == 0 ? fd : -1;
-}
-
-/* ZMQ_FD only signals that something changed: whether a message waits is ZMQ_EVENTS. */
-static bool socket_readable(void *socket)
-{
-    int events    = 0;
-    size_t length = sizeof(events);
-
-    return zmq_getsockopt(socket, ZMQ_EVENTS, &events, &length) == 0 && (events & ZMQ_POLLIN);
 }
 
 static void id_encode(uint64_t id, uint8_t bytes[8])
@@ -64,11 +57,15 @@ static uint64_t id_decode(const uint8_t bytes[8])
     return id;
 }
 
-kvx_status_t sidechan_server_create(void *zmq, const char *listen, int64_t max_message, char *bound,
+kvx_status_t sidechan_server_create(void *zmq, const char *listen,
+                                    const struct sidechan_limits *limits,
+                                    const struct auth_keys *keys, struct gate *gate, char *bound,
                                     size_t bound_size, struct sidechan_server **server_p)
 {
-    int linger     = 0;
-    int high_water = SIDECHAN_RECV_HWM;
+    int linger          = 0;
+    int high_water      = limits->recv_hwm;
+    int64_t max_message = limits->max_message;
+    int handshake_ms    = limits->handshake_ms;
     char endpoint[300];
     size_t endpoint_size = sizeof(endpoint);
     kvx_status_t status  = endpoint_of(listen, "listen", endpoint, sizeof(endpoint));
@@ -87,6 +84,9 @@ kvx_status_t sidechan_server_create(void *zmq, const char *listen, int64_t max_m
         zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max_message, sizeof(max_message)) != 0 ||
         zmq_setsockopt(s->router, ZMQ_RCVHWM, &high_water, sizeof(high_water)) != 0 ||
         zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+        zmq_setsockopt(s->router, ZMQ_HANDSHAKE_IVL, &handshake_ms, sizeof(handshake_ms)) != 0 ||
+        zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "kvx", 3) != 0 ||
+        auth_server_socket(s->router, keys) != KVX_OK || gate_watch(gate, s->router) != KVX_OK ||
         zmq_bind(s->router, endpoint) != 0 ||
         zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, endpoint, &endpoint_size) != 0) {
         status = error_set(KVX_ERR_IO, "listen %s: %s", listen, zmq_strerror(zmq_errno()));
@@ -109,7 +109,7 @@ void sidechan_server_destroy(struct sidechan_server *server)
 
 int sidechan_server_fd(struct sidechan_server *server)
 {
-    return socket_fd(server->router);
+    return zsocket_fd(server->router);
 }
 
 void *sidechan_server_socket(struct sidechan_server *server)
@@ -119,7 +119,7 @@ void *sidechan_server_socket(struct sidechan_server *server)
 
 bool sidechan_server_readable(struct sidechan_server *server)
 {
-    return socket_readable(server->router);
+    return zsocket_readable(server->router);
 }
 
 void sidechan_reply(struct sidechan_server *server, const struct sidechan_origin *origin,
@@ -134,34 +134,6 @@ void sidechan_reply(struct sidechan_server *server, const struct sidechan_origin
     zmq_send(server->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(server->router, id, sizeof(id), ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(server->router, data, size, ZMQ_DONTWAIT);
-}
-
-/* Receives the frames of one message into `frames` (at most SIDECHAN_MAX_FRAMES kept, the
- * rest read and dropped); returns how many were received in all, 0 when none waited. */
-static int message_receive(void *socket, zmq_msg_t frames[SIDECHAN_MAX_FRAMES])
-{
-    int count = 0;
-
-    for (bool more = true; more; count++) {
-        zmq_msg_t extra;
-        zmq_msg_t *msg = count < SIDECHAN_MAX_FRAMES ? &frames[count] : &extra;
-
-        zmq_msg_init(msg);
-        if (zmq_msg_recv(msg, socket, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(msg);
-            break;
-        }
-        more = zmq_msg_more(msg);
-        if (msg == &extra)
-            zmq_msg_close(msg);
-    }
-    return count;
-}
-
-static void frames_close(zmq_msg_t *frames, int count)
-{
-    for (int i = 0; i < count && i < SIDECHAN_MAX_FRAMES; i++)
-        zmq_msg_close(&frames[i]);
 }
 
 static const struct sidechan_verb *verb_find(const struct sidechan_verb *verbs, size_t n,
@@ -182,7 +154,7 @@ size_t sidechan_server_serve(struct sidechan_server *server, const struct sidech
 
     while (received < max) {
         zmq_msg_t frames[SIDECHAN_MAX_FRAMES];
-        int count = message_receive(server->router, frames);
+        int count = zsocket_receive(server->router, frames, SIDECHAN_MAX_FRAMES);
         struct sidechan_request request;
         const struct sidechan_verb *verb;
 
@@ -193,7 +165,7 @@ size_t sidechan_server_serve(struct sidechan_server *server, const struct sidech
         if (count < 4 || count > SIDECHAN_MAX_FRAMES || zmq_msg_size(&frames[1]) != 0 ||
             zmq_msg_size(&frames[0]) > SIDECHAN_MAX_IDENTITY || zmq_msg_size(&frames[3]) != 8) {
             (*malformed_p)++;
-            frames_close(frames, count);
+            zsocket_frames_close(frames, count, SIDECHAN_MAX_FRAMES);
             continue;
         }
         request.origin.identity_size = zmq_msg_size(&frames[0]);
@@ -215,13 +187,13 @@ size_t sidechan_server_serve(struct sidechan_server *server, const struct sidech
             request.body_size = verb->body ? zmq_msg_size(&frames[4]) : 0;
             verb->serve(arg, &request);
         }
-        frames_close(frames, count);
+        zsocket_frames_close(frames, count, SIDECHAN_MAX_FRAMES);
     }
     return received;
 }
 
-static kvx_status_t dealer_open(void *zmq, const char *address, int send_hwm, int64_t max_reply,
-                                void **socket_p)
+static kvx_status_t dealer_open(void *zmq, const char *address, const struct auth_keys *keys,
+                                int send_hwm, int64_t max_reply, void **socket_p)
 {
     int linger = 0;
     char endpoint[300];
@@ -234,7 +206,7 @@ static kvx_status_t dealer_open(void *zmq, const char *address, int send_hwm, in
     if (socket == NULL || zmq_setsockopt(socket, ZMQ_SNDHWM, &send_hwm, sizeof(send_hwm)) != 0 ||
         zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
         zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
-        zmq_connect(socket, endpoint) != 0) {
+        auth_client_socket(socket, keys) != KVX_OK || zmq_connect(socket, endpoint) != 0) {
         status = error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
         if (socket != NULL)
             zmq_close(socket);
@@ -244,15 +216,15 @@ static kvx_status_t dealer_open(void *zmq, const char *address, int send_hwm, in
     return KVX_OK;
 }
 
-kvx_status_t sidechan_client_create(void *zmq, const char *address, int send_hwm,
-                                    struct sidechan_client **client_p)
+kvx_status_t sidechan_client_create(void *zmq, const char *address, const struct auth_keys *keys,
+                                    int send_hwm, struct sidechan_client **client_p)
 {
     struct sidechan_client *c = calloc(1, sizeof(*c));
     kvx_status_t status;
 
     if (c == NULL)
         return error_no_memory("a side-channel socket");
-    status = dealer_open(zmq, address, send_hwm, SIDECHAN_MAX_REPLY, &c->dealer);
+    status = dealer_open(zmq, address, keys, send_hwm, SIDECHAN_MAX_REPLY, &c->dealer);
     if (status != KVX_OK) {
         free(c);
         return status;
@@ -271,7 +243,7 @@ void sidechan_client_destroy(struct sidechan_client *client)
 
 int sidechan_client_fd(struct sidechan_client *client)
 {
-    return socket_fd(client->dealer);
+    return zsocket_fd(client->dealer);
 }
 
 void *sidechan_client_socket(struct sidechan_client *client)
@@ -281,7 +253,7 @@ void *sidechan_client_socket(struct sidechan_client *client)
 
 bool sidechan_client_readable(struct sidechan_client *client)
 {
-    return socket_readable(client->dealer);
+    return zsocket_readable(client->dealer);
 }
 
 bool sidechan_client_wait(struct sidechan_client *client, int timeout_ms)
@@ -317,7 +289,7 @@ kvx_status_t sidechan_client_send(struct sidechan_client *client, const char *ve
 static bool reply_receive(void *socket, uint64_t *id_p, char **body_p, size_t *size_p)
 {
     zmq_msg_t frames[SIDECHAN_MAX_FRAMES];
-    int count = message_receive(socket, frames);
+    int count = zsocket_receive(socket, frames, SIDECHAN_MAX_FRAMES);
     char *copy;
 
     if (count == 0)
@@ -333,7 +305,7 @@ static bool reply_receive(void *socket, uint64_t *id_p, char **body_p, size_t *s
         *body_p                        = copy;
         *size_p                        = zmq_msg_size(&frames[2]);
     }
-    frames_close(frames, count);
+    zsocket_frames_close(frames, count, SIDECHAN_MAX_FRAMES);
     return true;
 }
 
@@ -343,19 +315,79 @@ bool sidechan_client_recv(struct sidechan_client *client, uint64_t *id_p, char *
     return reply_receive(client->dealer, id_p, body_p, size_p);
 }
 
-kvx_status_t sidechan_fetch(void *zmq, const char *address, const char *verb, int64_t max_reply,
-                            uint32_t timeout_ms, void **reply_p, size_t *size_p)
+/* A monitor of `socket`'s handshakes, so that a fetch refused by the peer fails at once with
+ * the reason instead of at its deadline (ZeroMQ would only retry). */
+static void *handshake_monitor(void *zmq, void *socket)
+{
+    static unsigned long serial; /* one agent per thread: a name per monitor, not a lock */
+    char endpoint[64];
+    int linger = 0;
+    void *pair;
+
+    snprintf(endpoint, sizeof(endpoint), "inproc://kvx-fetch-%lu", ++serial);
+    if (zmq_socket_monitor(socket, endpoint,
+                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+        return NULL;
+    pair = zmq_socket(zmq, ZMQ_PAIR);
+    if (pair != NULL && (zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+                         zmq_connect(pair, endpoint) != 0)) {
+        zmq_close(pair);
+        pair = NULL;
+    }
+    return pair;
+}
+
+/* The failure a handshake event reports, as an error; KVX_OK when none waits. */
+static kvx_status_t handshake_failure(void *monitor, const char *address, bool curve)
+{
+    uint8_t head[6];
+    uint16_t event;
+    char skip[8];
+    int more      = 0;
+    size_t length = sizeof(more);
+    int size      = zmq_recv(monitor, head, sizeof(head), ZMQ_DONTWAIT);
+
+    while (zmq_getsockopt(monitor, ZMQ_RCVMORE, &more, &length) == 0 && more)
+        zmq_recv(monitor, skip, sizeof(skip), ZMQ_DONTWAIT);
+    if (size != (int)sizeof(head))
+        return KVX_OK;
+    memcpy(&event, head, sizeof(event));
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        return error_set(KVX_ERR_PEER_REFUSED,
+                         "side channel %s refused us (a different auth key, or it has too many "
+                         "connections)",
+                         address);
+    return error_set(KVX_ERR_PEER_REFUSED,
+                     curve ? "side channel %s: the authenticated handshake failed: the peer "
+                             "holds a different auth key, runs insecure, or is not kvx"
+                           : "side channel %s: the handshake failed: the peer requires an auth "
+                             "key (--auth), or is not kvx",
+                     address);
+}
+
+kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_keys *keys,
+                            const char *verb, int64_t max_reply, uint32_t timeout_ms,
+                            void **reply_p, size_t *size_p)
 {
     uint64_t deadline = clock_ms() + timeout_ms;
     void *socket;
-    kvx_status_t status = dealer_open(zmq, address, 1, max_reply, &socket);
+    void *monitor       = NULL;
+    kvx_status_t status = dealer_open(zmq, address, keys, 1, max_reply, &socket);
 
     if (status != KVX_OK)
         return status;
-    status = request_send(socket, verb, 1, NULL, 0, false);
+    monitor = handshake_monitor(zmq, socket);
+    if (monitor == NULL)
+        status =
+            error_set(KVX_ERR_INTERNAL, "side channel: monitor: %s", zmq_strerror(zmq_errno()));
+    if (status == KVX_OK)
+        status = request_send(socket, verb, 1, NULL, 0, false);
     while (status == KVX_OK) {
-        zmq_pollitem_t item = {.socket = socket, .events = ZMQ_POLLIN};
-        uint64_t now        = clock_ms();
+        zmq_pollitem_t items[2] = {{.socket = socket, .events = ZMQ_POLLIN},
+                                   {.socket = monitor, .events = ZMQ_POLLIN}};
+        uint64_t now            = clock_ms();
         uint64_t id;
         char *body;
         size_t size;
@@ -364,8 +396,12 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const char *verb, in
             status = error_set(KVX_ERR_PEER_TIMEOUT, "no answer within %" PRIu32 " ms", timeout_ms);
             break;
         }
-        if (zmq_poll(&item, 1, (long)(deadline - now)) <= 0 ||
-            !reply_receive(socket, &id, &body, &size))
+        if (zmq_poll(items, 2, (long)(deadline - now)) <= 0)
+            continue;
+        if ((items[1].revents & ZMQ_POLLIN) &&
+            (status = handshake_failure(monitor, address, keys->curve)) != KVX_OK)
+            break;
+        if (!reply_receive(socket, &id, &body, &size))
             continue;
         if (id != 1) { /* a stray or malformed message: not the answer */
             free(body);
@@ -375,6 +411,9 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const char *verb, in
         *size_p  = size;
         break;
     }
+    zmq_socket_monitor(socket, NULL, 0);
+    if (monitor != NULL)
+        zmq_close(monitor);
     zmq_close(socket);
     return status;
 }

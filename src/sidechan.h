@@ -7,14 +7,22 @@
 #ifndef KVX_SRC_SIDECHAN_H
 #define KVX_SRC_SIDECHAN_H
 
-#include "kvx.h"
+#include "auth.h"
 
 #define SIDECHAN_MAX_IDENTITY 255  /* bytes of a ROUTER identity (ZeroMQ's own limit) */
 #define SIDECHAN_MAX_REPLY    4096 /* bytes of a reply on a kept socket: short texts */
-#define SIDECHAN_RECV_HWM     64   /* messages a server queues from one connection */
 
 struct sidechan_server;
 struct sidechan_client;
+struct gate;
+
+/* What one connection may make a listener hold: at most recv_hwm messages of at most
+ * max_message bytes each queue for it, and its handshake must end within handshake_ms. */
+struct sidechan_limits {
+    int64_t max_message;
+    int recv_hwm;
+    int handshake_ms;
+};
 
 /* Where a reply goes: the requester's connection and its request id. Copied by value, so a
  * reply can be sent long after the request was received. */
@@ -38,9 +46,12 @@ struct sidechan_verb {
     void (*serve)(void *arg, const struct sidechan_request *request);
 };
 
-/* Binds a ROUTER at "HOST:PORT" (port 0: a free one) accepting messages of at most
- * `max_message` bytes; `bound` receives "HOST:PORT" with the real port. */
-kvx_status_t sidechan_server_create(void *zmq, const char *listen, int64_t max_message, char *bound,
+/* Binds a ROUTER at "HOST:PORT" (port 0: a free one) within `limits`, a CURVE server with
+ * `keys` (unless they are insecure) whose connections `gate` watches and admits (its ZAP
+ * handler must exist already); `bound` receives "HOST:PORT" with the real port. */
+kvx_status_t sidechan_server_create(void *zmq, const char *listen,
+                                    const struct sidechan_limits *limits,
+                                    const struct auth_keys *keys, struct gate *gate, char *bound,
                                     size_t bound_size, struct sidechan_server **server_p);
 void sidechan_server_destroy(struct sidechan_server *server);
 int sidechan_server_fd(struct sidechan_server *server);
@@ -57,10 +68,11 @@ size_t sidechan_server_serve(struct sidechan_server *server, const struct sidech
 void sidechan_reply(struct sidechan_server *server, const struct sidechan_origin *origin,
                     const void *data, size_t size);
 
-/* A DEALER connected to "HOST:PORT" for requests and their replies, at most
- * SIDECHAN_MAX_REPLY bytes each; at most `send_hwm` messages queue for a stalled peer. */
-kvx_status_t sidechan_client_create(void *zmq, const char *address, int send_hwm,
-                                    struct sidechan_client **client_p);
+/* A DEALER connected to "HOST:PORT" (as a CURVE client with `keys` unless they are insecure)
+ * for requests and their replies, at most SIDECHAN_MAX_REPLY bytes each; at most `send_hwm`
+ * messages queue for a stalled peer. */
+kvx_status_t sidechan_client_create(void *zmq, const char *address, const struct auth_keys *keys,
+                                    int send_hwm, struct sidechan_client **client_p);
 void sidechan_client_destroy(struct sidechan_client *client);
 int sidechan_client_fd(struct sidechan_client *client);
 void *sidechan_client_socket(struct sidechan_client *client); /* for zmq_poll */
@@ -79,8 +91,10 @@ bool sidechan_client_recv(struct sidechan_client *client, uint64_t *id_p, char *
                           size_t *size_p);
 
 /* One request on a socket of its own and its reply of at most `max_reply` bytes, waiting at
- * most `timeout_ms` on the socket (the handshake's metadata, before any socket is kept). */
-kvx_status_t sidechan_fetch(void *zmq, const char *address, const char *verb, int64_t max_reply,
-                            uint32_t timeout_ms, void **reply_p, size_t *size_p);
+ * most `timeout_ms` on the socket (the handshake's metadata, before any socket is kept). A
+ * peer that refuses our handshake fails it at once with KVX_ERR_PEER_REFUSED. */
+kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_keys *keys,
+                            const char *verb, int64_t max_reply, uint32_t timeout_ms,
+                            void **reply_p, size_t *size_p);
 
 #endif

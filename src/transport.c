@@ -81,7 +81,7 @@ static kvx_status_t worker_create(ucp_context_h context, ucp_worker_h *worker_p)
     return st == UCS_OK ? KVX_OK : ucs_error("creating a worker", st);
 }
 
-kvx_status_t transport_create(const char *tls, struct transport **transport_p)
+kvx_status_t transport_create(const char *tls, bool one_rail, struct transport **transport_p)
 {
     ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
                            .features   = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
@@ -99,6 +99,8 @@ kvx_status_t transport_create(const char *tls, struct transport **transport_p)
     }
     /* The transport list is explicit: never whatever UCX would pick on its own. */
     st = ucp_config_modify(config, "TLS", tls != NULL ? tls : TRANSPORT_DEFAULT_TLS);
+    if (st == UCS_OK && one_rail)
+        st = ucp_config_modify(config, "MAX_RNDV_RAILS", "1");
     if (st == UCS_OK)
         st = ucp_init(&params, config, &t->context);
     ucp_config_release(config);

@@ -16,9 +16,10 @@ struct transport_op;   /* completion counting of one batch of operations on one 
 #define TRANSPORT_DEFAULT_TLS "sm,cma,tcp"
 
 /* Creates a context with RMA and active messages and its main worker. `tls` is a UCX_TLS list
- * (NULL: TRANSPORT_DEFAULT_TLS); UCX reads the rest of its environment as usual
- * (UCX_NET_DEVICES, ...). Destroy every connection first. */
-kvx_status_t transport_create(const char *tls, struct transport **transport_p);
+ * (NULL: TRANSPORT_DEFAULT_TLS); `one_rail` keeps every operation of a connection on one lane
+ * per kind (push writers: what proved the peer also carries its data). UCX reads the rest of
+ * its environment as usual (UCX_NET_DEVICES, ...). Destroy every connection first. */
+kvx_status_t transport_create(const char *tls, bool one_rail, struct transport **transport_p);
 void transport_destroy(struct transport *t);
 
 /* Maps `size` bytes once, whole: the caller's memory at `address`, or memory UCX allocates

@@ -158,6 +158,11 @@ static kvx_status_t registrations_copy(const Kvx__AgentMetadata *body, kvx_metad
             return error_set(KVX_ERR_INVALID,
                              "metadata: registrations[%zu].size: %" PRIu64 " is not in 1..2^63-1",
                              s, w->size);
+        if (w->address > UINT64_MAX - w->size)
+            return error_set(KVX_ERR_INVALID,
+                             "metadata: registrations[%zu]: %" PRIu64 " bytes at 0x%" PRIx64
+                             " wrap around the address space",
+                             s, w->size, w->address);
         if (w->mem != KVX__MEM_TYPE__DRAM && w->mem != KVX__MEM_TYPE__VRAM)
             return error_set(KVX_ERR_INVALID,
                              "metadata: registrations[%zu].mem: %d is not a"

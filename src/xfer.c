@@ -1,14 +1,14 @@
 /* xfer.c: transfers of the decode side. A pull posts every get at once; when its operations
  * complete (counted in UCX progress) the loop moves it on: `done` notifications after the
  * data, then completion. A push asks each prefill rank that holds part of the request to
- * write it, and completes on their answers. Deadlines are timers; finishing only queues the
- * completion, whose run (the loop's last phase) calls the user's callback. */
+ * write it through the writer registered with it, and completes on their answers. Deadlines are
+ * timers; finishing only queues the completion, whose run (the loop's last phase) calls the user's
+ * callback. */
 #include "xfer.h"
 
 #include "clock.h"
 #include "conn.h"
 #include "error.h"
-#include "notify.h"
 #include "peer.h"
 #include "push_request.h"
 #include "stats.h"
@@ -26,7 +26,7 @@
 struct xfer_leg {
     struct kvx_xfer *xfer;
     kvx_peer_t *peer;
-    struct transport_op *op; /* pull: its gets, then its notification */
+    struct transport_op *op; /* pull: its gets */
     uint64_t reply_id;       /* push: the request awaiting its answer; 0: none */
 };
 
@@ -38,8 +38,9 @@ struct kvx_xfer {
     size_t num_legs;
     size_t num_reads;
     size_t legs_capacity;
-    bool notifying;  /* pull: the gets completed, the notifications are posted */
-    size_t ops_left; /* operations (pull) or answers (push) the current step waits for */
+    size_t ops_left;   /* operations (pull) or answers (push) the transfer waits for */
+    kvx_token_t token; /* the prefill side's hold token, sent with the dones */
+    bool has_token;
     struct loop_timer deadline;
     struct loop_event completion;
     kvx_group_ids_t *groups; /* the local ids, reported when the transfer fails */
@@ -458,6 +459,9 @@ static kvx_status_t xfer_prepare(kvx_xfer_t *x, kvx_peer_t *const *peers, size_t
         status = xfer_legs_find(x, peers, num_peers, (*first_p)->plan);
     if (status == KVX_OK)
         status = xfer_groups_copy(x, request);
+    x->has_token = request->token != NULL;
+    if (x->has_token)
+        x->token = *request->token;
     kvx_pairs_stats(x->set->pairs, &stats);
     x->stats = (kvx_read_stats_t){stats.descriptors, stats.coalesced, stats.bytes, 0};
     return status;
@@ -555,11 +559,11 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
     return KVX_OK;
 }
 
-/* Every get completed: post the `done` notification to every rank read from or only
- * notified, now that the data is here. */
-static void pull_notify(kvx_xfer_t *x)
+/* Every get completed: the data is here, so each rank read from or only notified gets its
+ * `done` (on the side channel, which carries it only to that peer), and the transfer is
+ * complete. */
+static void pull_complete(kvx_xfer_t *x)
 {
-    struct notify note  = notify_done(x->request_id, x->set->core->tp_rank);
     kvx_status_t status = KVX_OK;
 
     for (size_t r = 0; r < x->num_reads && status == KVX_OK; r++) {
@@ -570,33 +574,9 @@ static void pull_notify(kvx_xfer_t *x)
         xfer_fail(x, KVX_ERR_PEER_DOWN, "read %" PRIu64 ": %s", x->request_id, kvx_errmsg());
         return;
     }
-    x->notifying = true;
-    x->ops_left  = x->num_legs + 1;
-    for (size_t i = 0; i < x->num_legs && status == KVX_OK; i++) {
-        struct xfer_leg *leg = &x->legs[i];
-
-        transport_op_release(leg->op);
-        leg->op = NULL;
-        status =
-            transport_op_create(peer_conn(leg->peer)->transport, xfer_op_finished, x, &leg->op);
-        if (status == KVX_OK)
-            status = transport_am_post(leg->op, CORE_AM_NOTIFY, &note, sizeof(note));
-        if (status == KVX_OK)
-            transport_op_arm(leg->op);
-    }
-    if (status != KVX_OK) {
-        x->set->core->stats.notifications_failed++;
-        xfer_fail(x, KVX_ERR_PEER_DOWN, "read %" PRIu64 ": notifying: %s", x->request_id,
-                  kvx_errmsg());
-        return;
-    }
-    xfer_op_finished(x, NULL);
-}
-
-static void pull_complete(kvx_xfer_t *x)
-{
     for (size_t i = 0; i < x->num_legs; i++) {
-        if (transport_op_status(x->legs[i].op, "notify") != KVX_OK) {
+        if (peer_send_done(x->legs[i].peer, x->request_id, x->has_token ? &x->token : NULL) !=
+            KVX_OK) {
             x->set->core->stats.notifications_failed++;
             xfer_fail(x, KVX_ERR_PEER_DOWN, "read %" PRIu64 ": notifying peer %s: %s",
                       x->request_id, peer_address(x->legs[i].peer), kvx_errmsg());
@@ -616,10 +596,7 @@ size_t xfers_advance(struct xfer_set *set)
         set->ready = x->ready_next;
         x->ready   = false;
         moved++;
-        if (!x->notifying)
-            pull_notify(x);
-        else
-            pull_complete(x);
+        pull_complete(x);
     }
     return moved;
 }
@@ -632,8 +609,14 @@ static void push_reply(void *arg, const char *reply, size_t size)
 
     leg->reply_id = 0;
     if (size != strlen(REPLY_PUSHED) || memcmp(reply, REPLY_PUSHED, size) != 0) {
+        const char *why = strncmp(reply, REPLY_ERROR, strlen(REPLY_ERROR)) == 0
+                              ? reply + strlen(REPLY_ERROR)
+                              : reply;
+
+        if (strstr(why, "register again") != NULL)
+            peer_push_forget(leg->peer); /* evicted there: the next push registers afresh */
         xfer_fail(x, KVX_ERR_PEER_REFUSED, "write %" PRIu64 " by remote rank %" PRIu32 ": %.400s",
-                  x->request_id, peer_rank(leg->peer), reply);
+                  x->request_id, peer_rank(leg->peer), why);
         return;
     }
     if (--x->ops_left == 0)
@@ -656,15 +639,23 @@ kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t m
         return error_no_memory("a transfer");
     /* Our own plan says which prefill ranks hold our blocks, and checks the request first. */
     status = xfer_prepare(x, peers, num_peers, request, &first);
-    if (status == KVX_OK)
-        status = push_request_encode(request_id, metadata, metadata_size, request, &body, &size);
-    if (status == KVX_OK)
-        status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
-    x->start = clock_seconds();
-    for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++)
-        status = peer_request_send(x->legs[r].peer, VERB_PUSH, body, size, push_reply, &x->legs[r],
-                                   &x->legs[r].reply_id);
-    free(body);
+    /* Each rank writes through the writer we registered with it (the first push registers). */
+    for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++) {
+        const uint8_t *handle;
+
+        status = peer_push_handle(x->legs[r].peer, metadata, metadata_size, &handle);
+        if (status == KVX_OK)
+            status = push_request_encode(request_id, handle, request, &body, &size);
+        if (status == KVX_OK && r == 0)
+            status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
+        if (r == 0)
+            x->start = clock_seconds();
+        if (status == KVX_OK)
+            status = peer_request_send(x->legs[r].peer, VERB_PUSH, body, size, push_reply,
+                                       &x->legs[r], &x->legs[r].reply_id);
+        free(body);
+        body = NULL;
+    }
     if (status != KVX_OK) {
         /* Ranks asked already may write anyway: they answer to nothing now. */
         for (size_t r = 0; r < x->num_reads; r++) {

@@ -62,7 +62,7 @@ static bool bytes_match(const kvx_agent_t *agent, uint64_t offset, uint32_t rank
 static kvx_request_t request_of(kvx_group_ids_t *group, const uint64_t *ids, size_t count)
 {
     *group = (kvx_group_ids_t){ids, count};
-    return (kvx_request_t){group, 1, NULL, 0};
+    return (kvx_request_t){group, 1, NULL, 0, NULL};
 }
 
 static const kvx_agent_params_t listen_params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN,
@@ -117,6 +117,7 @@ static int run_two_consumer_prefill(int ready, int go)
     kvx_group_ids_t group  = {&block, 1};
     kvx_agent_t *agent;
     kvx_agent_stats_t stats;
+    kvx_token_t token;
     int failed;
 
     (void)go;
@@ -125,9 +126,10 @@ static int run_two_consumer_prefill(int ready, int go)
         return 10;
     pattern_fill(agent, 0);
     kvx_agent_set_release_callback(agent, on_release, &log);
-    if (kvx_hold(agent, 7, &group, 1, 2) != KVX_OK)
+    if (kvx_hold(agent, 7, &group, 1, 2, &token) != KVX_OK)
         return 11;
     report_serving(ready, agent);
+    report_token(ready, &token);
     progress_until(agent, three_dones, &stats);
     failed = stats.released != 0 || stats.done_repeated != 2;
     (void)!write(ready, failed ? "x" : "3", 1);
@@ -153,8 +155,10 @@ static void repeated_done_never_releases_another_ranks_blocks(void **state)
     kvx_group_ids_t group;
     kvx_request_t request = request_of(&group, ids, 1);
     pid_t pid             = start_prefill(run_two_consumer_prefill, -1, listen, &ready);
+    kvx_token_t token     = read_token(ready);
 
     (void)state;
+    request.token = &token;
     for (uint32_t r = 0; r < 2; r++) {
         kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TP_RANK |
                                                    KVX_AGENT_PARAM_FIELD_TP_SIZE,
@@ -424,15 +428,18 @@ static int run_lease_prefill(int ready, int go)
     struct release_log log    = {0};
     kvx_agent_t *agent;
     kvx_agent_stats_t stats;
+    kvx_token_t tokens[2];
     char command;
 
     alarm(60);
     if (agent_from_quoted(mla_layout, &params, &agent) != KVX_OK)
         return 10;
     kvx_agent_set_release_callback(agent, on_release, &log);
-    if (kvx_hold(agent, 1, NULL, 0, 1) != KVX_OK || kvx_hold(agent, 2, NULL, 0, 1) != KVX_OK)
+    if (kvx_hold(agent, 1, NULL, 0, 1, &tokens[0]) != KVX_OK ||
+        kvx_hold(agent, 2, NULL, 0, 1, &tokens[1]) != KVX_OK)
         return 11;
     report_serving(ready, agent);
+    report_token(ready, &tokens[0]);
     for (;;) {
         struct pollfd item = {.fd = go, .events = POLLIN};
         uint32_t amount;
@@ -489,16 +496,18 @@ static void heartbeats_extend_leases_and_silence_expires_them(void **state)
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     kvx_agent_stats_t s;
+    kvx_token_t token;
 
     (void)state;
     assert_int_equal(pipe(go), 0);
-    pid = start_prefill(run_lease_prefill, go[0], listen, &ready);
+    pid   = start_prefill(run_lease_prefill, go[0], listen, &ready);
+    token = read_token(ready);
     close(go[0]);
     assert_int_equal(agent_from_quoted(mla_layout, NULL, &agent), KVX_OK);
     assert_int_equal(kvx_agent_connect(agent, listen, &peer), KVX_OK);
     s = lease_command(go[1], ready, 'a', 400000); /* t = 400 s: both still held */
     assert_int_equal(s.held, 2);
-    assert_int_equal(kvx_heartbeat(agent, &peer, 1, wanted, 1), KVX_OK);
+    assert_int_equal(kvx_heartbeat(agent, &peer, 1, wanted, &token, 1), KVX_OK);
     s = lease_command(go[1], ready, 'h', 2); /* connect's, then this: 1's lease is now
                                                 max(600 s, 400 s + 400 s) */
     assert_int_equal(s.held, 2);

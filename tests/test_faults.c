@@ -3,12 +3,14 @@
  * prefill process stopped past the deadline and past the heartbeats, stray and malformed
  * notifications, and a soak of many requests with aborts after which nothing is held and the
  * counts add up. Every read is checked byte for byte against the prefill side's pattern. */
+#include "auth.h"
 #include "clock.h"
 #include "conn.h"
+#include "core.h"
 #include "notify.h"
 #include "peer.h"
-#include "clock.h"
 #include "prefill.h"
+#include "sidechan.h"
 #include "xfer_log.h"
 #include "prng.h"
 
@@ -117,11 +119,27 @@ static void blocks_clear(const kvx_agent_t *agent, const uint64_t *ids, size_t c
 
 /* Reads `count` blocks (the same ids on both sides) as request `request_id` and checks every
  * byte. */
+/* The tokens of the requests the current prefill process holds (struct prefill_config
+ * .hold), as it reported them: a read of one of those presents its token with the done. */
+static struct held_token {
+    uint64_t request_id;
+    kvx_token_t token;
+} held_tokens[2];
+
+static const kvx_token_t *token_of(uint64_t request_id)
+{
+    for (size_t i = 0; i < 2; i++) {
+        if (held_tokens[i].request_id == request_id && request_id != 0)
+            return &held_tokens[i].token;
+    }
+    return NULL;
+}
+
 static void read_verified(kvx_agent_t *agent, kvx_peer_t *peer, uint64_t request_id,
                           const uint64_t *ids, size_t count)
 {
     kvx_group_ids_t group = {ids, count};
-    kvx_request_t request = {&group, 1, NULL, 0};
+    kvx_request_t request = {&group, 1, NULL, 0, token_of(request_id)};
     kvx_status_t status;
 
     blocks_clear(agent, ids, count);
@@ -266,13 +284,18 @@ static int run_prefill(int ready, int go)
     if (storage == NULL ||
         agent_on_blocks(config.page, config.blocks, storage, params, &agent) != KVX_OK)
         return 10;
+    kvx_token_t tokens[2] = {{{0}}};
+
     for (size_t i = 0; i < 2; i++) {
         kvx_group_ids_t group = {&config.hold[i], 1};
 
-        if (config.hold[i] != 0 && kvx_hold(agent, config.hold[i], &group, 1, 1) != KVX_OK)
+        if (config.hold[i] != 0 &&
+            kvx_hold(agent, config.hold[i], &group, 1, 1, &tokens[i]) != KVX_OK)
             return 11;
     }
     report_serving(ready, agent);
+    report_token(ready, &tokens[0]);
+    report_token(ready, &tokens[1]);
     for (;;) {
         kvx_agent_progress(agent, 10);
         if (read(go, &c, 1) == 1) {
@@ -292,6 +315,8 @@ struct prefill {
     char address[ADDRESS_SIZE];
 };
 
+static void prefill_serving(struct prefill *p);
+
 /* Forks a prefill process serving `config`; unless it is a spare, waits until it serves. */
 static void prefill_start(struct prefill *p)
 {
@@ -304,14 +329,22 @@ static void prefill_start(struct prefill *p)
     close(go[0]);
     p->go = go[1];
     if (!config.spare)
-        prefill_wait_serving(p->ready, p->address);
+        prefill_serving(p);
+}
+
+/* Waits until the prefill process serves, and learns its holds' tokens. */
+static void prefill_serving(struct prefill *p)
+{
+    prefill_wait_serving(p->ready, p->address);
+    for (size_t i = 0; i < 2; i++)
+        held_tokens[i] = (struct held_token){config.hold[i], read_token(p->ready)};
 }
 
 /* A spare prefill process, forked earlier, creates its agent now and serves. */
 static void prefill_start_spare(struct prefill *p)
 {
     assert_int_equal(write(p->go, "g", 1), 1);
-    prefill_wait_serving(p->ready, p->address);
+    prefill_serving(p);
 }
 
 static void prefill_kill(struct prefill *p)
@@ -438,7 +471,7 @@ static void prefill_killed_mid_pull_fails_the_read_then_a_new_prefill_serves(voi
     size_t count              = BIG_BLOCKS / 2;
     uint64_t *ids             = calloc(count, sizeof(*ids));
     kvx_group_ids_t group     = {ids, count};
-    kvx_request_t request     = {&group, 1, NULL, 0};
+    kvx_request_t request     = {&group, 1, NULL, 0, NULL};
     struct callback_log log   = {0};
     size_t loaded             = 0;
     struct prefill p;
@@ -526,16 +559,18 @@ static int run_wanting_decode(int in, int out)
     kvx_agent_params_t params = {.field_mask   = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
                                  .heartbeat_ms = 100};
     char address[ADDRESS_SIZE];
+    kvx_token_t token;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
 
     alarm(30);
-    if (read(in, address, sizeof(address)) != sizeof(address))
+    if (read(in, address, sizeof(address)) != sizeof(address) ||
+        read(in, &token, sizeof(token)) != sizeof(token))
         return 10;
     address[ADDRESS_SIZE - 1] = '\0';
     if (agent_on_blocks(PAGE, SMALL_BLOCKS, NULL, params, &agent) != KVX_OK ||
         kvx_agent_connect(agent, address, &peer) != KVX_OK ||
-        kvx_want(agent, &peer, 1, 5) != KVX_OK)
+        kvx_want(agent, &peer, 1, 5, &token) != KVX_OK)
         return 11;
     (void)!write(out, "w", 1);
     for (;;)
@@ -590,6 +625,7 @@ static void killed_decode_leaves_its_hold_to_expire(void **state)
     kvx_agent_stats_t stats;
     pid_t pid;
     char c;
+    kvx_token_t token;
 
     (void)state;
     assert_int_equal(pipe(to_decode), 0);
@@ -608,13 +644,15 @@ static void killed_decode_leaves_its_hold_to_expire(void **state)
     agent = agent_create_tracked(PAGE, SMALL_BLOCKS, params);
     kvx_agent_set_release_callback(agent, on_release, &log);
     snprintf(address, sizeof(address), "%s", kvx_agent_listen_address(agent));
+    /* Held before it is wanted, with its token carried to the decode process as an engine's
+     * transfer parameters would; only the test's clock moves the lease. */
+    assert_int_equal(kvx_hold(agent, 5, &group, 1, 1, &token), KVX_OK);
     assert_int_equal(write(to_decode[1], address, sizeof(address)), sizeof(address));
+    assert_int_equal(write(to_decode[1], &token, sizeof(token)), sizeof(token));
     wanted = (struct pollfd){.fd = from_decode[0], .events = POLLIN};
     while (poll(&wanted, 1, 0) == 0) /* serve its connect meanwhile */
         kvx_agent_progress(agent, 5);
     assert_int_equal(read(from_decode[0], &c, 1), 1);
-    /* Held once it is wanted: the first heartbeat carrying it comes within 100 ms. */
-    assert_int_equal(kvx_hold(agent, 5, &group, 1, 1), KVX_OK);
 
     /* Three half-leases pass on this process's clock, each after a heartbeat that carried
      * request 5: each extends it to now + 2/3 lease, so it outlives its first lease. */
@@ -663,7 +701,7 @@ static void stopped_prefill_fails_the_read_at_its_deadline(void **state)
     uint64_t first[]          = {1, 5, 9};
     uint64_t ids[64];
     kvx_group_ids_t group   = {ids, 64};
-    kvx_request_t request   = {&group, 1, NULL, 0};
+    kvx_request_t request   = {&group, 1, NULL, 0, NULL};
     struct callback_log log = {0};
     struct prefill p;
     kvx_agent_t *agent;
@@ -835,7 +873,7 @@ static void idle_peer_is_dropped_after_its_ttl(void **state)
     (void)state;
     peer = prefill_connect((struct prefill_config){0}, &p, params, &agent);
     read_verified(agent, peer, 1, ids, 2);
-    assert_int_equal(kvx_want(agent, &peer, 1, 77), KVX_OK);
+    assert_int_equal(kvx_want(agent, &peer, 1, 77, NULL), KVX_OK);
     for (int i = 0; i < 10; i++) { /* twice the TTL, but request 77 is wanted */
         clock_advance_ms(60000);
         progress_for(agent, 20);
@@ -852,7 +890,7 @@ static void idle_peer_is_dropped_after_its_ttl(void **state)
     assert_int_equal(stats.peers_idle, 1);
     assert_int_equal(stats.peers_dead, 0);
     assert_int_equal(kvx_read(agent, &peer, 1, 2,
-                              &(kvx_request_t){&(kvx_group_ids_t){ids, 2}, 1, NULL, 0}, NULL),
+                              &(kvx_request_t){&(kvx_group_ids_t){ids, 2}, 1, NULL, 0, NULL}, NULL),
                      KVX_ERR_PEER_DOWN); /* down until reconnected */
     assert_int_equal(kvx_peer_reconnect(peer), KVX_OK);
     read_verified(agent, peer, 3, ids, 2);
@@ -861,27 +899,42 @@ static void idle_peer_is_dropped_after_its_ttl(void **state)
     prefill_kill(&p);
 }
 
-/* Sends `size` bytes of `note` on the peer's endpoint as a notification, the way a decode
- * agent's done travels, without a read. */
+/* The tests' side-channel keys, as every test agent derives them. */
+static struct auth_keys test_keys(void)
+{
+    struct auth_keys keys;
+
+    assert_int_equal(auth_keys_derive(test_auth_key, &keys), KVX_OK);
+    return keys;
+}
+
+/* Sends `size` bytes of `note` to the peer's side channel as a done, the way a decode agent's
+ * done travels, without a read; a heartbeat's answer after it on the same connection says it
+ * was served (one connection is served in order). */
 static void notify_send(kvx_agent_t *agent, kvx_peer_t *peer, const void *note, size_t size)
 {
-    struct transport_conn *conn = peer_conn(peer)->transport;
-    struct transport_op *op;
-    uint64_t start = clock_ms();
+    struct auth_keys keys = test_keys();
+    void *zmq             = zmq_ctx_new();
+    struct sidechan_client *client;
+    uint64_t id;
+    char *reply = NULL;
+    size_t reply_size;
 
     (void)agent;
-    assert_int_equal(transport_op_create(conn, NULL, NULL, &op), KVX_OK);
-    assert_int_equal(transport_am_post(op, CORE_AM_NOTIFY, note, size), KVX_OK);
-    while (transport_op_pending(op) > 0 && clock_ms() - start < 2000)
-        transport_conn_progress(conn);
-    assert_int_equal(transport_op_pending(op), 0);
-    assert_int_equal(transport_op_status(op, "notify"), KVX_OK);
-    transport_op_release(op);
+    assert_int_equal(sidechan_client_create(zmq, peer_address(peer), &keys, 8, &client), KVX_OK);
+    assert_int_equal(sidechan_client_send(client, VERB_DONE, 0, note, size), KVX_OK);
+    assert_int_equal(sidechan_client_send(client, VERB_HEARTBEAT, 1, NULL, 0), KVX_OK);
+    assert_true(sidechan_client_wait(client, 5000));
+    assert_true(sidechan_client_recv(client, &id, &reply, &reply_size));
+    assert_int_equal(id, 1);
+    free(reply);
+    sidechan_client_destroy(client);
+    zmq_ctx_term(zmq);
 }
 
 static void done_send(kvx_agent_t *agent, kvx_peer_t *peer, uint64_t request_id)
 {
-    struct notify note = {NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE, request_id, 0, 0};
+    struct notify note = notify_done(request_id, 0, token_of(request_id));
 
     notify_send(agent, peer, &note, sizeof(note));
 }
@@ -973,9 +1026,12 @@ static void malformed_notifications_are_dropped_and_serving_goes_on(void **state
 
     for (size_t i = 0; i < num_cases; i++) {
         const struct bad_notify_case *c       = &bad_notify_cases[i];
-        struct notify note                    = {c->magic, c->version, c->kind, 7, 0, 0};
+        struct notify note                    = notify_done(7, 0, token_of(7));
         unsigned char bytes[sizeof(note) + 8] = {0};
 
+        note.magic   = c->magic;
+        note.version = c->version;
+        note.kind    = c->kind;
         memcpy(bytes, &note, sizeof(note));
         notify_send(agent, peer, bytes, c->size);
         stats = prefill_stats_reach(&p, i + 1, 0, 0);
@@ -1053,6 +1109,8 @@ static void malformed_heartbeats_are_dropped_and_serving_goes_on(void **state)
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     kvx_agent_stats_t stats;
+    struct auth_keys keys        = test_keys();
+    struct heartbeat_entry entry = {0};
     void *context;
     void *dealer;
 
@@ -1063,11 +1121,13 @@ static void malformed_heartbeats_are_dropped_and_serving_goes_on(void **state)
     dealer  = zmq_socket(context, ZMQ_DEALER);
     snprintf(endpoint, sizeof(endpoint), "tcp://%s", p.address);
     assert_int_equal(zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof(linger)), 0);
+    assert_int_equal(auth_client_socket(dealer, &keys), KVX_OK);
     assert_int_equal(zmq_connect(dealer, endpoint), 0);
 
     /* A well-formed heartbeat first: the socket works, so silence below means none. */
-    frames_send(dealer, (const char *[]){"", HB, ID, (const char *)&block},
-                (const size_t[]){0, HB_SIZE, 8, 8}, 4);
+    entry.request_id = block;
+    frames_send(dealer, (const char *[]){"", HB, ID, (const char *)&entry},
+                (const size_t[]){0, HB_SIZE, 8, sizeof(entry)}, 4);
     answer_receive(dealer, 5000, answer, sizeof(answer));
     assert_non_null(strstr(answer, ALIVE_ANSWER));
 
@@ -1124,7 +1184,7 @@ static int run_pushing_decode(int in, int out)
         return 11;
     while (read(in, &command, 1) == 1 && command != 'q') {
         kvx_group_ids_t group = {command == 'r' ? read_ids : push_ids, 64};
-        kvx_request_t request = {&group, 1, NULL, 0};
+        kvx_request_t request = {&group, 1, NULL, 0, NULL};
         bool ok               = true;
 
         blocks_clear(agent, group.ids, 64);
@@ -1255,7 +1315,7 @@ static void push_beyond_capacity_is_refused_before_any_put(void **state)
     size_t count          = SMALL_BLOCKS + 1;
     uint64_t *ids         = calloc(count, sizeof(*ids));
     kvx_group_ids_t group = {ids, count};
-    kvx_request_t request = {&group, 1, NULL, 0};
+    kvx_request_t request = {&group, 1, NULL, 0, NULL};
     struct prefill p;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
@@ -1302,6 +1362,7 @@ struct soak_request {
     uint64_t ids[SOAK_MAX_BLOCKS];
     size_t count;
     bool abort;
+    kvx_token_t token; /* the decode side's copy of the hold's */
 };
 
 static void soak_request_next(struct prng *prng, uint64_t id, struct soak_request *r)
@@ -1328,6 +1389,8 @@ static int run_soak_prefill(int ready, int go)
                                  .lease_ms = SOAK_LEASE_MS};
     uint64_t *storage         = pattern_storage(PAGE * SMALL_BLOCKS);
     size_t held               = 0;
+    kvx_token_t tokens[SOAK_BATCH];
+    size_t count = 0;
     struct soak_request r;
     kvx_agent_stats_t stats;
     kvx_agent_t *agent;
@@ -1345,15 +1408,19 @@ static int run_soak_prefill(int ready, int go)
         kvx_agent_progress(agent, 5);
         if (read(go, &c, 1) != 1 || c != 'b')
             continue;
+        count = 0;
         for (size_t i = 0; i < SOAK_BATCH && held < soak.requests; i++, held++) {
             kvx_group_ids_t group;
 
             soak_request_next(&prng, held + 1, &r);
             group = (kvx_group_ids_t){r.ids, r.count};
-            if (kvx_hold(agent, r.id, &group, 1, 1) != KVX_OK)
+            if (kvx_hold(agent, r.id, &group, 1, 1, &tokens[i]) != KVX_OK)
                 return 11;
+            count = i + 1;
         }
         (void)!write(ready, "h", 1);
+        for (size_t i = 0; i < count; i++)
+            report_token(ready, &tokens[i]);
     }
     do {
         kvx_agent_progress(agent, 5);
@@ -1410,12 +1477,13 @@ static void soak_releases_or_expires_every_hold(void **state)
         assert_int_equal(read(ready, &c, 1), 1); /* held */
         for (size_t i = 0; i < n; i++) {
             soak_request_next(&prng, done + i + 1, &batch[i]);
-            assert_int_equal(kvx_want(agent, &peer, 1, batch[i].id), KVX_OK);
+            batch[i].token = read_token(ready);
+            assert_int_equal(kvx_want(agent, &peer, 1, batch[i].id, &batch[i].token), KVX_OK);
         }
         for (size_t i = 0; i < n; i++) {
             struct soak_request *r = &batch[i];
             kvx_group_ids_t group  = {r->ids, r->count};
-            kvx_request_t request  = {&group, 1, NULL, 0};
+            kvx_request_t request  = {&group, 1, NULL, 0, &r->token};
 
             if (r->abort) {
                 kvx_unwant(agent, &peer, 1, r->id);

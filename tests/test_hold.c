@@ -25,6 +25,9 @@ struct release_log {
 
 /* The table's release hook: records the release and frees it, as the agent does after the
  * user's callback. */
+/* The capability every hold of these tests is taken with. */
+static const kvx_token_t token = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
+
 static void on_release(void *arg, struct hold_release *r)
 {
     struct release_log *log = arg;
@@ -61,7 +64,7 @@ static void holds_release_after_every_consumer_rank_once(void **state)
             uint32_t n        = (uint32_t)prng_range(&prng, 1, MODEL_RANKS);
             uint64_t block    = id * 10;
             kvx_group_ids_t g = {&block, 1};
-            kvx_status_t st   = hold_table_add(&table, id, &g, 1, n, 0);
+            kvx_status_t st   = hold_table_add(&table, id, &token, &g, 1, n, 0);
 
             if ((st == KVX_OK) != (consumers[id] == 0))
                 fail_msg("seed %llu step %d: hold %llu gave %d", (unsigned long long)seed, step,
@@ -73,7 +76,7 @@ static void holds_release_after_every_consumer_rank_once(void **state)
             }
         } else {
             uint32_t rank       = (uint32_t)prng_range(&prng, 0, MODEL_RANKS - 1);
-            enum hold_done done = hold_table_done(&table, id, rank);
+            enum hold_done done = hold_table_done(&table, id, rank, &token);
             enum hold_done want;
 
             if (consumers[id] == 0) {
@@ -113,20 +116,20 @@ static void repeated_done_never_releases_another_ranks_blocks(void **state)
     struct hold_table table = {.release = on_release, .arg = &log};
 
     (void)state;
-    assert_int_equal(hold_table_add(&table, 7, NULL, 0, 2, 0), KVX_OK);
-    assert_int_equal(hold_table_done(&table, 7, 0), HOLD_DONE_COUNTED);
+    assert_int_equal(hold_table_add(&table, 7, &token, NULL, 0, 2, 0), KVX_OK);
+    assert_int_equal(hold_table_done(&table, 7, 0, &token), HOLD_DONE_COUNTED);
     for (int i = 0; i < 5; i++)
-        assert_int_equal(hold_table_done(&table, 7, 0), HOLD_DONE_REPEATED);
+        assert_int_equal(hold_table_done(&table, 7, 0, &token), HOLD_DONE_REPEATED);
     assert_int_equal(log.count, 0);
     assert_int_equal(table.count, 1);
-    assert_int_equal(hold_table_done(&table, 7, 1), HOLD_DONE_RELEASED);
+    assert_int_equal(hold_table_done(&table, 7, 1, &token), HOLD_DONE_RELEASED);
     assert_int_equal(log.count, 1);
-    assert_int_equal(hold_table_done(&table, 7, 1), HOLD_DONE_UNKNOWN);
+    assert_int_equal(hold_table_done(&table, 7, 1, &token), HOLD_DONE_UNKNOWN);
     /* ranks far apart share no word of the bitmap */
-    assert_int_equal(hold_table_add(&table, 8, NULL, 0, 2, 0), KVX_OK);
-    assert_int_equal(hold_table_done(&table, 8, KVX_MAX_TP - 1), HOLD_DONE_COUNTED);
-    assert_int_equal(hold_table_done(&table, 8, KVX_MAX_TP - 1), HOLD_DONE_REPEATED);
-    assert_int_equal(hold_table_done(&table, 8, 3), HOLD_DONE_RELEASED);
+    assert_int_equal(hold_table_add(&table, 8, &token, NULL, 0, 2, 0), KVX_OK);
+    assert_int_equal(hold_table_done(&table, 8, KVX_MAX_TP - 1, &token), HOLD_DONE_COUNTED);
+    assert_int_equal(hold_table_done(&table, 8, KVX_MAX_TP - 1, &token), HOLD_DONE_REPEATED);
+    assert_int_equal(hold_table_done(&table, 8, 3, &token), HOLD_DONE_RELEASED);
     assert_int_equal(table.repeated, 6);
     hold_table_free(&table);
 }
@@ -137,13 +140,14 @@ static void hold_refuses_bad_requests(void **state)
     struct hold_table table = {.release = on_release, .arg = &log};
 
     (void)state;
-    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 0, 0), KVX_ERR_INVALID);
+    assert_int_equal(hold_table_add(&table, 1, &token, NULL, 0, 0, 0), KVX_ERR_INVALID);
     assert_non_null(strstr(kvx_errmsg(), "0 consumers"));
-    assert_int_equal(hold_table_add(&table, 1, NULL, 0, KVX_MAX_TP + 1, 0), KVX_ERR_INVALID);
-    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1, 0), KVX_OK);
-    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1, 0), KVX_ERR_INVALID);
+    assert_int_equal(hold_table_add(&table, 1, &token, NULL, 0, KVX_MAX_TP + 1, 0),
+                     KVX_ERR_INVALID);
+    assert_int_equal(hold_table_add(&table, 1, &token, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 1, &token, NULL, 0, 1, 0), KVX_ERR_INVALID);
     assert_non_null(strstr(kvx_errmsg(), "already held"));
-    assert_int_equal(hold_table_add(&table, 2, NULL, 3, 1, 0), KVX_ERR_INVALID);
+    assert_int_equal(hold_table_add(&table, 2, &token, NULL, 3, 1, 0), KVX_ERR_INVALID);
     hold_table_free(&table);
 }
 
@@ -156,15 +160,15 @@ static void leases_expire_unless_extended(void **state)
     struct hold_table table = {.lease_ms = 900, .release = on_release, .arg = &log};
 
     (void)state;
-    assert_int_equal(hold_table_add(&table, 1, NULL, 0, 1, 0), KVX_OK);
-    assert_int_equal(hold_table_add(&table, 2, NULL, 0, 1, 0), KVX_OK);
-    assert_int_equal(hold_table_add(&table, 3, NULL, 0, 2, 100), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 1, &token, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 2, &token, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 3, &token, NULL, 0, 2, 100), KVX_OK);
     assert_int_equal(hold_table_next_expiry(&table), 900);
-    hold_table_extend(&table, 1, 100);  /* 100 + 600 < 900: unchanged */
-    hold_table_extend(&table, 1, 500);  /* 500 + 600 = 1100 */
-    hold_table_extend(&table, 99, 500); /* not held: ignored */
-    hold_table_done(&table, 3, 0);
-    hold_table_done(&table, 3, 1); /* released by its consumers, not by its lease */
+    hold_table_extend(&table, 1, &token, 100);  /* 100 + 600 < 900: unchanged */
+    hold_table_extend(&table, 1, &token, 500);  /* 500 + 600 = 1100 */
+    hold_table_extend(&table, 99, &token, 500); /* not held: ignored */
+    hold_table_done(&table, 3, 0, &token);
+    hold_table_done(&table, 3, 1, &token); /* released by its consumers, not by its lease */
     assert_false(log.expired[log.count - 1]);
     assert_int_equal(hold_table_expire(&table, 899), 0);
     assert_int_equal(hold_table_expire(&table, 900), 1); /* request 2 */
@@ -180,9 +184,9 @@ static void leases_expire_unless_extended(void **state)
     assert_int_equal(hold_table_next_expiry(&table), UINT64_MAX);
 
     /* Many heartbeats keep the heap bounded by the live holds. */
-    assert_int_equal(hold_table_add(&table, 7, NULL, 0, 1, 6000), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 7, &token, NULL, 0, 1, 6000), KVX_OK);
     for (uint64_t t = 6000; t < 106000; t += 10)
-        hold_table_extend(&table, 7, t);
+        hold_table_extend(&table, 7, &token, t);
     assert_true(table.heap_count <= 2 * table.count + 64);
     assert_int_equal(hold_table_expire(&table, 106000), 0);
     assert_int_equal(hold_table_expire(&table, 106590), 1);
@@ -198,10 +202,34 @@ static void held_ids_are_copied(void **state)
     kvx_group_ids_t g       = {&block, 1};
 
     (void)state;
-    assert_int_equal(hold_table_add(&table, 1, &g, 1, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_add(&table, 1, &token, &g, 1, 1, 0), KVX_OK);
     block = 99;
-    hold_table_done(&table, 1, 0);
+    hold_table_done(&table, 1, 0, &token);
     assert_int_equal(log.blocks, 5);
+    hold_table_free(&table);
+}
+
+/* Issue 11: a done or heartbeat without the hold's token (a forged one, another request's,
+ * or none) changes nothing and is counted; the real one still releases. */
+static void a_wrong_token_changes_no_hold(void **state)
+{
+    struct release_log log  = {0};
+    struct hold_table table = {.release = on_release, .arg = &log, .lease_ms = 900};
+    kvx_token_t forged      = token;
+    const kvx_token_t none  = {{0}};
+
+    (void)state;
+    forged.bytes[15] ^= 1; /* one bit off */
+    assert_int_equal(hold_table_add(&table, 7, &token, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_done(&table, 7, 0, &forged), HOLD_DONE_FORGED);
+    assert_int_equal(hold_table_done(&table, 7, 0, &none), HOLD_DONE_FORGED);
+    hold_table_extend(&table, 7, &forged, 800); /* would have moved the lease to 1400 */
+    assert_int_equal(table.forged, 3);
+    assert_int_equal(log.count, 0);
+    assert_int_equal(hold_table_expire(&table, 900), 1); /* its first lease stood */
+    assert_int_equal(hold_table_add(&table, 8, &token, NULL, 0, 1, 1000), KVX_OK);
+    assert_int_equal(hold_table_done(&table, 8, 0, &token), HOLD_DONE_RELEASED);
+    assert_int_equal(table.forged, 3);
     hold_table_free(&table);
 }
 
@@ -213,6 +241,7 @@ int main(void)
         cmocka_unit_test(hold_refuses_bad_requests),
         cmocka_unit_test(leases_expire_unless_extended),
         cmocka_unit_test(held_ids_are_copied),
+        cmocka_unit_test(a_wrong_token_changes_no_hold),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 /* test_notify.c: the bytes of the messages between agents (notify.c): a done parses only at
- * its exact size, magic, version, kind, a rank below KVX_MAX_TP and a zero reserved word; heartbeat
- * id lists are whole ids within the limit; an answer names a non-zero instance in 16 lowercase hex
- * digits and a printable engine id, and formats back to the same bytes. */
+ * its exact size, magic, version, kind, a rank below KVX_MAX_TP and a zero reserved word, and
+ * carries its token; heartbeat lists are whole (id, token) entries within the limit; an answer
+ * names a non-zero instance in 16 lowercase hex digits and a printable engine id, and formats back
+ * to the same bytes. */
 #include "notify.h"
 
 #include <setjmp.h>
@@ -14,19 +15,25 @@
 
 static void done_parses_only_its_exact_form(void **state)
 {
-    struct notify note = notify_done(42, 3);
+    const kvx_token_t sent = {{9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6}};
+    struct notify note     = notify_done(42, 3, &sent);
     unsigned char bytes[sizeof(note) + 1];
     uint64_t id   = 0;
     uint32_t rank = 0;
+    kvx_token_t token;
 
     (void)state;
     memcpy(bytes, &note, sizeof(note));
-    assert_true(notify_done_parse(bytes, sizeof(note), &id, &rank));
+    assert_true(notify_done_parse(bytes, sizeof(note), &id, &rank, &token));
     assert_int_equal(id, 42);
     assert_int_equal(rank, 3);
-    assert_false(notify_done_parse(bytes, sizeof(note) - 1, &id, &rank)); /* short */
-    assert_false(notify_done_parse(bytes, sizeof(note) + 1, &id, &rank)); /* extra bytes */
-    assert_false(notify_done_parse(bytes, 0, &id, &rank));
+    assert_memory_equal(token.bytes, sent.bytes, KVX_TOKEN_LEN);
+    assert_false(notify_done_parse(bytes, sizeof(note) - 1, &id, &rank, &token)); /* short */
+    assert_false(notify_done_parse(bytes, sizeof(note) + 1, &id, &rank, &token)); /* extra */
+    assert_false(notify_done_parse(bytes, 0, &id, &rank, &token));
+    note = notify_done(42, 3, NULL); /* no token: all zero, as a hold never issues */
+    assert_true(notify_done_parse(&note, sizeof(note), &id, &rank, &token));
+    assert_memory_equal(token.bytes, (kvx_token_t){{0}}.bytes, KVX_TOKEN_LEN);
     for (size_t field = 0; field < 5; field++) { /* magic, version, kind, rank, reserved */
         struct notify bad = note;
 
@@ -40,25 +47,29 @@ static void done_parses_only_its_exact_form(void **state)
             bad.tp_rank = KVX_MAX_TP;
         else
             bad.reserved = 1;
-        assert_false(notify_done_parse(&bad, sizeof(bad), &id, &rank));
+        assert_false(notify_done_parse(&bad, sizeof(bad), &id, &rank, &token));
     }
 }
 
 static void heartbeat_ids_are_whole_and_bounded(void **state)
 {
-    static uint64_t ids[HEARTBEAT_MAX_IDS + 1];
-    size_t count = 99;
+    static struct heartbeat_entry entries[HEARTBEAT_MAX_IDS + 1];
+    const size_t size = sizeof(entries[0]);
+    size_t count      = 99;
 
     (void)state;
-    ids[2] = 0x0102030405060708u;
+    entries[2].request_id     = 0x0102030405060708u;
+    entries[2].token.bytes[5] = 0xa5;
     assert_true(heartbeat_ids_parse(NULL, 0, &count));
     assert_int_equal(count, 0);
-    assert_true(heartbeat_ids_parse(ids, 3 * sizeof(uint64_t), &count));
+    assert_true(heartbeat_ids_parse(entries, 3 * size, &count));
     assert_int_equal(count, 3);
-    assert_int_equal(heartbeat_id(ids, 2), 0x0102030405060708u);
-    assert_false(heartbeat_ids_parse(ids, 7, &count)); /* not whole ids */
-    assert_true(heartbeat_ids_parse(ids, HEARTBEAT_MAX_IDS * sizeof(uint64_t), &count));
-    assert_false(heartbeat_ids_parse(ids, (HEARTBEAT_MAX_IDS + 1) * sizeof(uint64_t), &count));
+    assert_int_equal(heartbeat_entry(entries, 2).request_id, 0x0102030405060708u);
+    assert_int_equal(heartbeat_entry(entries, 2).token.bytes[5], 0xa5);
+    assert_false(heartbeat_ids_parse(entries, 8, &count)); /* an id without its token */
+    assert_false(heartbeat_ids_parse(entries, size + 7, &count));
+    assert_true(heartbeat_ids_parse(entries, HEARTBEAT_MAX_IDS * size, &count));
+    assert_false(heartbeat_ids_parse(entries, (HEARTBEAT_MAX_IDS + 1) * size, &count));
 }
 
 static void answers_round_trip(void **state)

@@ -238,7 +238,7 @@ static kvx_request_t request_of(const char *ids, const char *remote_ids, struct 
     kvx_request_t req;
 
     text_parse_groups(ids, lg);
-    req = (kvx_request_t){lg->count != 0 ? lg->g : NULL, lg->count, NULL, 0};
+    req = (kvx_request_t){lg->count != 0 ? lg->g : NULL, lg->count, NULL, 0, NULL};
     if (remote_ids != NULL) {
         text_parse_groups(remote_ids, rg);
         req.remote            = rg->g;
@@ -714,7 +714,7 @@ static void request_errors_leave_no_pairs(void **state)
         if (i == 0) {
             /* A group that counts ids but gives no array. */
             kvx_group_ids_t unset[2] = {{NULL, 1}, {NULL, 0}};
-            kvx_request_t bad        = {unset, 2, NULL, 0};
+            kvx_request_t bad        = {unset, 2, NULL, 0, NULL};
 
             assert_int_equal(kvx_peer_plan_request(plan, &bad, pairs), KVX_ERR_INVALID);
             plan_expect_empty("ids counted but not given", pairs);

@@ -177,7 +177,7 @@ static void gen_request(struct prng *p, const struct fixture *f, struct gen_requ
 static kvx_request_t request_of(const struct gen_request *q)
 {
     return (kvx_request_t){q->local, q->num_groups, q->explicit_remote ? q->remote : NULL,
-                           q->explicit_remote ? q->num_groups : 0};
+                           q->explicit_remote ? q->num_groups : 0, NULL};
 }
 
 /* ---------------------------------------------------------------------------------------

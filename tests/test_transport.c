@@ -136,7 +136,7 @@ static int target_run(const struct target_params *params, int to_parent)
     alarm(TARGET_MS / 1000 + 5);
     if (!params->ucx_memory && (own = aligned_alloc(4096, STORAGE_SIZE)) == NULL)
         return 9;
-    if (transport_create(params->tls, &t) != KVX_OK ||
+    if (transport_create(params->tls, false, &t) != KVX_OK ||
         transport_mem_map(t, own, STORAGE_SIZE, &mem) != KVX_OK)
         return 10;
     state.storage = transport_mem_address(mem);
@@ -218,7 +218,7 @@ static void local_open(const char *tls)
     left.local = aligned_alloc(4096, STORAGE_SIZE);
     assert_non_null(left.local);
     memset(left.local, 0, STORAGE_SIZE);
-    assert_int_equal(transport_create(tls, &left.t), KVX_OK);
+    assert_int_equal(transport_create(tls, false, &left.t), KVX_OK);
     assert_int_equal(transport_mem_map(left.t, left.local, STORAGE_SIZE, &left.mem), KVX_OK);
 }
 
@@ -574,7 +574,7 @@ static void empty_worker_address_is_refused(void **state)
     struct transport_conn *conn = NULL;
 
     (void)state;
-    assert_int_equal(transport_create(NULL, &left.t), KVX_OK);
+    assert_int_equal(transport_create(NULL, false, &left.t), KVX_OK);
     assert_int_equal(transport_conn_create(left.t, "", 0, NULL, 0, &conn), KVX_ERR_INVALID);
     assert_null(conn);
     transport_destroy(left.t);

@@ -28,7 +28,7 @@
 static const char usage_bench[] =
     "usage: kvx bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--batch N]\n"
     "                 [--iters N] [--contiguous] [--transports LIST] [--malloc] [--json]\n"
-    "                 [--idle-prefill] [--peer HOST:PORT | --listen HOST:PORT]\n"
+    "                 [--idle-prefill] [--peer HOST:PORT | --listen HOST:PORT] [--auth FILE]\n"
     "       kvx bench --workload [--layouts NAME,...] [--tokens 1K,8K,32K] [options above]\n"
     "\n"
     "Starts a prefill process on loopback (or uses the one at --peer, started with the same\n"
@@ -53,6 +53,8 @@ static const char usage_bench[] =
     "  --batch N            blocks per transfer; default 16\n"
     "  --iters N            timed transfers per point; default 100 (workload: 10)\n"
     "  --transports LIST    UCX transports of both agents; default sm,cma,tcp\n"
+    "  --auth FILE          the side channel's secret; default KVX_AUTH_FILE's, else one made\n"
+    "                       for this run (--peer and --listen need the same file on both)\n"
     "  --malloc             register memory from aligned_alloc, as an engine's own cache,\n"
     "                       on both sides instead of memory UCX allocates\n"
     "  --json               one JSON object per point\n"
@@ -169,6 +171,8 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
             a->peer = value;
         else if (strcmp(arg, "--listen") == 0)
             a->listen = value;
+        else if (strcmp(arg, "--auth") == 0)
+            a->auth = value;
         else if (strcmp(arg, "--layouts") == 0) {
             if (!layout_list_parse(arg, value, a))
                 return EXIT_BAD_INPUT;
@@ -269,10 +273,12 @@ static kvx_status_t bench_agent_create(const struct bench_args *a, const kvx_lay
                                        const char *listen, kvx_agent_t **agent_p, void ***bases_p)
 {
     size_t n                  = kvx_layout_num_storages(layout);
-    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_NAME,
+    kvx_agent_params_t params = {.field_mask =
+                                     KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_AUTH_KEY,
                                  .name       = listen != NULL ? "kvx bench P" : "kvx bench D",
                                  .listen     = listen,
-                                 .transports = a->transports};
+                                 .transports = a->transports,
+                                 .auth_key   = a->key};
     void **bases              = NULL;
     kvx_status_t status;
 
@@ -568,7 +574,7 @@ static kvx_status_t sweep_run(struct bench_client *c, struct bench_samples *s, u
     for (uint64_t b = 0; b < a->batch; b++)
         ids[b] = a->contiguous ? b : 2 * b;
     for (size_t i = 0; status == KVX_OK && i < a->num_sizes; i++) {
-        kvx_request_t request = {groups, a->num_sizes, NULL, 0};
+        kvx_request_t request = {groups, a->num_sizes, NULL, 0, NULL};
 
         for (size_t g = 0; g < a->num_sizes; g++)
             groups[g] = (kvx_group_ids_t){ids, g == i ? a->batch : 0};
@@ -662,6 +668,11 @@ int bench_main(int argc, char **argv)
 
     if (ret >= 0)
         return ret;
+    if (a.auth == NULL)
+        a.auth = getenv("KVX_AUTH_FILE");
+    if ((a.auth != NULL && a.auth[0] != '\0' ? kvx_auth_key_load(a.auth, a.key)
+                                             : kvx_auth_key_generate(a.key)) != KVX_OK)
+        return cli_fail(KVX_ERR_INVALID);
     if (getenv("UCX_NET_DEVICES") == NULL)
         setenv("UCX_NET_DEVICES", "lo", 1); /* the bench stays on loopback */
     if (!a.workload) {

@@ -24,6 +24,8 @@ struct bench_args {
     const char *transports;
     const char *peer;
     const char *listen;
+    const char *auth;                       /* --auth FILE; else KVX_AUTH_FILE's, else made */
+    uint8_t key[KVX_AUTH_KEY_LEN];          /* both agents' secret, set before the fork */
     const char *layouts[BENCH_MAX_LAYOUTS]; /* into layout_text */
     char layout_text[512];
     size_t num_layouts;

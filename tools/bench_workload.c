@@ -147,7 +147,7 @@ kvx_status_t workload_run(struct bench_client *c, struct bench_samples *s, uint6
         num_groups = BENCH_MAX_POINTS;
     for (size_t i = 0; status == KVX_OK && i < a->num_sizes; i++) {
         uint64_t blocks       = (a->sizes[i] + block_size - 1) / block_size;
-        kvx_request_t request = {groups, num_groups, NULL, 0};
+        kvx_request_t request = {groups, num_groups, NULL, 0, NULL};
 
         /* Distinct ids in random order, as an engine's free list hands them out after a
          * while: neighbours rarely continue each other, so little coalesces. */

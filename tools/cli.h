@@ -23,9 +23,21 @@ bool cli_is_help(const char *arg);
 /* Parses a decimal option value up to `max`; prints the error and returns false otherwise. */
 bool cli_parse_number(const char *option, const char *text, uint64_t max, uint64_t *value_p);
 
-/* kvx demo's transfer run (demo.c): NULL for the built-in layout; TP sizes of the prefill
- * and decode sides, 1..8 each. */
-int demo_run(const char *layout_path, uint32_t p_tp, uint32_t d_tp);
+/* The side channel's security (cli_auth.c): --auth FILE, else KVX_AUTH_FILE, or --insecure
+ * (loopback only); fills params' auth fields with `key`, which must outlive the agent's
+ * creation. Prints the error and returns false. */
+bool cli_auth(const char *file, bool insecure, uint8_t key[KVX_AUTH_KEY_LEN],
+              kvx_agent_params_t *params);
+int command_auth_key(int argc, char **argv);
+
+/* A hold token as 32 lowercase hex digits, and back (printing the error). */
+void cli_token_format(const kvx_token_t *token, char text[2 * KVX_TOKEN_LEN + 1]);
+bool cli_token_parse(const char *option, const char *text, kvx_token_t *token);
+
+/* kvx demo's transfer run (demo.c): NULL for the built-in layout; the auth key file (NULL:
+ * KVX_AUTH_FILE's, else a secret of its own); TP sizes of the prefill and decode sides, 1..8
+ * each. */
+int demo_run(const char *layout_path, const char *auth_file, uint32_t p_tp, uint32_t d_tp);
 
 /* kvx serve and kvx fetch (serve_fetch.c). */
 int command_serve(int argc, char **argv);

@@ -34,16 +34,22 @@ static kvx_status_t demo_layout_load(const char *path, kvx_layout_t **layout_p)
     return KVX_ERR_INTERNAL;
 }
 
+/* The deployment's secret, set before any process forks: --auth FILE's (or KVX_AUTH_FILE's),
+ * or one the demo makes for itself. */
+static uint8_t demo_key[KVX_AUTH_KEY_LEN];
+
 /* The prefill process: serves until its parent sends SIGTERM. Reports its port, or 0 when
  * it could not start, on `ready`. */
 static int demo_prefill(const kvx_layout_t *layout, int ready, uint32_t rank, uint32_t tp)
 {
     kvx_agent_params_t params = {.field_mask =
                                      KVX_AGENT_PARAM_FIELD_LISTEN | KVX_AGENT_PARAM_FIELD_NAME |
-                                     KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE,
-                                 .name    = "kvx demo prefill",
-                                 .tp_rank = rank,
-                                 .tp_size = tp};
+                                     KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE |
+                                     KVX_AGENT_PARAM_FIELD_AUTH_KEY,
+                                 .name     = "kvx demo prefill",
+                                 .tp_rank  = rank,
+                                 .tp_size  = tp,
+                                 .auth_key = demo_key};
     kvx_agent_t *agent        = NULL;
     uint32_t port             = 0;
     kvx_status_t status;
@@ -118,7 +124,7 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
 
         storages_zero(agent); /* so a verified request proves its own bytes, and only those */
         demo_request_fill(groups, num_groups, ids, blocks, capacity, &rng);
-        request = (kvx_request_t){groups, num_groups, NULL, 0};
+        request = (kvx_request_t){groups, num_groups, NULL, 0, NULL};
         status  = push ? kvx_write(agent, peers, num_peers, i + 1, &request, &stats)
                        : kvx_read(agent, peers, num_peers, i + 1, &request, &stats);
         if (status != KVX_OK) {
@@ -152,12 +158,13 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
 static int demo_decode(const kvx_layout_t *layout, const uint32_t *ports, size_t num_ports,
                        uint32_t rank, uint32_t tp)
 {
-    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_NAME |
-                                               KVX_AGENT_PARAM_FIELD_TP_RANK |
-                                               KVX_AGENT_PARAM_FIELD_TP_SIZE,
-                                 .name    = "kvx demo decode",
-                                 .tp_rank = rank,
-                                 .tp_size = tp};
+    kvx_agent_params_t params = {.field_mask =
+                                     KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TP_RANK |
+                                     KVX_AGENT_PARAM_FIELD_TP_SIZE | KVX_AGENT_PARAM_FIELD_AUTH_KEY,
+                                 .name     = "kvx demo decode",
+                                 .tp_rank  = rank,
+                                 .tp_size  = tp,
+                                 .auth_key = demo_key};
     kvx_agent_t *agent        = NULL;
     kvx_peer_t *peers[DEMO_MAX_TP];
     size_t num_peers = 0;
@@ -210,7 +217,7 @@ out:
     return ret;
 }
 
-int demo_run(const char *layout_path, uint32_t p_tp, uint32_t d_tp)
+int demo_run(const char *layout_path, const char *auth_file, uint32_t p_tp, uint32_t d_tp)
 {
     kvx_layout_t *layout = NULL;
     kvx_status_t status  = demo_layout_load(layout_path, &layout);
@@ -221,8 +228,16 @@ int demo_run(const char *layout_path, uint32_t p_tp, uint32_t d_tp)
     int ret        = 0;
     int child_status;
 
-    if (status != KVX_OK)
+    if (status == KVX_OK) {
+        if (auth_file == NULL)
+            auth_file = getenv("KVX_AUTH_FILE");
+        status = auth_file != NULL && auth_file[0] != '\0' ? kvx_auth_key_load(auth_file, demo_key)
+                                                           : kvx_auth_key_generate(demo_key);
+    }
+    if (status != KVX_OK) {
+        kvx_layout_destroy(layout);
         return cli_fail(status);
+    }
     if (getenv("UCX_NET_DEVICES") == NULL)
         setenv("UCX_NET_DEVICES", "lo", 1); /* the demo stays on loopback */
     fflush(stdout);

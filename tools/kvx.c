@@ -27,6 +27,7 @@ static const char usage_main[] =
     "  bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--workload]\n"
     "                         measure transfer bandwidth and latency between two processes\n"
     "  demo                   print the region tables of the built-in model layouts\n"
+    "  auth-key FILE          write a new secret for a deployment's --auth FILE\n"
     "  help [COMMAND]         explain a command\n"
     "\n"
     "Exit status: 0 success, 2 bad input (one 'kvx: error:' line), 1 internal failure.\n";
@@ -71,7 +72,7 @@ static const char usage_compat[] =
     "Exit status 0 when compatible, 2 when not.\n";
 
 static const char usage_demo[] =
-    "usage: kvx demo [--layout FILE] [--p-tp N] [--d-tp N] [--tables]\n"
+    "usage: kvx demo [--layout FILE] [--p-tp N] [--d-tp N] [--auth FILE] [--tables]\n"
     "\n"
     "The main job on a built-in default: starts a prefill process and a decode process on\n"
     "loopback with the DeepSeek-V4.1-style layout (layouts/models/deepseek-v4.1-demo.json,\n"
@@ -82,6 +83,8 @@ static const char usage_demo[] =
     "  --layout FILE   run it on another layout\n"
     "  --p-tp N        N prefill ranks (processes), 1..8; default 1\n"
     "  --d-tp N        N decode ranks (processes), 1..8; default 1\n"
+    "  --auth FILE     the side channel's secret (default KVX_AUTH_FILE's, else one made\n"
+    "                  for this run)\n"
     "  --tables        print the region tables of the built-in model layouts instead\n";
 
 /* Memory and internal errors are kvx's own failures (1); the rest are the input's (2). */
@@ -297,7 +300,7 @@ static int plan_request_print(const struct plan_args *a, const kvx_regions_t *lo
     }
     if (!regions_load(a->peer, &remote, &ret))
         goto out;
-    request = (kvx_request_t){ids.groups, ids.num_groups, rids.groups, rids.num_groups};
+    request = (kvx_request_t){ids.groups, ids.num_groups, rids.groups, rids.num_groups, NULL};
     status  = kvx_peer_plan_create(local, remote, &a->params, &plan);
     if (status == KVX_OK)
         status = kvx_pairs_create(&pairs);
@@ -443,6 +446,7 @@ static int print_builtin_tables(void)
 static int command_demo(int argc, char **argv)
 {
     const char *layout = NULL;
+    const char *auth   = NULL;
     uint64_t p_tp      = 1;
     uint64_t d_tp      = 1;
 
@@ -455,6 +459,8 @@ static int command_demo(int argc, char **argv)
             return print_builtin_tables();
         if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc)
             layout = argv[++i];
+        else if (strcmp(argv[i], "--auth") == 0 && i + 1 < argc)
+            auth = argv[++i];
         else if (strcmp(argv[i], "--p-tp") == 0 && i + 1 < argc) {
             if (!cli_parse_number("--p-tp", argv[++i], 8, &p_tp) || p_tp < 1)
                 return EXIT_BAD_INPUT;
@@ -464,7 +470,7 @@ static int command_demo(int argc, char **argv)
         } else
             return cli_usage_error("demo: unknown argument", usage_demo);
     }
-    return demo_run(layout, (uint32_t)p_tp, (uint32_t)d_tp);
+    return demo_run(layout, auth, (uint32_t)p_tp, (uint32_t)d_tp);
 }
 
 static int command_help(int argc, char **argv)
@@ -496,6 +502,8 @@ int main(int argc, char **argv)
         return command_compat(argc - 2, argv + 2);
     if (strcmp(argv[1], "serve") == 0)
         return command_serve(argc - 2, argv + 2);
+    if (strcmp(argv[1], "auth-key") == 0)
+        return command_auth_key(argc - 2, argv + 2);
     if (strcmp(argv[1], "fetch") == 0)
         return command_fetch(argc - 2, argv + 2);
     if (strcmp(argv[1], "bench") == 0)

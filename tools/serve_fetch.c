@@ -17,7 +17,8 @@
 #include <time.h>
 
 static const char usage_serve[] =
-    "usage: kvx serve LAYOUT --listen HOST:PORT [--tp-rank R --tp-size N] [--fill SEED]\n"
+    "usage: kvx serve LAYOUT --listen HOST:PORT (--auth FILE | --insecure)\n"
+    "                 [--tp-rank R --tp-size N] [--fill SEED]\n"
     "                 [--transports LIST] [--malloc] [--lease MS] [--metrics HOST:PORT]\n"
     "                 [--hold 'ID=G:IDS;G:IDS' ... [--consumers N]] [--verbose]\n"
     "\n"
@@ -27,6 +28,9 @@ static const char usage_serve[] =
     "workers (kvx fetch) then read from it and notify it. Port 0 takes a free port; the\n"
     "\"serving ... on HOST:PORT\" line names the one bound.\n"
     "\n"
+    "  --auth FILE         the deployment's secret (kvx auth-key FILE); default the file\n"
+    "                      KVX_AUTH_FILE names. Only peers with it are answered\n"
+    "  --insecure          no secret: plain side channel, on a loopback address only\n"
     "  --fill SEED         the pattern's seed; default 1\n"
     "  --transports LIST   UCX transports; default sm,cma,tcp\n"
     "  --timeout MS        transfer deadline; default 10000\n"
@@ -34,7 +38,8 @@ static const char usage_serve[] =
     "                      default 30000\n"
     "  --hold ID=BLOCKS    before serving, hold request ID's blocks (the --blocks syntax of\n"
     "                      kvx fetch) until --consumers dones for ID arrived or the lease\n"
-    "                      expired; prints \"released request ID\" then. Repeatable\n"
+    "                      expired; prints the hold's token (for kvx fetch --token) and\n"
+    "                      \"released request ID\" then. Repeatable\n"
     "  --consumers N       decode ranks each --hold waits for; default 1\n"
     "  --metrics HOST:PORT Prometheus metrics at http://HOST:PORT/metrics (port 0: a free\n"
     "                      one, printed)\n"
@@ -42,8 +47,9 @@ static const char usage_serve[] =
 
 static const char usage_fetch[] =
     "usage: kvx fetch LAYOUT --peer HOST:PORT[,HOST:PORT...] --blocks 'G:IDS;G:IDS'\n"
-    "                 [--remote-blocks IDS] [--tp-rank R --tp-size N] [--verify [--fill SEED]]\n"
-    "                 [--push] [--transports LIST] [--malloc] [--timeout MS] [--request ID]\n"
+    "                 (--auth FILE | --insecure) [--remote-blocks IDS] [--tp-rank R --tp-size N]\n"
+    "                 [--verify [--fill SEED]] [--push] [--transports LIST] [--malloc]\n"
+    "                 [--timeout MS] [--request ID [--token HEX]]\n"
     "                 [--want] [--heartbeat MS] [--wait-before-read MS] [--json] [--verbose]\n"
     "\n"
     "A decode worker: connects to every prefill rank given (handshake: compatibility hash,\n"
@@ -53,12 +59,16 @@ static const char usage_fetch[] =
     "the verdict, 'verified' or the first wrong byte (exit status 2). A pull that fails\n"
     "prints the error and \"not loaded: BLOCKS\", the block ids it did not load.\n"
     "\n"
+    "  --auth FILE         the deployment's secret, as kvx serve's; default KVX_AUTH_FILE\n"
+    "  --insecure          no secret: only an insecure kvx serve on loopback answers\n"
     "  --push              ask the prefill ranks to write the blocks in (push mode) instead\n"
     "                      of reading them\n"
     "  --fill SEED         the seed kvx serve used; default 1\n"
     "  --timeout MS        handshake and transfer deadline; default 10000\n"
     "  --request ID        the request id read (and notified done); default 1. A prefill\n"
     "                      rank that holds ID (kvx serve --hold) releases it on the done\n"
+    "  --token HEX         the hold's token kvx serve --hold printed: a done or heartbeat\n"
+    "                      without it does not count\n"
     "  --want              want the request from every peer before reading: heartbeats\n"
     "                      carry its id, which keeps its lease alive on the prefill side\n"
     "  --heartbeat MS      heartbeat interval; a peer silent for three is dead; default 5000\n"
@@ -92,6 +102,8 @@ struct agent_args {
     uint64_t lease_ms;
     uint64_t heartbeat_ms;
     const char *metrics;
+    const char *auth;             /* --auth FILE */
+    const char *token;            /* fetch: --token HEX */
     const char *holds[HOLDS_MAX]; /* serve: each 'ID=G:IDS;...' */
     size_t num_holds;
     uint64_t consumers;  /* serve: per hold */
@@ -103,6 +115,7 @@ struct agent_args {
     bool use_malloc;
     bool verbose;
     bool json;
+    bool insecure;
 };
 
 /* The options that take a number, with their smallest and largest values (times: up to an
@@ -191,6 +204,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             a->want = true;
             continue;
         }
+        if (strcmp(arg, "--insecure") == 0) {
+            a->insecure = true;
+            continue;
+        }
         if (arg[0] != '-') {
             if (a->layout != NULL)
                 return cli_usage_error("more than one LAYOUT given", usage);
@@ -209,6 +226,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             text = &a->transports;
         else if (strcmp(arg, "--metrics") == 0)
             text = &a->metrics;
+        else if (strcmp(arg, "--auth") == 0)
+            text = &a->auth;
+        else if (strcmp(arg, "--token") == 0)
+            text = &a->token;
         else if (strcmp(arg, "--hold") == 0) {
             if (a->num_holds == HOLDS_MAX)
                 return cli_usage_error("more than 64 --hold options", usage);
@@ -262,12 +283,16 @@ static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **ag
         .listen       = a->listen,
         .transports   = a->transports,
     };
+    uint8_t key[KVX_AUTH_KEY_LEN];
     kvx_layout_t *layout;
-    kvx_status_t status = kvx_layout_load_file(a->layout, &layout);
+    kvx_status_t status;
     size_t n;
 
     *storages_p     = NULL;
     *num_storages_p = 0;
+    if (!cli_auth(a->auth, a->insecure, key, &params))
+        return EXIT_BAD_INPUT;
+    status = kvx_layout_load_file(a->layout, &layout);
     if (status != KVX_OK)
         return cli_fail(status);
     if (listen)
@@ -359,18 +384,21 @@ static kvx_status_t serve_holds_take(kvx_agent_t *agent, const struct serve_hold
     for (size_t i = 0; i < num_holds; i++) {
         const struct serve_hold *h = &holds[i];
         size_t num_ids;
+        kvx_token_t token;
+        char hex[2 * KVX_TOKEN_LEN + 1];
         kvx_status_t status = kvx_regions_request_ids(kvx_agent_regions(agent), h->ids.groups,
                                                       h->ids.num_groups, NULL, 0, &num_ids);
 
         if (status == KVX_OK)
             status = kvx_hold(agent, h->request_id, h->ids.groups, h->ids.num_groups,
-                              (uint32_t)a->consumers);
+                              (uint32_t)a->consumers, &token);
         if (status != KVX_OK)
             return status;
+        cli_token_format(&token, hex);
         printf("holding request %" PRIu64 ": ", h->request_id);
         block_ids_print(stdout, h->ids.groups, h->ids.num_groups);
-        printf(" for %" PRIu64 " consumer%s, lease %" PRIu64 " ms\n", a->consumers,
-               a->consumers > 1 ? "s" : "", a->lease_ms);
+        printf(" for %" PRIu64 " consumer%s, lease %" PRIu64 " ms, token %s\n", a->consumers,
+               a->consumers > 1 ? "s" : "", a->lease_ms, hex);
     }
     return KVX_OK;
 }
@@ -392,9 +420,9 @@ int command_serve(int argc, char **argv)
     if (ret >= 0)
         return ret;
     if (a.listen == NULL || a.peers != NULL || a.blocks != NULL || a.verify || a.json || a.want ||
-        a.wait_before_read_ms > 0)
+        a.wait_before_read_ms > 0 || a.token != NULL)
         return cli_usage_error("serve: needs --listen, takes no --peer, --blocks, --verify, "
-                               "--json, --want or --wait-before-read",
+                               "--json, --want, --token or --wait-before-read",
                                usage_serve);
     /* Bad holds are bad input: found before any memory is allocated or port bound. */
     for (; num_holds < a.num_holds; num_holds++) {
@@ -494,14 +522,15 @@ static uint64_t monotonic_ms(void)
  * test can take this decode host away while it holds leases. The line saying so goes to
  * stderr, so that --json's stdout stays one object. */
 static kvx_status_t fetch_want_and_wait(kvx_agent_t *agent, kvx_peer_t *const *peers,
-                                        size_t num_peers, const struct agent_args *a)
+                                        size_t num_peers, const struct agent_args *a,
+                                        const kvx_token_t *token)
 {
     kvx_status_t status = KVX_OK;
 
     if (a->want) {
-        status = kvx_want(agent, peers, num_peers, a->request_id);
+        status = kvx_want(agent, peers, num_peers, a->request_id, token);
         if (status == KVX_OK)
-            status = kvx_heartbeat(agent, peers, num_peers, &a->request_id, 1);
+            status = kvx_heartbeat(agent, peers, num_peers, &a->request_id, token, 1);
     }
     if (status != KVX_OK || a->wait_before_read_ms == 0)
         return status;
@@ -554,6 +583,7 @@ int command_fetch(int argc, char **argv)
     void **storages        = NULL;
     size_t num_storages    = 0;
     char verdict[256]      = "not verified";
+    kvx_token_t token      = {{0}};
     char error[512];
     kvx_request_t request;
     kvx_status_t status;
@@ -565,6 +595,8 @@ int command_fetch(int argc, char **argv)
     if (a.peers == NULL || a.blocks == NULL || a.listen != NULL || a.num_holds > 0)
         return cli_usage_error("fetch: needs --peer and --blocks, takes no --listen or --hold",
                                usage_fetch);
+    if (a.token != NULL && !cli_token_parse("--token", a.token, &token))
+        return EXIT_BAD_INPUT;
     if (!block_ids_parse("--blocks", a.blocks, &ids, error, sizeof(error)) ||
         (a.remote_blocks != NULL &&
          !block_ids_parse("--remote-blocks", a.remote_blocks, &rids, error, sizeof(error)))) {
@@ -589,8 +621,9 @@ int command_fetch(int argc, char **argv)
         num_peers++;
         p += len + (p[len] == ',');
     }
-    request = (kvx_request_t){ids.groups, ids.num_groups, rids.groups, rids.num_groups};
-    status  = fetch_want_and_wait(agent, peers, num_peers, &a);
+    request = (kvx_request_t){ids.groups, ids.num_groups, rids.groups, rids.num_groups,
+                              a.token != NULL ? &token : NULL};
+    status  = fetch_want_and_wait(agent, peers, num_peers, &a, request.token);
     if (status == KVX_OK && a.push)
         status = kvx_write(agent, peers, num_peers, a.request_id, &request, &stats);
     else if (status == KVX_OK)

@@ -12,14 +12,22 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+const uint8_t test_auth_key[KVX_AUTH_KEY_LEN] = "the tests' own deployment secret";
+
 kvx_status_t agent_from_quoted(const char *quoted, const kvx_agent_params_t *params,
                                kvx_agent_t **agent_p)
 {
+    const uint64_t auth  = KVX_AGENT_PARAM_FIELD_AUTH_KEY | KVX_AGENT_PARAM_FIELD_INSECURE;
+    kvx_agent_params_t p = params != NULL ? *params : (kvx_agent_params_t){0};
     kvx_layout_t *layout = NULL;
     kvx_status_t status  = layout_from_quoted(quoted, &layout);
 
+    if ((p.field_mask & auth) == 0) {
+        p.field_mask |= KVX_AGENT_PARAM_FIELD_AUTH_KEY;
+        p.auth_key = test_auth_key;
+    }
     if (status == KVX_OK)
-        status = kvx_agent_create(layout, params, agent_p);
+        status = kvx_agent_create(layout, &p, agent_p);
     kvx_layout_destroy(layout);
     return status;
 }
@@ -67,4 +75,17 @@ pid_t start_prefill(int (*serve)(int ready, int go), int go, char address[ADDRES
     else
         close(ready);
     return pid;
+}
+
+void report_token(int ready, const kvx_token_t *token)
+{
+    (void)!write(ready, token, sizeof(*token));
+}
+
+kvx_token_t read_token(int ready)
+{
+    kvx_token_t token;
+
+    assert_int_equal(read(ready, &token, sizeof(token)), sizeof(token));
+    return token;
 }

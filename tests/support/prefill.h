@@ -11,13 +11,22 @@
 /* Bytes of the address a child reports: "HOST:PORT", NUL-padded. */
 #define ADDRESS_SIZE 64
 
-/* Creates an agent on the layout `quoted` (JSON with ' for "); returns the status. */
+/* The secret every test agent shares unless its params name another (or insecure). */
+extern const uint8_t test_auth_key[KVX_AUTH_KEY_LEN];
+
+/* Creates an agent on the layout `quoted` (JSON with ' for "), with test_auth_key when
+ * `params` set neither an auth key nor insecure; returns the status. */
 kvx_status_t agent_from_quoted(const char *quoted, const kvx_agent_params_t *params,
                                kvx_agent_t **agent_p);
 
 /* A child prefill process reports that it serves by writing the address it listens on (a
  * free port the kernel picked) as ADDRESS_SIZE bytes on `ready`. */
 void report_serving(int ready, const kvx_agent_t *agent);
+
+/* A child tells its parent the token of a hold it took (after report_serving), and the
+ * parent reads it, as an engine carries it in a request's transfer parameters. */
+void report_token(int ready, const kvx_token_t *token);
+kvx_token_t read_token(int ready);
 
 /* Forks a prefill process running `serve(ready, go)`, whose return value is its exit
  * status, and waits until it serves; `address` receives where. The parent closes its end of

@@ -1,0 +1,40 @@
+/* gate.h: who may talk to a listening side channel. ZeroMQ asks its ZAP handler (RFC 27) about
+ * every connection before it is answered; the gate is that handler, and it also reads the
+ * listening socket's monitor events, so that it knows the connections open and the handshakes
+ * that failed before ZAP was asked (a peer without the secret fails CURVE's first step). It
+ * allows a peer that proved the client key of the shared secret (or, insecure, anyone on
+ * loopback), while fewer than `max_connections` are open; every refusal is counted and logged
+ * once per address. */
+#ifndef KVX_SRC_GATE_H
+#define KVX_SRC_GATE_H
+
+#include "auth.h"
+#include "loop.h"
+
+struct gate;
+
+struct gate_counters {
+    uint64_t auth_refused;  /* handshakes refused: no secret, a wrong one, garbage */
+    uint64_t peers_refused; /* connections refused past max_connections */
+    uint64_t connections;   /* open now (gauge) */
+};
+
+/* Binds the ZAP handler in `zmq` (before any socket of it listens) and keeps the keys to check
+ * peers against; log lines go to `loop`. */
+kvx_status_t gate_create(void *zmq, const struct auth_keys *keys, uint32_t max_connections,
+                         struct loop *loop, struct gate **gate_p);
+void gate_destroy(struct gate *gate);
+
+/* Watches the listening socket's connections: call before it binds. */
+kvx_status_t gate_watch(struct gate *gate, void *router);
+
+/* Reads monitor events, then answers ZAP requests; returns how many messages it handled. */
+size_t gate_serve(struct gate *gate);
+
+/* For zmq_poll and the loop's descriptor set: its two sockets. */
+size_t gate_sockets(struct gate *gate, void *sockets[2]);
+bool gate_readable(struct gate *gate);
+
+const struct gate_counters *gate_counters(const struct gate *gate);
+
+#endif
