@@ -333,9 +333,10 @@ typedef struct kvx_pair {
  * block-size ratio bsr > 1, each local id b as the remote ids b*bsr .. b*bsr + bsr - 1. */
 #define KVX_TOKEN_LEN 16 /* bytes of a hold's capability */
 
-/* A held request's capability: random bytes kvx_hold returns on the prefill side, carried to
- * the decode side with the request's transfer parameters (as engines carry
- * kv_transfer_params); a `done` or heartbeat for a held request counts only with it. */
+/* A held request's capability: random bytes the prefill side holds the request with
+ * (kvx_token_generate, kvx_hold), carried to the decode side with the request's transfer
+ * parameters (as engines carry kv_transfer_params); a `done` or heartbeat for a held request
+ * counts only with it. */
 typedef struct kvx_token {
     uint8_t bytes[KVX_TOKEN_LEN];
 } kvx_token_t;
@@ -701,20 +702,25 @@ typedef void (*kvx_release_cb_t)(void *arg, uint64_t request_id, const kvx_group
 KVX_API void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t callback,
                                             void *arg);
 
+/* A new random hold token (128 bits from the system's random source). */
+KVX_API kvx_status_t kvx_token_generate(kvx_token_t *token_p);
+
 /* Prefill side: holds request `request_id`'s blocks (copied) until `consumers` distinct decode
  * ranks reported `done` for it, or until its lease (the agent's lease_ms) expires without
- * being extended by a heartbeat, then releases them through the callback. *token_p receives
- * the hold's capability: a `done` or heartbeat counts only when it comes over an
+ * being extended by a heartbeat, then releases them through the callback. `token` is the
+ * hold's capability (copied): a `done` or heartbeat counts only when it comes over the
  * authenticated side channel and carries it (kvx_request_t.token, kvx_want); any other is
- * counted in tokens_refused and changes nothing. Each `done` names its sender's TP rank, and a
- * rank counts once: a repeated or retried `done` from a rank that reported already changes
- * nothing (counted in done_repeated), so it can never release blocks another rank has not
- * read yet. Errors: KVX_ERR_INVALID for a request already held, consumers outside
- * 1..KVX_MAX_TP, or more than KVX_MAX_HELD requests. */
+ * counted in tokens_refused and changes nothing. Make it with kvx_token_generate, once per
+ * request, and give the same one to every prefill rank that holds part of the request, since
+ * a decode rank presents one token to all of them. Each `done` names its sender's TP rank,
+ * and a rank counts once: a repeated or retried `done` from a rank that reported already
+ * changes nothing (counted in done_repeated), so it can never release blocks another rank
+ * has not read yet. Errors: KVX_ERR_INVALID for a request already held, no token, consumers
+ * outside 1..KVX_MAX_TP, or more than KVX_MAX_HELD requests. */
 #define KVX_MAX_HELD 65536 /* requests held at once by one agent */
 KVX_API kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id,
                               const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers,
-                              kvx_token_t *token_p);
+                              const kvx_token_t *token);
 
 /* Decode side: tells each prefill rank in `peers` now that the requests `request_ids` are
  * still wanted, extending their leases to max(old, now + 2/3 lease); tokens[i] is request i's

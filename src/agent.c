@@ -607,23 +607,27 @@ void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t callbac
     agent->release_arg = arg;
 }
 
-kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_ids_t *groups,
-                      size_t num_groups, uint32_t consumers, kvx_token_t *token_p)
+kvx_status_t kvx_token_generate(kvx_token_t *token_p)
 {
-    kvx_token_t token;
+    if (token_p == NULL)
+        return error_set(KVX_ERR_INVALID, "token: no result pointer");
+    if (RAND_bytes(token_p->bytes, KVX_TOKEN_LEN) != 1)
+        return error_set(KVX_ERR_INTERNAL, "token: the system's random source failed");
+    return KVX_OK;
+}
+
+kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_ids_t *groups,
+                      size_t num_groups, uint32_t consumers, const kvx_token_t *token)
+{
     kvx_status_t status;
 
-    if (agent == NULL || token_p == NULL)
+    if (agent == NULL || token == NULL)
         return error_set(KVX_ERR_INVALID, "hold: agent and token are required");
-    if (RAND_bytes(token.bytes, KVX_TOKEN_LEN) != 1)
-        return error_set(KVX_ERR_INTERNAL, "hold: the system's random source failed");
-    status = hold_table_add(&agent->holds, request_id, &token, groups, num_groups, consumers,
+    status = hold_table_add(&agent->holds, request_id, token, groups, num_groups, consumers,
                             clock_ms());
-    if (status != KVX_OK)
-        return status;
-    agent_lease_timer_update(agent);
-    *token_p = token;
-    return KVX_OK;
+    if (status == KVX_OK)
+        agent_lease_timer_update(agent);
+    return status;
 }
 
 /* One turn of the loop, its phases in order (docs/agent.md "The loop"); returns the events

@@ -126,7 +126,7 @@ static int run_two_consumer_prefill(int ready, int go)
         return 10;
     pattern_fill(agent, 0);
     kvx_agent_set_release_callback(agent, on_release, &log);
-    if (kvx_hold(agent, 7, &group, 1, 2, &token) != KVX_OK)
+    if (hold_new(agent, 7, &group, 1, 2, &token) != KVX_OK)
         return 11;
     report_serving(ready, agent);
     report_token(ready, &token);
@@ -435,8 +435,8 @@ static int run_lease_prefill(int ready, int go)
     if (agent_from_quoted(mla_layout, &params, &agent) != KVX_OK)
         return 10;
     kvx_agent_set_release_callback(agent, on_release, &log);
-    if (kvx_hold(agent, 1, NULL, 0, 1, &tokens[0]) != KVX_OK ||
-        kvx_hold(agent, 2, NULL, 0, 1, &tokens[1]) != KVX_OK)
+    if (hold_new(agent, 1, NULL, 0, 1, &tokens[0]) != KVX_OK ||
+        hold_new(agent, 2, NULL, 0, 1, &tokens[1]) != KVX_OK)
         return 11;
     report_serving(ready, agent);
     report_token(ready, &tokens[0]);

@@ -12,6 +12,11 @@ export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo} # kvx bench's processes stay on lo
 # shellcheck source=support/check.sh
 source "$src/tests/support/check.sh"
 
+# Every kvx process of this test shares one secret, as a deployment would (kvx serve and
+# fetch read KVX_AUTH_FILE when --auth is not given).
+"$kvx" auth-key "$tmp/auth.key" >/dev/null || { echo "kvx auth-key failed"; exit 1; }
+export KVX_AUTH_FILE=$tmp/auth.key
+
 plan_matches_expected() {
   "$kvx" plan --json "$src/layouts/examples/$1" >"$tmp/out.json" &&
     diff -u "$src/tests/expected/$1" "$tmp/out.json"

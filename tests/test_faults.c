@@ -290,7 +290,7 @@ static int run_prefill(int ready, int go)
         kvx_group_ids_t group = {&config.hold[i], 1};
 
         if (config.hold[i] != 0 &&
-            kvx_hold(agent, config.hold[i], &group, 1, 1, &tokens[i]) != KVX_OK)
+            hold_new(agent, config.hold[i], &group, 1, 1, &tokens[i]) != KVX_OK)
             return 11;
     }
     report_serving(ready, agent);
@@ -646,7 +646,7 @@ static void killed_decode_leaves_its_hold_to_expire(void **state)
     snprintf(address, sizeof(address), "%s", kvx_agent_listen_address(agent));
     /* Held before it is wanted, with its token carried to the decode process as an engine's
      * transfer parameters would; only the test's clock moves the lease. */
-    assert_int_equal(kvx_hold(agent, 5, &group, 1, 1, &token), KVX_OK);
+    assert_int_equal(hold_new(agent, 5, &group, 1, 1, &token), KVX_OK);
     assert_int_equal(write(to_decode[1], address, sizeof(address)), sizeof(address));
     assert_int_equal(write(to_decode[1], &token, sizeof(token)), sizeof(token));
     wanted = (struct pollfd){.fd = from_decode[0], .events = POLLIN};
@@ -1414,7 +1414,7 @@ static int run_soak_prefill(int ready, int go)
 
             soak_request_next(&prng, held + 1, &r);
             group = (kvx_group_ids_t){r.ids, r.count};
-            if (kvx_hold(agent, r.id, &group, 1, 1, &tokens[i]) != KVX_OK)
+            if (hold_new(agent, r.id, &group, 1, 1, &tokens[i]) != KVX_OK)
                 return 11;
             count = i + 1;
         }

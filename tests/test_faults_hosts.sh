@@ -31,6 +31,12 @@ subnet=198.18.0    # in 198.18.0.0/15, the benchmarking range: never a real netw
 declare -A address # host name -> its veth's address
 tmp=$(mktemp -d)
 started_ms=$(date +%s%3N)
+# One secret for every process, as a deployment's (kvx reads KVX_AUTH_FILE; ip netns exec
+# keeps the environment), and one hold token per request, made here as an engine's scheduler
+# would and given to P (serve --token) and D (fetch --token), so D may start first.
+"$kvx" auth-key "$tmp/auth.key" >/dev/null || exit 1
+export KVX_AUTH_FILE=$tmp/auth.key
+token=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
 
 # cleanup: ends the processes this script started that still run (`jobs -pr`: its own
 # background children, by pid, never a pid since reused), stopped ones too, then deletes
@@ -321,9 +327,9 @@ nft_check p0
 
 section "(1) a pull across hosts"
 # P holds the request; D's done, sent once every byte is in, releases it.
-serve p0 "$attn" --hold '1=0:0-31'
+serve p0 "$attn" --hold '1=0:0-31' --token "$token"
 check "pull across hosts over TCP, every byte verified" \
-  fetch_verified d0 "$attn" "$addr" '0:0-31' --request 1
+  fetch_verified d0 "$attn" "$addr" '0:0-31' --request 1 --token "$token"
 check "D's done releases the request P held" \
   wait_until 10 "the release of request 1" in_logs '^released request 1: 0:0-31$' "$serve_log"
 check "P counts it released, no lease expired" \
@@ -345,11 +351,11 @@ section "(2) TP 2 -> 1 from two prefill hosts"
 # Each prefill host holds half of every layer's heads, filled with its own rank's pattern,
 # so a byte read from the wrong host fails verification; each holds the request until D's
 # done reaches it.
-serve p0 "$attn_half" --tp-rank 0 --tp-size 2 --hold '3=0:0-7,20'
+serve p0 "$attn_half" --tp-rank 0 --tp-size 2 --hold '3=0:0-7,20' --token "$token"
 p0_pid=$serve_pid p0_log=$serve_log p0_addr=$addr
-serve p1 "$attn_half" --tp-rank 1 --tp-size 2 --hold '3=0:0-7,20'
+serve p1 "$attn_half" --tp-rank 1 --tp-size 2 --hold '3=0:0-7,20' --token "$token"
 check "TP 2 -> 1 from two prefill hosts, every byte verified" \
-  fetch_verified d0 "$attn" "$p0_addr,$addr" '0:0-7,20' --request 3
+  fetch_verified d0 "$attn" "$p0_addr,$addr" '0:0-7,20' --request 3 --token "$token"
 check "both prefill hosts get the done and release the request" \
   wait_until 10 "the release of request 3 on both" \
   in_logs '^released request 3: 0:0-7,20$' "$p0_log" "$serve_log"
@@ -371,9 +377,9 @@ slow_pull_start() {
   rate_limit p0 32mbit
   since=$(tx_bytes p0)
   fetch_start d0 "$log" "$attn" "${address[p0]}:$port" '0:0-15' --request "$request" --want \
-    --heartbeat 1000 --timeout 20000
+    --heartbeat 1000 --timeout 20000 --token "$token"
   fetch_pid=$pid
-  serve "p0:$port" "$attn" --hold "$request=0:0-15" --lease 3000
+  serve "p0:$port" "$attn" --hold "$request=0:0-15" --lease 3000 --token "$token"
   check "the rate-limited pull gets under way" \
     wait_until 30 "2 MiB of the pull" sent_since p0 "$since" 2097152
 }
@@ -417,12 +423,12 @@ section "(4) decode hosts vanish while they hold leases"
 # (SIGKILL) and d1's cable pulled: P must count each lease expired and release its blocks,
 # and only that one. (The decode processes start first, as in (3).)
 fetch_start d0 "$tmp/hold9" "$attn" "${address[p0]}:7004" '0:0-3' --request 9 --want \
-  --heartbeat 500 --wait-before-read 120000
+  --heartbeat 500 --wait-before-read 120000 --token "$token"
 d0_pid=$pid
 fetch_start d1 "$tmp/hold10" "$attn" "${address[p0]}:7004" '0:4-7' --request 10 --want \
-  --heartbeat 500 --wait-before-read 120000
+  --heartbeat 500 --wait-before-read 120000 --token "$token"
 d1_pid=$pid
-serve p0:7004 "$attn" --hold '9=0:0-3' --hold '10=0:4-7' --lease 3000
+serve p0:7004 "$attn" --hold '9=0:0-3' --hold '10=0:4-7' --lease 3000 --token "$token"
 check "both decode hosts want their request and wait" \
   wait_until 30 "both fetches to wait" in_logs '^waiting ' "$tmp/hold9" "$tmp/hold10"
 # Two at each connect, then two every 0.5 s: 24 heartbeats take 5 s, beyond the 3 s lease.
@@ -450,9 +456,9 @@ section "a decode process stopped (SIGSTOP) while it holds a lease"
 # A stalled decode process sends no heartbeat, so P lets the lease go; continued, it reads
 # anyway (P's memory still holds the blocks here) and its late done is counted as unknown.
 fetch_start d0 "$tmp/stall" "$attn" "${address[p0]}:7005" '0:8-11' --request 13 --want \
-  --heartbeat 500 --wait-before-read 4000
+  --heartbeat 500 --wait-before-read 4000 --token "$token"
 fetch_pid=$pid
-serve p0:7005 "$attn" --hold '13=0:8-11' --lease 3000
+serve p0:7005 "$attn" --hold '13=0:8-11' --lease 3000 --token "$token"
 check "D wants request 13 and waits" \
   wait_until 30 "the fetch to wait" in_logs '^waiting ' "$tmp/stall"
 kill -STOP "$fetch_pid"

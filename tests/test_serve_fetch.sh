@@ -21,6 +21,11 @@ trap cleanup EXIT
 # shellcheck source=support/check.sh
 source "$src/tests/support/check.sh"
 
+# Every kvx process of this test shares one secret, as a deployment would (kvx serve and
+# fetch read KVX_AUTH_FILE when --auth is not given).
+"$kvx" auth-key "$tmp/auth.key" >/dev/null || { echo "kvx auth-key failed"; exit 1; }
+export KVX_AUTH_FILE=$tmp/auth.key
+
 # serve LAYOUT [OPTIONS...]: starts P on a free port the kernel picks (never one in use) and
 # waits until it serves; sets $addr from its "serving ... on HOST:PORT:" line and $log. The
 # log is a new file: reusing a stopped server's (its name once came from ${#logs[@]}) let

@@ -20,7 +20,7 @@ static const char usage_serve[] =
     "usage: kvx serve LAYOUT --listen HOST:PORT (--auth FILE | --insecure)\n"
     "                 [--tp-rank R --tp-size N] [--fill SEED]\n"
     "                 [--transports LIST] [--malloc] [--lease MS] [--metrics HOST:PORT]\n"
-    "                 [--hold 'ID=G:IDS;G:IDS' ... [--consumers N]] [--verbose]\n"
+    "                 [--hold 'ID=G:IDS;G:IDS' ... [--consumers N] [--token HEX]] [--verbose]\n"
     "\n"
     "A prefill worker: allocates the layout's storages (through UCX, or with malloc when\n"
     "--malloc is given), fills every byte with a pattern of (SEED, storage, offset), and\n"
@@ -38,8 +38,9 @@ static const char usage_serve[] =
     "                      default 30000\n"
     "  --hold ID=BLOCKS    before serving, hold request ID's blocks (the --blocks syntax of\n"
     "                      kvx fetch) until --consumers dones for ID arrived or the lease\n"
-    "                      expired; prints the hold's token (for kvx fetch --token) and\n"
-    "                      \"released request ID\" then. Repeatable\n"
+    "                      expired; prints \"released request ID\" then. Repeatable\n"
+    "  --token HEX         the token of every --hold (32 hex digits; kvx fetch presents it);\n"
+    "                      default a random one, printed on each \"holding\" line\n"
     "  --consumers N       decode ranks each --hold waits for; default 1\n"
     "  --metrics HOST:PORT Prometheus metrics at http://HOST:PORT/metrics (port 0: a free\n"
     "                      one, printed)\n"
@@ -67,8 +68,8 @@ static const char usage_fetch[] =
     "  --timeout MS        handshake and transfer deadline; default 10000\n"
     "  --request ID        the request id read (and notified done); default 1. A prefill\n"
     "                      rank that holds ID (kvx serve --hold) releases it on the done\n"
-    "  --token HEX         the hold's token kvx serve --hold printed: a done or heartbeat\n"
-    "                      without it does not count\n"
+    "  --token HEX         the hold's token (kvx serve --hold printed or was given it): a\n"
+    "                      done or heartbeat without it does not count\n"
     "  --want              want the request from every peer before reading: heartbeats\n"
     "                      carry its id, which keeps its lease alive on the prefill side\n"
     "  --heartbeat MS      heartbeat interval; a peer silent for three is dead; default 5000\n"
@@ -389,6 +390,10 @@ static kvx_status_t serve_holds_take(kvx_agent_t *agent, const struct serve_hold
         kvx_status_t status = kvx_regions_request_ids(kvx_agent_regions(agent), h->ids.groups,
                                                       h->ids.num_groups, NULL, 0, &num_ids);
 
+        if (status == KVX_OK && a->token == NULL)
+            status = kvx_token_generate(&token);
+        else if (status == KVX_OK && !cli_token_parse("--token", a->token, &token))
+            status = KVX_ERR_INVALID; /* checked before serving: cannot happen */
         if (status == KVX_OK)
             status = kvx_hold(agent, h->request_id, h->ids.groups, h->ids.num_groups,
                               (uint32_t)a->consumers, &token);
@@ -420,10 +425,12 @@ int command_serve(int argc, char **argv)
     if (ret >= 0)
         return ret;
     if (a.listen == NULL || a.peers != NULL || a.blocks != NULL || a.verify || a.json || a.want ||
-        a.wait_before_read_ms > 0 || a.token != NULL)
+        a.wait_before_read_ms > 0)
         return cli_usage_error("serve: needs --listen, takes no --peer, --blocks, --verify, "
-                               "--json, --want, --token or --wait-before-read",
+                               "--json, --want or --wait-before-read",
                                usage_serve);
+    if (a.token != NULL && !cli_token_parse("--token", a.token, &(kvx_token_t){{0}}))
+        return EXIT_BAD_INPUT;
     /* Bad holds are bad input: found before any memory is allocated or port bound. */
     for (; num_holds < a.num_holds; num_holds++) {
         if (!serve_hold_parse(a.holds[num_holds], &holds[num_holds])) {

@@ -89,3 +89,13 @@ kvx_token_t read_token(int ready)
     assert_int_equal(read(ready, &token, sizeof(token)), sizeof(token));
     return token;
 }
+
+kvx_status_t hold_new(kvx_agent_t *agent, uint64_t request_id, const kvx_group_ids_t *groups,
+                      size_t num_groups, uint32_t consumers, kvx_token_t *token_p)
+{
+    kvx_status_t status = kvx_token_generate(token_p);
+
+    return status == KVX_OK
+               ? kvx_hold(agent, request_id, groups, num_groups, consumers, token_p)
+               : status;
+}

@@ -23,6 +23,10 @@ kvx_status_t agent_from_quoted(const char *quoted, const kvx_agent_params_t *par
  * free port the kernel picked) as ADDRESS_SIZE bytes on `ready`. */
 void report_serving(int ready, const kvx_agent_t *agent);
 
+/* kvx_hold with a new token, returned in *token_p. */
+kvx_status_t hold_new(kvx_agent_t *agent, uint64_t request_id, const kvx_group_ids_t *groups,
+                      size_t num_groups, uint32_t consumers, kvx_token_t *token_p);
+
 /* A child tells its parent the token of a hold it took (after report_serving), and the
  * parent reads it, as an engine carries it in a request's transfer parameters. */
 void report_token(int ready, const kvx_token_t *token);
