@@ -1,0 +1,639 @@
+/* test_security.c: issue 11's attacks on a prefill process, each between real processes on
+ * loopback: a peer without the secret (or with another) gets no metadata and no answer while
+ * an authenticated one is served; forged push registrations (this process's own worker, a
+ * third agent's) are refused and change no byte of anyone; a done or heartbeat with a wrong
+ * token changes no hold; floods stay within the listener's memory bound; and the rules of an
+ * agent without a secret and of the key file. */
+#include "auth.h"
+#include "clock.h"
+#include "core.h"
+#include "layouts.h"
+#include "prefill.h"
+#include "push_request.h"
+#include "sidechan.h"
+
+#include <zmq.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#define PAGE   4096
+#define BLOCKS 16
+
+static const char layout[] =
+    "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 65536}], 'views': ["
+    "{'name': 'layers.0.mla', 'kind': 'mla', 'storage': 'kv', 'page': 4096, 'stride': 4096,"
+    " 'num_blocks': 16}]}";
+
+/* What the prefill process of a test is given before it forks. */
+static struct {
+    uint32_t max_peers;
+    uint32_t timeout_ms;
+} config = {64, 10000};
+
+/* What a prefill process says about itself on 's'. */
+struct report {
+    kvx_agent_stats_t stats;
+    uint64_t refused_lines; /* log lines that name a refused address */
+    bool intact;            /* its storage still holds its pattern, every byte */
+    uint64_t rss_peak_kib;  /* VmHWM */
+};
+
+static uint64_t pattern_word(uint64_t seed, uint64_t index)
+{
+    return (seed << 48 | (index + 1)) * 0x9e3779b97f4a7c15u;
+}
+
+static void pattern_fill(kvx_agent_t *agent, uint64_t seed)
+{
+    uint64_t size;
+    uint64_t *words = kvx_agent_storage(agent, 0, &size);
+
+    for (uint64_t i = 0; i < size / 8; i++)
+        words[i] = pattern_word(seed, i);
+}
+
+static bool pattern_intact(const kvx_agent_t *agent, uint64_t seed)
+{
+    uint64_t size;
+    const uint64_t *words = kvx_agent_storage(agent, 0, &size);
+
+    for (uint64_t i = 0; i < size / 8; i++) {
+        if (words[i] != pattern_word(seed, i))
+            return false;
+    }
+    return true;
+}
+
+static uint64_t rss_peak_kib(void)
+{
+    char line[256];
+    uint64_t kib = 0;
+    FILE *status = fopen("/proc/self/status", "r");
+
+    while (status != NULL && fgets(line, sizeof(line), status) != NULL)
+        sscanf(line, "VmHWM: %" SCNu64, &kib);
+    if (status != NULL)
+        fclose(status);
+    return kib;
+}
+
+static void count_refused(void *arg, const char *line)
+{
+    if (strstr(line, "side channel: refused ") != NULL)
+        (*(uint64_t *)arg)++;
+}
+
+/* A prefill process: its storage filled with the pattern of seed `go`'s first byte... kept
+ * simple: seed 1. Holds request 7 with a token it reports after its address, then serves;
+ * on 's' on `go` it writes a struct report on `ready`, on 'q' it exits. */
+static int run_prefill(int ready, int go)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
+                                               KVX_AGENT_PARAM_FIELD_MAX_PEERS |
+                                               KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                 .listen     = "127.0.0.1:0",
+                                 .max_peers  = config.max_peers,
+                                 .timeout_ms = config.timeout_ms};
+    uint64_t block            = 5;
+    kvx_group_ids_t group     = {&block, 1};
+    uint64_t refused_lines    = 0;
+    kvx_agent_t *agent;
+    kvx_token_t token;
+
+    alarm(120);
+    if (agent_from_quoted(layout, &params, &agent) != KVX_OK)
+        return 10;
+    kvx_agent_set_log_callback(agent, count_refused, &refused_lines);
+    pattern_fill(agent, 1);
+    if (hold_new(agent, 7, &group, 1, 1, &token) != KVX_OK)
+        return 11;
+    report_serving(ready, agent);
+    report_token(ready, &token);
+    for (;;) {
+        struct pollfd item = {.fd = go, .events = POLLIN};
+        struct report r;
+        char c;
+
+        kvx_agent_progress(agent, 5);
+        if (poll(&item, 1, 0) <= 0)
+            continue;
+        if (read(go, &c, 1) != 1 || c == 'q')
+            break;
+        kvx_agent_stats(agent, &r.stats, sizeof(r.stats));
+        r.refused_lines = refused_lines;
+        r.intact        = pattern_intact(agent, 1);
+        r.rss_peak_kib  = rss_peak_kib();
+        if (write(ready, &r, sizeof(r)) != sizeof(r))
+            return 12;
+    }
+    return kvx_agent_destroy(agent) == KVX_OK ? 0 : 13;
+}
+
+struct prefill {
+    pid_t pid;
+    int ready;
+    int go;
+    char address[ADDRESS_SIZE];
+    kvx_token_t token;
+};
+
+static void prefill_start(struct prefill *p)
+{
+    int go[2];
+
+    assert_int_equal(pipe(go), 0);
+    p->pid = start_prefill(run_prefill, go[0], p->address, &p->ready);
+    close(go[0]);
+    p->go    = go[1];
+    p->token = read_token(p->ready);
+}
+
+static struct report prefill_report(const struct prefill *p)
+{
+    struct report r;
+
+    assert_int_equal(write(p->go, "s", 1), 1);
+    assert_int_equal(read(p->ready, &r, sizeof(r)), sizeof(r));
+    return r;
+}
+
+static void prefill_end(struct prefill *p)
+{
+    int status;
+
+    assert_int_equal(write(p->go, "q", 1), 1);
+    assert_int_equal(waitpid(p->pid, &status, 0), p->pid);
+    close(p->go);
+    close(p->ready);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static kvx_agent_t *decode_agent(const kvx_agent_params_t *params)
+{
+    kvx_agent_t *agent = NULL;
+
+    assert_int_equal(agent_from_quoted(layout, params, &agent), KVX_OK);
+    return agent;
+}
+
+/* A verified read of block 5 (the pattern of seed 1) with `token`; returns the status. */
+static kvx_status_t read_block5(kvx_agent_t *agent, kvx_peer_t *peer, const kvx_token_t *token)
+{
+    uint64_t block        = 5;
+    kvx_group_ids_t group = {&block, 1};
+    kvx_request_t request = {&group, 1, NULL, 0, token};
+    const uint64_t *words = (const uint64_t *)kvx_agent_storage(agent, 0, NULL) + 5 * PAGE / 8;
+    kvx_status_t status   = kvx_read(agent, &peer, 1, 7, &request, NULL);
+
+    for (size_t i = 0; status == KVX_OK && i < PAGE / 8; i++) {
+        if (words[i] != pattern_word(1, 5 * PAGE / 8 + i))
+            fail_msg("word %zu of block 5 differs", i);
+    }
+    return status;
+}
+
+/* Attack 1: a peer without the secret, or with another one, or speaking plain ZeroMQ, gets
+ * no metadata and no answer; each refusal is counted, the address logged once; the prefill
+ * process serves an authenticated decode process meanwhile. */
+static void a_peer_without_the_secret_gets_nothing(void **state)
+{
+    const uint8_t other_key[KVX_AUTH_KEY_LEN] = "another deployment's secret key.";
+    kvx_agent_params_t wrong                  = {.field_mask = KVX_AGENT_PARAM_FIELD_AUTH_KEY |
+                                                               KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                                 .auth_key   = other_key,
+                                                 .timeout_ms = 10000};
+    kvx_agent_params_t insecure               = {.field_mask = KVX_AGENT_PARAM_FIELD_INSECURE |
+                                                               KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                                 .insecure   = true,
+                                                 .timeout_ms = 10000};
+    struct auth_keys plain                    = {.curve = false};
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer = NULL;
+    struct report r;
+    void *zmq;
+    void *reply = NULL;
+    size_t size;
+
+    (void)state;
+    prefill_start(&p);
+    agent = decode_agent(&wrong);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_ERR_PEER_REFUSED);
+    assert_non_null(strstr(kvx_errmsg(), "handshake failed"));
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    agent = decode_agent(&insecure);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_ERR_PEER_REFUSED);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    /* plain ZeroMQ asking for the metadata: refused before a byte of it is read */
+    zmq = zmq_ctx_new();
+    assert_int_equal(
+        sidechan_fetch(zmq, p.address, &plain, VERB_METADATA, 1 << 20, 10000, &reply, &size),
+        KVX_ERR_PEER_REFUSED);
+    assert_null(reply);
+    zmq_ctx_term(zmq);
+
+    agent = decode_agent(NULL); /* the tests' secret */
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    assert_int_equal(read_block5(agent, peer, &p.token), KVX_OK);
+    r = prefill_report(&p);
+    assert_true(r.stats.auth_refused >= 3);
+    assert_int_equal(r.refused_lines, 1); /* one address, logged once */
+    assert_int_equal(r.stats.released, 1);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    prefill_end(&p);
+}
+
+/* The metadata a prefill process serves, unpacked against our table in pull mode. */
+static kvx_metadata_t *metadata_fetch(const char *address, const kvx_regions_t *local)
+{
+    struct auth_keys keys;
+    void *zmq = zmq_ctx_new();
+    void *bytes;
+    size_t size;
+    kvx_metadata_t *md = NULL;
+
+    assert_int_equal(auth_keys_derive(test_auth_key, &keys), KVX_OK);
+    assert_int_equal(
+        sidechan_fetch(zmq, address, &keys, VERB_METADATA, 1 << 24, 10000, &bytes, &size), KVX_OK);
+    assert_int_equal(kvx_metadata_unpack(bytes, size, local, KVX_MODE_PULL, &md), KVX_OK);
+    free(bytes);
+    zmq_ctx_term(zmq);
+    return md;
+}
+
+/* Push metadata that names the worker, keys and bases of the agent `victim` described: what a
+ * requester who read that agent's metadata could forge. */
+static void forged_push_metadata(const kvx_regions_t *table, const kvx_metadata_t *victim,
+                                 void **buf_p, size_t *size_p)
+{
+    kvx_metadata_info_t info;
+    kvx_registration_info_t reg;
+    uint64_t base;
+    kvx_blob_t key;
+    kvx_metadata_params_t mp;
+
+    kvx_metadata_get_info(victim, &info);
+    assert_int_equal(info.num_registrations, 1);
+    assert_int_equal(kvx_metadata_registration(victim, 0, &reg), KVX_OK);
+    base = reg.base + 5 * PAGE; /* and a forged base: block 0 written lands on its block 5 */
+    key  = reg.remote_key;
+    mp   = (kvx_metadata_params_t){.field_mask = KVX_METADATA_PARAM_FIELD_MODE |
+                                                 KVX_METADATA_PARAM_FIELD_STORAGE_BASES |
+                                                 KVX_METADATA_PARAM_FIELD_REMOTE_KEYS |
+                                                 KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS,
+                                   .mode              = KVX_MODE_PUSH,
+                                   .storage_bases     = &base,
+                                   .remote_keys       = &key,
+                                   .transport_address = info.transport_address};
+    assert_int_equal(kvx_metadata_pack(table, &mp, buf_p, size_p), KVX_OK);
+}
+
+/* One request on an authenticated connection of its own; its answer's text (freed by the
+ * caller), or NULL when none came within `timeout_ms`. */
+static char *request_answer(struct sidechan_client *client, const char *verb, const void *body,
+                            size_t size, int timeout_ms)
+{
+    uint64_t id;
+    char *reply = NULL;
+    size_t reply_size;
+
+    assert_int_equal(sidechan_client_send(client, verb, 9, body, size), KVX_OK);
+    while (sidechan_client_wait(client, timeout_ms)) {
+        if (sidechan_client_recv(client, &id, &reply, &reply_size) && id == 9)
+            return reply;
+        free(reply);
+    }
+    return NULL;
+}
+
+/* Attack 3: an authenticated requester registers push metadata naming the prefill process's
+ * own worker (refused at once), then a third agent's worker and keys with a forged base
+ * (refused when that worker never returns the proof), then pushes with a handle it was never
+ * given (refused); no byte of the prefill process or the third agent changed, and an honest
+ * push still works. */
+static void forged_pushes_are_refused_and_change_no_byte(void **state)
+{
+    struct prefill p;
+    struct prefill third;
+    struct auth_keys keys;
+    struct sidechan_client *client;
+    kvx_metadata_t *md;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    void *zmq;
+    void *forged;
+    size_t size;
+    char *answer;
+    struct report r;
+    uint64_t block        = 0;
+    kvx_group_ids_t group = {&block, 1};
+    kvx_request_t request = {&group, 1, NULL, 0, NULL};
+    void *push;
+    size_t push_size;
+    const uint8_t handle[16] = {0};
+
+    (void)state;
+    config.timeout_ms = 3000; /* the proof's deadline: a refusal, not a speed, is tested */
+    prefill_start(&p);
+    prefill_start(&third);
+    config.timeout_ms = 10000;
+    agent             = decode_agent(NULL);
+    assert_int_equal(auth_keys_derive(test_auth_key, &keys), KVX_OK);
+    zmq = zmq_ctx_new();
+    assert_int_equal(sidechan_client_create(zmq, p.address, &keys, 8, &client), KVX_OK);
+
+    md = metadata_fetch(p.address, kvx_agent_regions(agent));
+    forged_push_metadata(kvx_agent_regions(agent), md, &forged, &size);
+    kvx_metadata_destroy(md);
+    answer = request_answer(client, VERB_PUSH_REGISTER, forged, size, 10000);
+    assert_non_null(answer);
+    assert_non_null(strstr(answer, "names this agent's own worker"));
+    free(answer);
+    kvx_free(forged);
+
+    md = metadata_fetch(third.address, kvx_agent_regions(agent));
+    forged_push_metadata(kvx_agent_regions(agent), md, &forged, &size);
+    kvx_metadata_destroy(md);
+    answer = request_answer(client, VERB_PUSH_REGISTER, forged, size, 20000);
+    assert_non_null(answer);
+    assert_non_null(strstr(answer, "did not return the proof"));
+    free(answer);
+    kvx_free(forged);
+
+    assert_int_equal(push_request_encode(1, handle, &request, &push, &push_size), KVX_OK);
+    answer = request_answer(client, VERB_PUSH, push, push_size, 10000);
+    assert_non_null(answer);
+    assert_non_null(strstr(answer, "no registered writer"));
+    free(answer);
+    free(push);
+    sidechan_client_destroy(client);
+    zmq_ctx_term(zmq);
+
+    r = prefill_report(&p);
+    assert_true(r.intact);
+    assert_int_equal(r.stats.pushes_refused, 3);
+    assert_true(prefill_report(&third).intact);
+
+    /* an honest push, whose proof comes back, still writes */
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    block = 5;
+    assert_int_equal(kvx_write(agent, &peer, 1, 11, &request, NULL), KVX_OK);
+    for (size_t i = 0; i < PAGE / 8; i++)
+        assert_true(((const uint64_t *)kvx_agent_storage(agent, 0, NULL))[5 * PAGE / 8 + i] ==
+                    pattern_word(1, 5 * PAGE / 8 + i));
+    assert_true(prefill_report(&p).intact);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    prefill_end(&third);
+    prefill_end(&p);
+}
+
+/* Attack 4: a done and a heartbeat with a wrong token change no hold; the real token's done
+ * releases it. */
+static void a_wrong_token_releases_nothing(void **state)
+{
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_token_t wrong;
+    uint64_t id = 7;
+    struct report r;
+
+    (void)state;
+    prefill_start(&p);
+    wrong = p.token;
+    wrong.bytes[0] ^= 0x80;
+    agent = decode_agent(NULL);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    assert_int_equal(kvx_heartbeat(agent, &peer, 1, &id, &wrong, 1), KVX_OK);
+    assert_int_equal(read_block5(agent, peer, &wrong), KVX_OK); /* its done is forged */
+    assert_int_equal(read_block5(agent, peer, NULL), KVX_OK);   /* no token at all */
+    do
+        r = prefill_report(&p);
+    while (r.stats.tokens_refused < 3);
+    assert_int_equal(r.stats.tokens_refused, 3);
+    assert_int_equal(r.stats.held, 1);
+    assert_int_equal(r.stats.released, 0);
+    assert_int_equal(read_block5(agent, peer, &p.token), KVX_OK);
+    do
+        r = prefill_report(&p);
+    while (r.stats.released < 1);
+    assert_int_equal(r.stats.held, 0);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    prefill_end(&p);
+}
+
+/* Sends `count` messages of `size` bytes (a push verb, garbage body) on each of `n`
+ * authenticated connections, blocking on each, then closes them. */
+static void flood(const char *address, int n, int count, size_t size)
+{
+    struct auth_keys keys;
+    void *zmq      = zmq_ctx_new();
+    char *body     = calloc(1, size);
+    void **sockets = calloc((size_t)n, sizeof(*sockets));
+    char endpoint[ADDRESS_SIZE + 8];
+    int hwm     = 2;
+    int timeout = 2000;
+    int linger  = 30000; /* every message sent is delivered before the context ends */
+
+    assert_non_null(body);
+    assert_int_equal(auth_keys_derive(test_auth_key, &keys), KVX_OK);
+    snprintf(endpoint, sizeof(endpoint), "tcp://%s", address);
+    for (int i = 0; i < n; i++) {
+        sockets[i] = zmq_socket(zmq, ZMQ_DEALER);
+        zmq_setsockopt(sockets[i], ZMQ_SNDHWM, &hwm, sizeof(hwm));
+        zmq_setsockopt(sockets[i], ZMQ_SNDTIMEO, &timeout, sizeof(timeout));
+        zmq_setsockopt(sockets[i], ZMQ_LINGER, &linger, sizeof(linger));
+        assert_int_equal(auth_client_socket(sockets[i], &keys), KVX_OK);
+        assert_int_equal(zmq_connect(sockets[i], endpoint), 0);
+    }
+    for (int m = 0; m < count; m++) {
+        for (int i = 0; i < n; i++) {
+            zmq_send(sockets[i], "", 0, ZMQ_SNDMORE);
+            zmq_send(sockets[i], VERB_PUSH, strlen(VERB_PUSH), ZMQ_SNDMORE);
+            zmq_send(sockets[i], "IDIDIDID", 8, ZMQ_SNDMORE);
+            zmq_send(sockets[i], body, size, 0); /* may time out: a peer dropped for it */
+        }
+    }
+    for (int i = 0; i < n; i++)
+        zmq_close(sockets[i]);
+    zmq_ctx_term(zmq);
+    free(sockets);
+    free(body);
+}
+
+/* Attack 5: 16 connections each sending 10.5 MB frames (dropped at the first: above
+ * max_message), then 16 sending 30 messages of max_message each: the prefill process's peak
+ * memory grows by less than its bound (max_peers x 8 queued x max_message; 16 connections
+ * here: 128 MiB), it keeps serving, and a 17th connection past max_peers is refused. */
+static void floods_stay_within_the_memory_bound(void **state)
+{
+    const uint64_t bound_kib = 16ull * 8 * 1024 + 32 * 1024; /* + 32 MiB of slack */
+    struct prefill p;
+    struct report before;
+    struct report after;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+
+    (void)state;
+    config.max_peers = 16;
+    prefill_start(&p);
+    config.max_peers = 64;
+    before           = prefill_report(&p);
+    flood(p.address, 16, 3, 10500000);
+    flood(p.address, 16, 30, (1u << 20) - 1024); /* CURVE adds 33 bytes a frame */
+    for (uint64_t start = clock_ms();
+         (after = prefill_report(&p)).stats.pushes_refused < 16 * 30 && clock_ms() - start < 60000;)
+        nanosleep(&(struct timespec){0, 10000000}, NULL); /* the last may still be queued */
+    print_message("peak RSS %" PRIu64 " KiB -> %" PRIu64 " KiB (bound + %" PRIu64 " KiB); %" PRIu64
+                  " flood messages served and refused\n",
+                  before.rss_peak_kib, after.rss_peak_kib, bound_kib, after.stats.pushes_refused);
+    assert_true(after.stats.pushes_refused >= 16 * 30); /* the 1 MiB ones all came in */
+    assert_true(after.rss_peak_kib - before.rss_peak_kib < bound_kib);
+    agent = decode_agent(NULL);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    assert_int_equal(read_block5(agent, peer, &p.token), KVX_OK);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    prefill_end(&p);
+}
+
+/* Past max_peers open connections, a handshake is refused, counted as such. */
+static void connections_past_max_peers_are_refused(void **state)
+{
+    struct prefill p;
+    kvx_agent_t *agents[3];
+    kvx_peer_t *peers[2];
+    kvx_peer_t *extra;
+
+    (void)state;
+    config.max_peers = 2;
+    prefill_start(&p);
+    config.max_peers = 64;
+    for (int i = 0; i < 3; i++)
+        agents[i] = decode_agent(NULL);
+    /* each connected peer keeps one connection (its socket); the handshake's own is closed */
+    assert_int_equal(kvx_agent_connect(agents[0], p.address, &peers[0]), KVX_OK);
+    assert_int_equal(kvx_agent_connect(agents[1], p.address, &peers[1]), KVX_OK);
+    assert_int_equal(kvx_agent_connect(agents[2], p.address, &extra), KVX_ERR_PEER_REFUSED);
+    assert_true(prefill_report(&p).stats.peers_refused >= 1);
+    for (int i = 0; i < 2; i++) {
+        kvx_peer_destroy(peers[i]);
+        assert_int_equal(kvx_agent_destroy(agents[i]), KVX_OK);
+    }
+    assert_int_equal(kvx_agent_destroy(agents[2]), KVX_OK);
+    prefill_end(&p);
+}
+
+/* Secure by default: no secret and not insecure, insecure on a non-loopback address, and
+ * both at once are refused; insecure on loopback is allowed. */
+static void an_agent_needs_a_secret_or_loopback(void **state)
+{
+    kvx_agent_t *agent = NULL;
+    kvx_layout_t *l;
+
+    (void)state;
+    assert_int_equal(layout_from_quoted(layout, &l), KVX_OK);
+    assert_int_equal(kvx_agent_create(l, NULL, &agent), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "no auth key"));
+    assert_int_equal(
+        kvx_agent_create(l,
+                         &(kvx_agent_params_t){.field_mask = KVX_AGENT_PARAM_FIELD_INSECURE |
+                                                             KVX_AGENT_PARAM_FIELD_LISTEN,
+                                               .insecure = true,
+                                               .listen   = "0.0.0.0:0"},
+                         &agent),
+        KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "loopback only"));
+    assert_int_equal(
+        kvx_agent_create(l,
+                         &(kvx_agent_params_t){.field_mask = KVX_AGENT_PARAM_FIELD_INSECURE |
+                                                             KVX_AGENT_PARAM_FIELD_AUTH_KEY,
+                                               .insecure = true,
+                                               .auth_key = test_auth_key},
+                         &agent),
+        KVX_ERR_INVALID);
+    assert_int_equal(
+        kvx_agent_create(l,
+                         &(kvx_agent_params_t){.field_mask = KVX_AGENT_PARAM_FIELD_INSECURE |
+                                                             KVX_AGENT_PARAM_FIELD_LISTEN,
+                                               .insecure = true,
+                                               .listen   = "127.0.0.1:0"},
+                         &agent),
+        KVX_OK);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    kvx_layout_destroy(l);
+}
+
+/* The key file: created new with mode 0600 (never over an existing file), read back; a file
+ * others may read, a FIFO and a file of another shape are refused. */
+static void the_key_file_is_private_and_strict(void **state)
+{
+    char dir[] = "/tmp/kvx-key-XXXXXX";
+    char path[64];
+    char fifo[64];
+    uint8_t key[KVX_AUTH_KEY_LEN];
+    uint8_t again[KVX_AUTH_KEY_LEN];
+    struct stat st;
+    FILE *f;
+
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/key", dir);
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    assert_int_equal(kvx_auth_key_create(path), KVX_OK);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(kvx_auth_key_load(path, key), KVX_OK);
+    assert_int_equal(kvx_auth_key_create(path), KVX_ERR_IO); /* exists: kept */
+    assert_int_equal(kvx_auth_key_load(path, again), KVX_OK);
+    assert_memory_equal(key, again, sizeof(key));
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_equal(kvx_auth_key_load(path, key), KVX_ERR_INVALID);
+    assert_non_null(strstr(kvx_errmsg(), "chmod 600"));
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(kvx_auth_key_load(fifo, key), KVX_ERR_INVALID); /* and no hang */
+    assert_int_equal(unlink(path), 0);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("kvx-auth-key 1 not hex\n", f);
+    fclose(f);
+    assert_int_equal(chmod(path, 0600), 0);
+    assert_int_equal(kvx_auth_key_load(path, key), KVX_ERR_INVALID);
+    unlink(path);
+    unlink(fifo);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(an_agent_needs_a_secret_or_loopback),
+        cmocka_unit_test(the_key_file_is_private_and_strict),
+        cmocka_unit_test(a_peer_without_the_secret_gets_nothing),
+        cmocka_unit_test(forged_pushes_are_refused_and_change_no_byte),
+        cmocka_unit_test(a_wrong_token_releases_nothing),
+        cmocka_unit_test(floods_stay_within_the_memory_bound),
+        cmocka_unit_test(connections_past_max_peers_are_refused),
+    };
+
+    setenv("UCX_NET_DEVICES", "lo", 0);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
