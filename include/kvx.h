@@ -584,7 +584,7 @@ typedef struct kvx_agent_params {
                                     (a handshake in progress counts); default 64 */
     uint32_t max_message;        /* _MAX_MESSAGE: listener: bytes of one side-channel message
                                     (a push request's ids, a push registration's metadata,
-                                   33 bytes of CURVE framing included);
+                                    33 bytes of CURVE framing included);
                                     8 messages queue per connection, so a listener holds at most
                                     max_peers * 8 * max_message; default 1 MiB */
     uint32_t max_pushes;         /* _MAX_PUSHES: listener: pushes one peer may have in flight;
