@@ -7,12 +7,14 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* The JSON path of a value, views[12].stride or block_size, kept as its two parts and
  * formatted only when an error names it: formatting every path cost a third of a load. */
@@ -406,42 +408,76 @@ out:
     return status;
 }
 
+/* What a path that is not a regular file names, for the message. */
+static const char *file_type_name(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    return "not a regular file";
+}
+
+/* Opens without blocking and checks the type before reading a byte: a FIFO with no writer
+ * would block a plain open(), and a device or FIFO has no size to bound the read by. */
 kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p)
 {
-    FILE *file;
     char *buffer = NULL;
+    size_t done  = 0;
     struct stat st;
-    off_t size;
     kvx_status_t status;
+    int fd;
 
     if (path == NULL || layout_p == NULL)
         return error_set(KVX_ERR_INVALID, "layout: no path or no place for the result");
-    file = fopen(path, "rb");
-    if (file == NULL)
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return error_set(KVX_ERR_IO, "%s: %s", path, strerror(errno));
-    if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
-        status = error_set(KVX_ERR_IO, "%s: not a regular file", path);
+    if (fstat(fd, &st) != 0) {
+        status = error_set(KVX_ERR_IO, "%s: %s", path, strerror(errno));
         goto out;
     }
-    size = st.st_size;
-    if (size > (off_t)KVX_MAX_LAYOUT_FILE) {
+    if (!S_ISREG(st.st_mode)) {
+        status = error_set(KVX_ERR_IO, "%s: is %s, not a regular file", path,
+                           file_type_name(st.st_mode));
+        goto out;
+    }
+    if (st.st_size > (off_t)KVX_MAX_LAYOUT_FILE) {
         status = error_set(KVX_ERR_INVALID, "%s: %lld bytes is more than the %u allowed", path,
-                           (long long)size, KVX_MAX_LAYOUT_FILE);
+                           (long long)st.st_size, KVX_MAX_LAYOUT_FILE);
         goto out;
     }
-    buffer = malloc((size_t)size + 1); /* + 1: a zero-byte file is still a buffer */
+    buffer = malloc((size_t)st.st_size + 1); /* + 1: a zero-byte file is still a buffer */
     if (buffer == NULL) {
         status = error_no_memory("a layout file buffer");
         goto out;
     }
-    if (fread(buffer, 1, (size_t)size, file) != (size_t)size) {
-        status = error_set(KVX_ERR_IO, "%s: read failed", path);
-        goto out;
+    while (done < (size_t)st.st_size) {
+        ssize_t n = read(fd, buffer + done, (size_t)st.st_size - done);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            status = error_set(KVX_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+            goto out;
+        }
+        if (n == 0) {
+            status = error_set(KVX_ERR_IO, "%s: ended at byte %zu of %lld (changed while read)",
+                               path, done, (long long)st.st_size);
+            goto out;
+        }
+        done += (size_t)n;
     }
-    status = kvx_layout_load_buffer(buffer, (size_t)size, layout_p);
+    status = kvx_layout_load_buffer(buffer, done, layout_p);
 
 out:
     free(buffer);
-    fclose(file);
+    close(fd);
     return status;
 }

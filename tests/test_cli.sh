@@ -18,10 +18,11 @@ plan_matches_expected() {
 }
 
 # status_and_one_error_line EXPECTED_STATUS MESSAGE_PART ARGS...
+# Bad input is found before anything waits, so each run gets 10 s (timeout exits 124).
 status_and_one_error_line() {
   local want=$1 part=$2
   shift 2
-  "$kvx" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
+  timeout 10 "$kvx" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
   local got=$?
   [[ $got -eq $want ]] || { echo "status $got, expected $want"; return 1; }
   [[ $(head -n 1 "$tmp/stderr") == "kvx: error: "*"$part"* ]] ||
@@ -48,6 +49,9 @@ check "failed coverage proof exits 2" \
   status_and_one_error_line 2 "views[0] (a) is not covered by region 0 (a)" plan "$tmp/uncovered.json"
 check "missing file exits 2" \
   status_and_one_error_line 2 "/nonexistent.json: No such file" plan /nonexistent.json
+mkfifo "$tmp/fifo.json"
+check "a FIFO as LAYOUT exits 2 at once, naming what it is" \
+  status_and_one_error_line 2 "$tmp/fifo.json: is a FIFO, not a regular file" plan "$tmp/fifo.json"
 check "missing LAYOUT exits 2" status_and_one_error_line 2 "LAYOUT is required" plan
 check "unknown option exits 2" status_and_one_error_line 2 "unknown option --jsn" plan --jsn x
 check "unknown command exits 2" status_and_one_error_line 2 "unknown command fetchh" fetchh

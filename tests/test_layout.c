@@ -8,7 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 /* A layout with one storage of 1024 B and one view; %s is replaced by the view's fields. */
@@ -222,6 +225,34 @@ static void missing_file_is_an_io_error(void **state)
     assert_null(layout);
 }
 
+/* A FIFO without a writer, a directory or a device is refused by its type before any read,
+ * so loading one never blocks (alarm: a hang fails the test instead of stalling it). */
+static void non_regular_files_fail_without_blocking(void **state)
+{
+    char dir[]           = "/tmp/kvx_test_layout_XXXXXX";
+    const char *paths[]  = {NULL, dir, "/dev/null"};
+    const char *types[]  = {"is a FIFO", "is a directory", "is a character device"};
+    kvx_layout_t *layout = NULL;
+    char fifo[64];
+
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    snprintf(fifo, sizeof(fifo), "%s/layout.json", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    paths[0] = fifo;
+    alarm(10);
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        assert_int_equal(kvx_layout_load_file(paths[i], &layout), KVX_ERR_IO);
+        assert_null(layout);
+        if (strstr(kvx_errmsg(), paths[i]) == NULL || strstr(kvx_errmsg(), types[i]) == NULL)
+            fail_msg("%s: message \"%s\" lacks the path or \"%s\"", paths[i], kvx_errmsg(),
+                     types[i]);
+    }
+    alarm(0);
+    unlink(fifo);
+    rmdir(dir);
+}
+
 /* Many storages and views exercise the name index's growth. */
 static void many_storages_are_found_by_name(void **state)
 {
@@ -291,6 +322,7 @@ int main(void)
         cmocka_unit_test(api_failures_change_nothing),
         cmocka_unit_test(unknown_param_bits_are_rejected),
         cmocka_unit_test(missing_file_is_an_io_error),
+        cmocka_unit_test(non_regular_files_fail_without_blocking),
         cmocka_unit_test(many_storages_are_found_by_name),
         cmocka_unit_test(nul_bytes_are_rejected),
     };
