@@ -3,6 +3,7 @@
 #include "layout.h"
 
 #include "error.h"
+#include "text.h"
 
 #include <cjson/cJSON.h>
 
@@ -30,6 +31,14 @@ struct json_path {
 /* Room for "storages[<20 digits>]". */
 #define PARENT_MAX_LEN 40
 
+/* `text` escaped into `out` (TEXT_ESCAPED_MAX bytes) for a message: a key or value that is
+ * not what the reader expects may hold any bytes, and a message never prints them raw. */
+static const char *quote(char *out, const char *text)
+{
+    text_escape(out, TEXT_ESCAPED_MAX, text, strlen(text));
+    return out;
+}
+
 /* Fails unless every member of `object` is one of `keys` and none repeats. cJSON keeps
  * duplicate keys and finds the first, so a repeat would silently hide a value. */
 static kvx_status_t check_keys(const cJSON *object, const char *path, const char *const *keys,
@@ -40,9 +49,12 @@ static kvx_status_t check_keys(const cJSON *object, const char *path, const char
 
         for (size_t k = 0; k < num_keys && !known; k++)
             known = strcmp(item->string, keys[k]) == 0;
-        if (!known)
-            return error_set(KVX_ERR_INVALID, "%s: unknown key \"%.*s\"", path, KVX_MAX_NAME_LEN,
-                             item->string);
+        if (!known) {
+            char quoted[TEXT_ESCAPED_MAX];
+
+            return error_set(KVX_ERR_INVALID, "%s: unknown key \"%s\"", path,
+                             quote(quoted, item->string));
+        }
         for (const cJSON *prev = object->child; prev != item; prev = prev->next) {
             if (strcmp(prev->string, item->string) == 0)
                 return error_set(KVX_ERR_INVALID, "%s: key \"%s\" appears twice", path,
@@ -135,6 +147,7 @@ static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size
     static const char *const keys[] = {"name", "size", "mem", "device"};
     kvx_storage_params_t p          = {0};
     char parent[PARENT_MAX_LEN];
+    char quoted[TEXT_ESCAPED_MAX];
     struct json_path path;
     const cJSON *item;
     kvx_status_t status;
@@ -153,8 +166,8 @@ static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size
         if ((status = read_string(item, path, &mem)) != KVX_OK)
             return status;
         if (!layout_mem_type_parse(mem, &p.mem))
-            return error_set(KVX_ERR_INVALID, PATH_FMT ": \"%.*s\" is not dram or vram",
-                             PATH_ARGS(path), KVX_MAX_NAME_LEN, mem);
+            return error_set(KVX_ERR_INVALID, PATH_FMT ": \"%s\" is not dram or vram",
+                             PATH_ARGS(path), quote(quoted, mem));
         p.field_mask |= KVX_STORAGE_PARAM_FIELD_MEM;
     }
     if ((item = field(object, parent, "device", &path)) != NULL) {
@@ -172,6 +185,7 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
                                        "page", "stride", "num_blocks", "dense",   "heads"};
     kvx_view_params_t p             = {0};
     char parent[PARENT_MAX_LEN];
+    char quoted[TEXT_ESCAPED_MAX];
     struct json_path path;
     const cJSON *item;
     const char *kind = NULL;
@@ -188,9 +202,9 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
         return status;
     if (!layout_view_kind_parse(kind, &p.kind))
         return error_set(KVX_ERR_INVALID,
-                         PATH_FMT ": \"%.*s\" is not one of attn, swa, mla, swa_mla,"
+                         PATH_FMT ": \"%s\" is not one of attn, swa, mla, swa_mla,"
                                   " scratch, mamba, ple",
-                         PATH_ARGS(((struct json_path){parent, "kind"})), KVX_MAX_NAME_LEN, kind);
+                         PATH_ARGS(((struct json_path){parent, "kind"})), quote(quoted, kind));
     if ((status = read_required_string(object, parent, "storage", &p.storage)) != KVX_OK)
         return status;
     if ((status = read_required_uint(object, parent, "page", &p.page)) != KVX_OK ||

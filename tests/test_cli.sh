@@ -52,6 +52,26 @@ check "missing file exits 2" \
 mkfifo "$tmp/fifo.json"
 check "a FIFO as LAYOUT exits 2 at once, naming what it is" \
   status_and_one_error_line 2 "$tmp/fifo.json: is a FIFO, not a regular file" plan "$tmp/fifo.json"
+# Names are printable UTF-8: a control byte or broken UTF-8 is refused and quoted escaped, so
+# neither the terminal nor --json output ever sees it raw; other UTF-8 stays valid JSON.
+printf '{"kvx_layout": 1, "storages": [{"name": "kv\\u001b[2J", "size": 64}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv", "page": 64, "stride": 64, "num_blocks": 1}]}' \
+  >"$tmp/esc.json"
+check "a name with ESC exits 2 naming the field and byte, escaped" \
+  status_and_one_error_line 2 'storages[0].name: byte 2 (0x1b) is a control character, in "kv\x1b[2J"' \
+  plan --json "$tmp/esc.json"
+check "a name with ESC: no raw control byte on stderr" \
+  bash -c "! LC_ALL=C grep -q \$'\\x1b' '$tmp/stderr'"
+printf '{"kvx_layout": 1, "storages": [{"name": "kv\xff", "size": 64}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv\xff", "page": 64, "stride": 64, "num_blocks": 1}]}' \
+  >"$tmp/ff.json"
+check "a name with a lone 0xff exits 2" \
+  status_and_one_error_line 2 'storages[0].name: byte 2 (0xff) is not valid UTF-8, in "kv\xff"' \
+  plan --json "$tmp/ff.json"
+printf '{"kvx_layout": 1, "storages": [{"name": "\xc3\xa9", "size": 64}], "views": [
+  {"name": "\xe5\xb1\x82.0", "kind": "attn", "storage": "\xc3\xa9", "page": 64, "stride": 64,
+   "num_blocks": 1}]}' >"$tmp/utf8.json"
+check "UTF-8 names give valid --json" bash -c "'$kvx' plan --json '$tmp/utf8.json' | python3 -c \"import json,sys; d=json.load(sys.stdin); assert d['regions'][0]['name']=='\\u5c42.0' and d['registrations'][0]['storage']=='\\u00e9'\""
 check "missing LAYOUT exits 2" status_and_one_error_line 2 "LAYOUT is required" plan
 check "unknown option exits 2" status_and_one_error_line 2 "unknown option --jsn" plan --jsn x
 check "unknown command exits 2" status_and_one_error_line 2 "unknown command fetchh" fetchh
