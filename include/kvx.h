@@ -176,9 +176,11 @@ KVX_API kvx_status_t kvx_layout_validate(const kvx_layout_t *layout);
 /* Reads a layout file (spec formats.md, "kvx_layout": 1) from a buffer of `size` bytes (no
  * terminator needed) or from a path. Strict: unknown keys, wrong types, negative or
  * fractional counts and missing required keys fail with the key's path. Integers above
- * KVX_MAX_JSON_INTEGER are rejected because JSON numbers are doubles. The result has passed
- * kvx_layout_validate(). A path that is not a regular file (a FIFO, directory or device)
- * fails with KVX_ERR_IO naming what it is, before any read, so the call never blocks. */
+ * KVX_MAX_JSON_INTEGER are rejected because JSON numbers are doubles; each number's text is
+ * weighed, not its double, so 2^53 + 1 is not rounded into range, and a leading zero (0123)
+ * is rejected as JSON does. The result has passed kvx_layout_validate(). A path that is not
+ * a regular file (a FIFO, directory or device) fails with KVX_ERR_IO naming what it is,
+ * before any read, so the call never blocks. */
 KVX_API kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t **layout_p);
 KVX_API kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p);
 

@@ -363,6 +363,147 @@ static bool has_nul(const char *json, size_t size)
     return false;
 }
 
+/* The digits of a number's text without its point: integer digits, then fraction digits. */
+struct significand {
+    const char *int_digits;
+    size_t int_len;
+    const char *frac_digits;
+    size_t len; /* int_len + the fraction's digits */
+};
+
+static char significand_digit(const struct significand *s, size_t i)
+{
+    return i < s->int_len ? s->int_digits[i] : s->frac_digits[i - s->int_len];
+}
+
+static bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static bool is_number_char(char c)
+{
+    return is_digit(c) || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
+/* Why the number token `text` (`len` bytes, as cJSON accepted it) cannot be read exactly,
+ * or NULL. cJSON keeps only a double, which rounds 2^53 + 1 into range and drops a fraction
+ * below its precision, and it takes leading zeros, which JSON forbids; so the decimal text
+ * itself is weighed: its significant digits times a power of ten. A negative value is left
+ * to read_uint, which refuses it by its sign. */
+static const char *number_text_check(const char *text, size_t len)
+{
+    static const char too_large[] = "is larger than 2^53, the largest integer JSON keeps exact";
+    const char *end               = text + len;
+    const char *p                 = text + (len > 0 && text[0] == '-');
+    struct significand s          = {.int_digits = p};
+    int64_t exponent              = 0; /* clamped: only its sign and size against 16 matter */
+    bool exponent_negative        = false;
+    size_t first; /* the first and last non-zero digits of s */
+    size_t last;
+    uint64_t value = 0;
+
+    for (; p < end && is_digit(*p); p++)
+        ;
+    s.int_len = s.len = (size_t)(p - s.int_digits);
+    if (s.int_len > 1 && s.int_digits[0] == '0')
+        return "has a leading zero";
+    if (p < end && *p == '.') {
+        for (s.frac_digits = ++p; p < end && is_digit(*p); p++)
+            ;
+        s.len += (size_t)(p - s.frac_digits);
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        exponent_negative = ++p < end && *p == '-';
+        for (p += p < end && (*p == '-' || *p == '+'); p < end && is_digit(*p); p++)
+            exponent = exponent < 1000000000 ? exponent * 10 + (*p - '0') : exponent;
+    }
+    if (text[0] == '-')
+        return NULL;
+    for (first = 0; first < s.len && significand_digit(&s, first) == '0'; first++)
+        ;
+    if (first == s.len)
+        return NULL; /* zero */
+    for (last = s.len - 1; significand_digit(&s, last) == '0'; last--)
+        ;
+    /* The value is digits first..last times 10^exponent. */
+    exponent = (exponent_negative ? -exponent : exponent) + (int64_t)(s.len - 1 - last) -
+               (int64_t)(s.len - s.int_len);
+    if (exponent < 0)
+        return "is not an integer";                  /* a non-zero digit after the point */
+    if ((int64_t)(last - first + 1) + exponent > 16) /* 2^53 has 16 digits */
+        return too_large;
+    for (size_t i = first; i <= last; i++)
+        value = value * 10 + (uint64_t)(significand_digit(&s, i) - '0');
+    for (; exponent > 0; exponent--)
+        value *= 10;
+    return value > (uint64_t)KVX_MAX_JSON_INTEGER ? too_large : NULL;
+}
+
+/* Appends to `path` (`size` bytes) the path of number `*skip_p` (counted in document order)
+ * under `node` and returns true, or counts the numbers under `node` off *skip_p. cJSON keeps
+ * members and elements in document order, so this order is the order of the text. */
+static bool number_path_find(const cJSON *node, size_t *skip_p, char *path, size_t size)
+{
+    size_t len   = strlen(path);
+    size_t index = 0;
+
+    for (const cJSON *item = node->child; item != NULL; item = item->next, index++) {
+        char quoted[TEXT_ESCAPED_MAX];
+
+        if (cJSON_IsObject(node))
+            snprintf(path + len, size - len, "%s%s", len > 0 ? "." : "",
+                     quote(quoted, item->string));
+        else
+            snprintf(path + len, size - len, "[%zu]", index);
+        if (cJSON_IsNumber(item)) {
+            if (*skip_p == 0)
+                return true;
+            (*skip_p)--;
+        } else if (number_path_find(item, skip_p, path, size)) {
+            return true;
+        }
+        path[len] = '\0';
+    }
+    return false;
+}
+
+/* Checks the text of every number in the `len` bytes of `json` (which parsed into `root`)
+ * with number_text_check, naming the first bad one by its key path. Outside strings, a
+ * number is the only token that starts with '-' or a digit. */
+static kvx_status_t numbers_check(const cJSON *root, const char *json, size_t len)
+{
+    size_t count = 0; /* numbers before the one at i */
+
+    for (size_t i = 0; i < len; i++) {
+        size_t start = i;
+        const char *why;
+        char path[256];
+
+        if (json[i] == '"') {
+            for (i++; i < len && json[i] != '"'; i++)
+                i += json[i] == '\\'; /* the escaped character, a quote perhaps */
+            continue;
+        }
+        if (json[i] != '-' && (json[i] < '0' || json[i] > '9'))
+            continue;
+        while (i + 1 < len && is_number_char(json[i + 1]))
+            i++;
+        why = number_text_check(json + start, i + 1 - start);
+        if (why == NULL) {
+            count++;
+            continue;
+        }
+        path[0] = '\0';
+        if (!number_path_find(root, &count, path, sizeof(path)))
+            snprintf(path, sizeof(path), "layout: the number at byte %zu", start);
+        return error_set(KVX_ERR_INVALID, "%s: %.*s%s %s", path,
+                         (int)(i + 1 - start < 40 ? i + 1 - start : 40), json + start,
+                         i + 1 - start > 40 ? "..." : "", why);
+    }
+    return KVX_OK;
+}
+
 kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t **layout_p)
 {
     kvx_layout_params_t params = {0};
@@ -395,6 +536,9 @@ kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t 
         goto out;
     }
 
+    status = numbers_check(root, json, (size_t)(end - json));
+    if (status != KVX_OK)
+        goto out;
     status = read_layout_params(root, &params);
     if (status != KVX_OK)
         goto out;

@@ -72,6 +72,17 @@ printf '{"kvx_layout": 1, "storages": [{"name": "\xc3\xa9", "size": 64}], "views
   {"name": "\xe5\xb1\x82.0", "kind": "attn", "storage": "\xc3\xa9", "page": 64, "stride": 64,
    "num_blocks": 1}]}' >"$tmp/utf8.json"
 check "UTF-8 names give valid --json" bash -c "'$kvx' plan --json '$tmp/utf8.json' | python3 -c \"import json,sys; d=json.load(sys.stdin); assert d['regions'][0]['name']=='\\u5c42.0' and d['registrations'][0]['storage']=='\\u00e9'\""
+# Numbers are weighed by their text: no leading zeros, and nothing above 2^53 rounded in.
+printf '{"kvx_layout": 1, "storages": [{"name": "kv", "size": 9007199254740993}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv", "page": 64, "stride": 64, "num_blocks": 1}]}' \
+  >"$tmp/big.json"
+check "an integer above 2^53 exits 2 naming its path" \
+  status_and_one_error_line 2 'storages[0].size: 9007199254740993 is larger than 2^53' plan "$tmp/big.json"
+printf '{"kvx_layout": 1, "storages": [{"name": "kv", "size": 4096}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv", "page": 64, "stride": 64, "num_blocks": 0123}]}' \
+  >"$tmp/zero.json"
+check "a leading zero exits 2 naming its path" \
+  status_and_one_error_line 2 'views[0].num_blocks: 0123 has a leading zero' plan "$tmp/zero.json"
 check "missing LAYOUT exits 2" status_and_one_error_line 2 "LAYOUT is required" plan
 check "unknown option exits 2" status_and_one_error_line 2 "unknown option --jsn" plan --jsn x
 check "unknown command exits 2" status_and_one_error_line 2 "unknown command fetchh" fetchh

@@ -55,7 +55,32 @@ static const struct bad_layout_case {
     {"negative_offset", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'offset': -8"),
      "views[0].offset: -8 is negative"},
     {"integer_beyond_json_exact", ONE_VIEW(VIEW_OK ", 'num_blocks': 1e300"),
-     "views[0].num_blocks: 1e+300 is larger than 2^53"},
+     "views[0].num_blocks: 1e300 is larger than 2^53"},
+    /* A double would round these into range: the reader weighs each number's text. */
+    {"integer_just_above_2_53", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'offset': 9007199254740993"),
+     "views[0].offset: 9007199254740993 is larger than 2^53"},
+    {"storage_size_above_2_53",
+     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 9007199254740993}], 'views': []}",
+     "storages[0].size: 9007199254740993 is larger than 2^53"},
+    {"exponent_above_2_53", ONE_VIEW(VIEW_OK ", 'num_blocks': 9.007199254740993e15"),
+     "views[0].num_blocks: 9.007199254740993e15 is larger than 2^53"},
+    {"many_digits_above_2_53", ONE_VIEW(VIEW_OK ", 'num_blocks': 123456789012345678901234567890"),
+     "views[0].num_blocks: 123456789012345678901234567890 is larger than 2^53"},
+    {"fraction_below_double_precision", ONE_VIEW(VIEW_OK ", 'num_blocks': 1.0000000000000001"),
+     "views[0].num_blocks: 1.0000000000000001 is not an integer"},
+    {"leading_zero", ONE_VIEW(VIEW_OK ", 'num_blocks': 0123"),
+     "views[0].num_blocks: 0123 has a leading zero"},
+    {"leading_zero_top_level", "{'kvx_layout': 01, 'storages': [], 'views': []}",
+     "kvx_layout: 01 has a leading zero"},
+    {"leading_zero_negative", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'group': -07"),
+     "views[0].group: -07 has a leading zero"},
+    {"leading_zero_in_model",
+     "{'kvx_layout': 1, 'model': {'id': 'm', 'kv_heads': 008}, 'storages': [], 'views': []}",
+     "model.kv_heads: 008 has a leading zero"},
+    {"leading_zero_in_second_storage",
+     "{'kvx_layout': 1, 'storages': [{'name': 'a', 'size': 8}, {'name': 'b', 'size': 00}],"
+     " 'views': []}",
+     "storages[1].size: 00 has a leading zero"},
     {"zero_heads", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'heads': 0"),
      "views[0].heads: 0 is less than 1"},
     {"unknown_view_key", ONE_VIEW(VIEW_OK ", 'num_blocks': 1, 'strid': 4"),
@@ -179,6 +204,29 @@ static void good_layout_takes_defaults(void **state)
     assert_int_equal(kvx_layout_block_size(layout), 16);
     assert_int_equal(kvx_layout_num_storages(layout), 1);
     assert_int_equal(kvx_layout_num_views(layout), 1);
+    kvx_layout_destroy(layout);
+}
+
+/* Integers up to 2^53 are read exactly however they are written: with an exponent, a zero
+ * fraction or trailing zeros. */
+static void exact_integers_up_to_2_53_are_read(void **state)
+{
+    kvx_layout_t *layout;
+
+    (void)state;
+    assert_int_equal(layout_from_quoted("{'kvx_layout': 1, 'block_size': 1.6e1, 'storages': ["
+                                        "{'name': 'a', 'size': 9007199254740992},"
+                                        " {'name': 'b', 'size': 900719925474099.2e1},"
+                                        " {'name': 'c', 'size': 0.25e3}], 'views': [{'name': 'l',"
+                                        " 'kind': 'attn', 'storage': 'a', 'page': 64.000,"
+                                        " 'stride': 6400e-2, 'num_blocks': 10, 'group': 0,"
+                                        " 'offset': -0}]}",
+                                        &layout),
+                     KVX_OK);
+    assert_int_equal(kvx_layout_block_size(layout), 16);
+    assert_int_equal(kvx_layout_storage_size(layout, 0), 9007199254740992ull);
+    assert_int_equal(kvx_layout_storage_size(layout, 1), 9007199254740992ull);
+    assert_int_equal(kvx_layout_storage_size(layout, 2), 250);
     kvx_layout_destroy(layout);
 }
 
@@ -455,6 +503,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_layouts_fail_with_their_path),
         cmocka_unit_test(good_layout_takes_defaults),
+        cmocka_unit_test(exact_integers_up_to_2_53_are_read),
         cmocka_unit_test(api_failures_change_nothing),
         cmocka_unit_test(unknown_param_bits_are_rejected),
         cmocka_unit_test(missing_file_is_an_io_error),
