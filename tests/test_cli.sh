@@ -106,6 +106,19 @@ check "fetch takes no --hold" \
   status_and_one_error_line 2 'takes no --listen or --hold' \
   fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --hold '7=0:1'
 
+# fetch --blocks is checked against the layout's groups before memory or a connection: port 1
+# has no listener, and a fetch that got as far as connecting would wait out its timeout.
+printf '{"kvx_layout": 1, "storages": [{"name": "kv", "size": 4096}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv", "page": 64, "stride": 64, "num_blocks": 4},
+  {"name": "b", "kind": "attn", "storage": "kv", "offset": 1024, "page": 64, "stride": 64,
+   "num_blocks": 4, "group": 1}]}' >"$tmp/two_groups.json"
+check "fetch --blocks naming too few groups exits 2 before connecting" \
+  status_and_one_error_line 2 'request: names 1 groups but the table has regions in group 1' \
+  fetch "$tmp/two_groups.json" --peer 127.0.0.1:1 --blocks '0:1' --timeout 60000
+check "fetch --blocks beyond the table exits 2 before connecting" \
+  status_and_one_error_line 2 'block id 4 of group 1 is out of range' \
+  fetch "$tmp/two_groups.json" --peer 127.0.0.1:1 --blocks '0:1;1:4' --timeout 60000
+
 check "kvx --help explains the commands" bash -c "'$kvx' --help | grep -q 'plan LAYOUT'"
 check "kvx plan --help explains plan" bash -c "'$kvx' plan --help | grep -q -- '--json'"
 check "kvx plan prints a table with totals" \
