@@ -86,7 +86,9 @@ check "pull DeepSeek-V4.1-style slab, every group, verified" fetch_verified "$tm
 check "fetch reports the transport UCX really uses for RMA" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' | grep -qE 'over .*\(([a-z_]+,)*rma_bw'"
 check "push DeepSeek-V4.1-style slab: P writes, every byte verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3,5,60;2:7-9' --push
 check "push into malloc'd storage, verified" fetch_verified "$tmp/v41.json" '0:40-47;1:0;2:63' --push --malloc
-check "wrong seed is a mismatch, not a pass" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' --verify --fill 41 | grep -q '^MISMATCH: local storage 0 byte '"
+# P filled with seed 42 (serve above); D verifies against 41: exit status 2, and the verdict
+# names the seed, the bytes expected and found, where, and that nearly all differ.
+check "wrong seed is a mismatch naming the seed, both bytes and where, exit 2" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' --verify --fill 41 >'$tmp/wrong'; [[ \$? -eq 2 ]] && grep -Eq '^MISMATCH: local storage 0 byte [0-9]+: expected 0x[0-9a-f]{2} \\(seed 41, remote rank 0 storage 0 byte [0-9]+\\), found 0x[0-9a-f]{2}; [0-9]+ of the pair.s [0-9]+ bytes differ: is the seed the one kvx serve --fill used\\?\$' '$tmp/wrong' || { cat '$tmp/wrong'; false; }"
 
 # Handshake failures: clear errors on D, and P keeps serving.
 check "hash mismatch is named" bash -c "'$kvx' fetch '$src/layouts/examples/example1-packed-mla-slab.json' --peer $addr --blocks '0:1' 2>&1 | grep -q 'incompatible peer: model_id: local \"\", remote \"deepseek-v4.1-style\"'"
