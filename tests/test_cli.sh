@@ -121,6 +121,17 @@ check "fetch --blocks beyond the table exits 2 before connecting" \
 
 check "kvx --help explains the commands" bash -c "'$kvx' --help | grep -q 'plan LAYOUT'"
 check "kvx plan --help explains plan" bash -c "'$kvx' plan --help | grep -q -- '--json'"
+for cmd in plan compat serve fetch bench demo; do
+  check "kvx help $cmd prints $cmd's own usage" \
+    bash -c "'$kvx' help $cmd >'$tmp/help' && head -n 1 '$tmp/help' | grep -q '^usage: kvx $cmd '"
+done
+check "kvx help nosuch exits 2" status_and_one_error_line 2 "unknown command nosuch" help nosuch
+check "kvx --help says what demo does" \
+  bash -c "'$kvx' --help | grep -A2 '^  demo' | grep -q 'verify every byte'"
+version=$(sed -n 's/^project(kvx VERSION \([0-9.]*\) .*/\1/p' "$src/CMakeLists.txt")
+check "kvx --version prints CMake's project version" \
+  bash -c "[[ -n '$version' && \$('$kvx' --version) == 'kvx $version' ]]"
+check "kvx version prints it too" bash -c "[[ \$('$kvx' version) == 'kvx $version' ]]"
 check "kvx plan prints a table with totals" \
   bash -c "'$kvx' plan '$src/layouts/examples/example7-capacities.json' | grep -q '^total: 2 regions, 5 descriptors'"
 check "kvx demo --tables registers every built-in model" \
