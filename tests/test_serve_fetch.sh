@@ -169,6 +169,28 @@ check "serve --metrics: histograms end with +Inf and count" \
   bash -c "curl -sf '$metrics' | grep -q 'kvx_transfer_duration_seconds_bucket{agent=\"kvx serve\",le=\"+Inf\"} 0'"
 check "serve --metrics: another path is 404" \
   bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' '${metrics%/metrics}/other') == 404 ]]"
+# Idle sockets never starve a scrape: 20 connections that send nothing (more than the 16 idle
+# ones kept), then a scrape must be answered at once; the idle ones are closed within their
+# 2 s deadline.
+idle_then_scrape='
+import socket, sys, time, urllib.request
+url = sys.argv[1]
+host, port = url.split("/")[2].split(":")
+idle = [socket.create_connection((host, int(port))) for _ in range(20)]
+time.sleep(0.2)
+reply = urllib.request.urlopen(url, timeout=5)
+assert reply.status == 200 and b"kvx_" in reply.read(), "no metrics"
+assert reply.headers.get("Connection") == "close", "a scrape is answered and closed"
+deadline = time.time() + 5
+for s in idle:
+    s.settimeout(max(0.01, deadline - time.time()))
+    try:
+        assert s.recv(1) == b"", "an idle socket got data"
+    except ConnectionResetError:
+        pass
+'
+check "serve --metrics: 20 idle connections do not starve a scrape, and are closed" \
+  python3 -c "$idle_then_scrape" "$metrics"
 stop_server
 check "serve --metrics with a bad address: status 2 and one error line" \
   bash -c "'$kvx' serve '$tmp/v41.json' --listen 127.0.0.1:0 --metrics nowhere >/dev/null 2>'$tmp/err'; [[ \$? -eq 2 ]] && grep -q 'kvx: error: --metrics: \"nowhere\" is not IPV4:PORT' '$tmp/err'"
