@@ -178,7 +178,7 @@ static kvx_status_t unprintable_fail(const char *field, const char *text, size_t
 /* Checks a name field: present, non-empty, at most KVX_MAX_NAME_LEN bytes, printable UTF-8. */
 static kvx_status_t check_name(const char *what, size_t index, const char *name)
 {
-    char field[32]; /* "storages[<20 digits>].name" */
+    char field[40]; /* "storages[<20 digits>].name" */
     const char *why;
     size_t len;
     size_t bad;

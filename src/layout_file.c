@@ -449,13 +449,15 @@ static bool number_path_find(const cJSON *node, size_t *skip_p, char *path, size
     size_t index = 0;
 
     for (const cJSON *item = node->child; item != NULL; item = item->next, index++) {
-        char quoted[TEXT_ESCAPED_MAX];
+        size_t at = len; /* the key is escaped in place: no buffer per level of nesting */
 
-        if (cJSON_IsObject(node))
-            snprintf(path + len, size - len, "%s%s", len > 0 ? "." : "",
-                     quote(quoted, item->string));
-        else
-            snprintf(path + len, size - len, "[%zu]", index);
+        if (cJSON_IsObject(node)) {
+            if (at > 0 && at + 1 < size)
+                path[at++] = '.';
+            text_escape(path + at, size - at, item->string, strlen(item->string));
+        } else {
+            snprintf(path + at, size - at, "[%zu]", index);
+        }
         if (cJSON_IsNumber(item)) {
             if (*skip_p == 0)
                 return true;
