@@ -472,36 +472,58 @@ static bool number_path_find(const cJSON *node, size_t *skip_p, char *path, size
 
 /* Checks the text of every number in the `len` bytes of `json` (which parsed into `root`)
  * with number_text_check, naming the first bad one by its key path. Outside strings, a
- * number is the only token that starts with '-' or a digit. */
+ * number is the only token that starts with '-' or a digit; strings, most of a layout's
+ * text, are skipped with memchr to their closing quote (one after an even run of
+ * backslashes), so the scan costs little next to the parse. */
 static kvx_status_t numbers_check(const cJSON *root, const char *json, size_t len)
 {
-    size_t count = 0; /* numbers before the one at i */
+    const char *end = json + len;
+    const char *p   = json;
+    size_t count    = 0; /* numbers before the one at p */
 
-    for (size_t i = 0; i < len; i++) {
-        size_t start = i;
+    while (p < end) {
+        const char *start = p;
         const char *why;
         char path[256];
 
-        if (json[i] == '"') {
-            for (i++; i < len && json[i] != '"'; i++)
-                i += json[i] == '\\'; /* the escaped character, a quote perhaps */
+        if (*p == '"') {
+            const char *quote_at = p;
+            size_t backslashes;
+
+            do {
+                quote_at = memchr(quote_at + 1, '"', (size_t)(end - quote_at - 1));
+                if (quote_at == NULL)
+                    return KVX_OK; /* not in text cJSON parsed; nothing left to check */
+                for (backslashes = 0; quote_at[-1 - (ptrdiff_t)backslashes] == '\\'; backslashes++)
+                    ;
+            } while (backslashes % 2 != 0);
+            p = quote_at + 1;
             continue;
         }
-        if (json[i] != '-' && (json[i] < '0' || json[i] > '9'))
+        if (*p != '-' && !is_digit(*p)) {
+            p++;
             continue;
-        while (i + 1 < len && is_number_char(json[i + 1]))
-            i++;
-        why = number_text_check(json + start, i + 1 - start);
+        }
+        while (p < end && is_digit(*p))
+            p++;
+        if (p - start <= 15 && (p == end || !is_number_char(*p)) &&
+            (p - start == 1 || *start != '0')) {
+            count++; /* the common case: at most 15 digits, below 2^53, no leading zero */
+            continue;
+        }
+        while (p < end && is_number_char(*p))
+            p++;
+        why = number_text_check(start, (size_t)(p - start));
         if (why == NULL) {
             count++;
             continue;
         }
         path[0] = '\0';
         if (!number_path_find(root, &count, path, sizeof(path)))
-            snprintf(path, sizeof(path), "layout: the number at byte %zu", start);
+            snprintf(path, sizeof(path), "layout: the number at byte %td", start - json);
         return error_set(KVX_ERR_INVALID, "%s: %.*s%s %s", path,
-                         (int)(i + 1 - start < 40 ? i + 1 - start : 40), json + start,
-                         i + 1 - start > 40 ? "..." : "", why);
+                         (int)(p - start < 40 ? p - start : 40), start, p - start > 40 ? "..." : "",
+                         why);
     }
     return KVX_OK;
 }
