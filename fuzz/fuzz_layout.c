@@ -3,6 +3,7 @@
 #include "fuzz_invariant.h"
 #include "error.h"
 #include "layout.h"
+#include "text.h"
 
 #include "kvx.h"
 
@@ -192,6 +193,27 @@ static void check_table(const kvx_layout_t *layout, const kvx_regions_t *table)
     free(seen);
 }
 
+/* True when `text` is printable UTF-8 (text.h): what every name of a loaded layout, and
+ * every message about a layout, must be, whatever bytes the input held. */
+static bool is_printable(const char *text)
+{
+    const char *why;
+
+    return text_find_unprintable(text, strlen(text), &why) == strlen(text);
+}
+
+static void check_names(const kvx_layout_t *layout)
+{
+    for (size_t i = 0; i < layout->num_storages; i++) {
+        if (!is_printable(layout->storages[i].name))
+            fuzz_fail("storages[%zu].name is not printable UTF-8", i);
+    }
+    for (size_t i = 0; i < layout->num_views; i++) {
+        if (!is_printable(layout->views[i].name))
+            fuzz_fail("views[%zu].name is not printable UTF-8", i);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -207,10 +229,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             (status != KVX_ERR_INVALID && status != KVX_ERR_NO_MEMORY))
             fuzz_fail("a failed load returned %s, a layout %p and message \"%s\"",
                       kvx_status_str(status), (void *)layout, kvx_errmsg());
+        if (!is_printable(kvx_errmsg()))
+            fuzz_fail("a failed load's message carries raw bytes");
         return 0;
     }
     if (layout == NULL || layout->num_views == 0 || layout->num_storages == 0)
         fuzz_fail("a loaded layout is empty");
+    check_names(layout);
 
     error_set(KVX_OK, "%s", "");
     status = kvx_regions_register(layout, &table);

@@ -105,7 +105,7 @@ enum {
 
 typedef struct kvx_storage_params {
     uint64_t field_mask; /* KVX_STORAGE_PARAM_FIELD_* bits of the optional fields set */
-    const char *name;    /* required, unique, 1..KVX_MAX_NAME_LEN bytes */
+    const char *name;    /* required, unique, 1..KVX_MAX_NAME_LEN bytes of printable UTF-8 */
     uint64_t size;       /* required: bytes, >= 1 */
     kvx_mem_type_t mem;  /* _MEM: default KVX_MEM_DRAM */
     int64_t device;      /* _DEVICE: device id, >= 0; default 0 */
@@ -120,7 +120,7 @@ enum {
 
 typedef struct kvx_view_params {
     uint64_t field_mask;  /* KVX_VIEW_PARAM_FIELD_* bits of the optional fields set */
-    const char *name;     /* required: layer name, 1..KVX_MAX_NAME_LEN bytes */
+    const char *name;     /* required: layer name, 1..KVX_MAX_NAME_LEN bytes, printable UTF-8 */
     kvx_view_kind_t kind; /* required */
     const char *storage;  /* required: name of a storage added before this view */
     uint64_t page;        /* required: bytes per block of this view, padding included, >= 1 */
@@ -133,7 +133,10 @@ typedef struct kvx_view_params {
 } kvx_view_params_t;
 
 /* The model identity of a layout: the factors of the compatibility hash that P and D compare
- * before any transfer (docs/wire.md). Strings at most KVX_MAX_NAME_LEN bytes. */
+ * before any transfer (docs/wire.md). Strings at most KVX_MAX_NAME_LEN bytes. Names and these
+ * strings are printable UTF-8: no control character (U+0000-U+001F, U+007F-U+009F) and no
+ * malformed, overlong or surrogate sequence; the message of a violation names the field and
+ * the byte offset and quotes the value escaped. */
 typedef struct kvx_model {
     const char *id;          /* model id, e.g. "deepseek-ai/DeepSeek-V3"; required */
     const char *revision;    /* NULL or "" when unknown */
@@ -146,7 +149,7 @@ typedef struct kvx_model {
 } kvx_model_t;
 
 /* Sets the layout's model identity (copied). Errors: KVX_ERR_INVALID for a missing id or a
- * string longer than KVX_MAX_NAME_LEN; the layout is unchanged then. */
+ * string longer than KVX_MAX_NAME_LEN or not printable UTF-8; the layout is unchanged then. */
 KVX_API kvx_status_t kvx_layout_set_model(kvx_layout_t *layout, const kvx_model_t *model);
 
 /* Creates an empty layout. params may be NULL for every default. Errors: KVX_ERR_INVALID
@@ -173,8 +176,11 @@ KVX_API kvx_status_t kvx_layout_validate(const kvx_layout_t *layout);
 /* Reads a layout file (spec formats.md, "kvx_layout": 1) from a buffer of `size` bytes (no
  * terminator needed) or from a path. Strict: unknown keys, wrong types, negative or
  * fractional counts and missing required keys fail with the key's path. Integers above
- * KVX_MAX_JSON_INTEGER are rejected because JSON numbers are doubles. The result has passed
- * kvx_layout_validate(). */
+ * KVX_MAX_JSON_INTEGER are rejected because JSON numbers are doubles; each number's text is
+ * weighed, not its double, so 2^53 + 1 is not rounded into range, and a leading zero (0123)
+ * is rejected as JSON does. The result has passed kvx_layout_validate(). A path that is not
+ * a regular file (a FIFO, directory or device) fails with KVX_ERR_IO naming what it is,
+ * before any read, so the call never blocks. */
 KVX_API kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t **layout_p);
 KVX_API kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p);
 

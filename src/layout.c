@@ -3,8 +3,10 @@
 #include "layout.h"
 
 #include "error.h"
+#include "text.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,10 +161,27 @@ static kvx_status_t layout_reserve_storage(kvx_layout_t *layout)
     return KVX_OK;
 }
 
-/* Checks a name field: present, non-empty, at most KVX_MAX_NAME_LEN bytes. */
+/* The error for field `field` (a path such as "views[3].name") whose `len` bytes at `text`
+ * hold an unprintable byte at offset `bad` (text_find_unprintable). Names reach terminals,
+ * logs and --json output, where an escape sequence or a broken character would do harm, so
+ * the message quotes the value escaped. */
+static kvx_status_t unprintable_fail(const char *field, const char *text, size_t len, size_t bad,
+                                     const char *why)
+{
+    char quoted[TEXT_ESCAPED_MAX];
+
+    text_escape(quoted, sizeof(quoted), text, len);
+    return error_set(KVX_ERR_INVALID, "%s: byte %zu (0x%02x) is %s, in \"%s\"", field, bad,
+                     (unsigned char)text[bad], why, quoted);
+}
+
+/* Checks a name field: present, non-empty, at most KVX_MAX_NAME_LEN bytes, printable UTF-8. */
 static kvx_status_t check_name(const char *what, size_t index, const char *name)
 {
+    char field[40]; /* "storages[<20 digits>].name" */
+    const char *why;
     size_t len;
+    size_t bad;
 
     if (name == NULL)
         return error_set(KVX_ERR_INVALID, "%s[%zu].name: missing", what, index);
@@ -172,7 +191,11 @@ static kvx_status_t check_name(const char *what, size_t index, const char *name)
     if (len > KVX_MAX_NAME_LEN)
         return error_set(KVX_ERR_INVALID, "%s[%zu].name: %zu bytes is longer than %d", what, index,
                          len, KVX_MAX_NAME_LEN);
-    return KVX_OK;
+    bad = text_find_unprintable(name, len, &why);
+    if (bad == len)
+        return KVX_OK;
+    snprintf(field, sizeof(field), "%s[%zu].name", what, index);
+    return unprintable_fail(field, name, len, bad, why);
 }
 
 kvx_status_t kvx_layout_add_storage(kvx_layout_t *layout, const kvx_storage_params_t *params)
@@ -264,9 +287,12 @@ static kvx_status_t view_check(const kvx_layout_t *layout, size_t i, const kvx_v
     if (p->storage == NULL)
         return error_set(KVX_ERR_INVALID, "views[%zu].storage: missing", i);
     storage = layout_storage_find(layout, p->storage);
-    if (storage < 0)
-        return error_set(KVX_ERR_INVALID, "views[%zu].storage: no storage named \"%s\"", i,
-                         p->storage);
+    if (storage < 0) {
+        char quoted[TEXT_ESCAPED_MAX]; /* any bytes: a name that breaks the rules is no storage */
+
+        text_escape(quoted, sizeof(quoted), p->storage, strlen(p->storage));
+        return error_set(KVX_ERR_INVALID, "views[%zu].storage: no storage named \"%s\"", i, quoted);
+    }
 
     v->kind       = p->kind;
     v->storage    = (uint32_t)storage;
@@ -392,10 +418,18 @@ kvx_status_t model_copy(const kvx_model_t *in, struct model *out)
         return error_set(KVX_ERR_INVALID, "model.id: missing (required)");
     for (size_t i = 0; i < 5; i++) {
         size_t len = fields[i] != NULL ? strlen(fields[i]) : 0;
+        char field[24]; /* "model.cache_dtype" */
+        const char *why;
+        size_t bad;
 
         if (len > KVX_MAX_NAME_LEN)
             return error_set(KVX_ERR_INVALID, "model.%s: %zu bytes is longer than %d", names[i],
                              len, KVX_MAX_NAME_LEN);
+        bad = len > 0 ? text_find_unprintable(fields[i], len, &why) : 0;
+        if (bad < len) {
+            snprintf(field, sizeof(field), "model.%s", names[i]);
+            return unprintable_fail(field, fields[i], len, bad, why);
+        }
         size += len + 1;
     }
     copy.strings = malloc(size);

@@ -3,16 +3,19 @@
 #include "layout.h"
 
 #include "error.h"
+#include "text.h"
 
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* The JSON path of a value, views[12].stride or block_size, kept as its two parts and
  * formatted only when an error names it: formatting every path cost a third of a load. */
@@ -28,6 +31,14 @@ struct json_path {
 /* Room for "storages[<20 digits>]". */
 #define PARENT_MAX_LEN 40
 
+/* `text` escaped into `out` (TEXT_ESCAPED_MAX bytes) for a message: a key or value that is
+ * not what the reader expects may hold any bytes, and a message never prints them raw. */
+static const char *quote(char *out, const char *text)
+{
+    text_escape(out, TEXT_ESCAPED_MAX, text, strlen(text));
+    return out;
+}
+
 /* Fails unless every member of `object` is one of `keys` and none repeats. cJSON keeps
  * duplicate keys and finds the first, so a repeat would silently hide a value. */
 static kvx_status_t check_keys(const cJSON *object, const char *path, const char *const *keys,
@@ -38,9 +49,12 @@ static kvx_status_t check_keys(const cJSON *object, const char *path, const char
 
         for (size_t k = 0; k < num_keys && !known; k++)
             known = strcmp(item->string, keys[k]) == 0;
-        if (!known)
-            return error_set(KVX_ERR_INVALID, "%s: unknown key \"%.*s\"", path, KVX_MAX_NAME_LEN,
-                             item->string);
+        if (!known) {
+            char quoted[TEXT_ESCAPED_MAX];
+
+            return error_set(KVX_ERR_INVALID, "%s: unknown key \"%s\"", path,
+                             quote(quoted, item->string));
+        }
         for (const cJSON *prev = object->child; prev != item; prev = prev->next) {
             if (strcmp(prev->string, item->string) == 0)
                 return error_set(KVX_ERR_INVALID, "%s: key \"%s\" appears twice", path,
@@ -133,6 +147,7 @@ static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size
     static const char *const keys[] = {"name", "size", "mem", "device"};
     kvx_storage_params_t p          = {0};
     char parent[PARENT_MAX_LEN];
+    char quoted[TEXT_ESCAPED_MAX];
     struct json_path path;
     const cJSON *item;
     kvx_status_t status;
@@ -151,8 +166,8 @@ static kvx_status_t read_storage(kvx_layout_t *layout, const cJSON *object, size
         if ((status = read_string(item, path, &mem)) != KVX_OK)
             return status;
         if (!layout_mem_type_parse(mem, &p.mem))
-            return error_set(KVX_ERR_INVALID, PATH_FMT ": \"%.*s\" is not dram or vram",
-                             PATH_ARGS(path), KVX_MAX_NAME_LEN, mem);
+            return error_set(KVX_ERR_INVALID, PATH_FMT ": \"%s\" is not dram or vram",
+                             PATH_ARGS(path), quote(quoted, mem));
         p.field_mask |= KVX_STORAGE_PARAM_FIELD_MEM;
     }
     if ((item = field(object, parent, "device", &path)) != NULL) {
@@ -170,6 +185,7 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
                                        "page", "stride", "num_blocks", "dense",   "heads"};
     kvx_view_params_t p             = {0};
     char parent[PARENT_MAX_LEN];
+    char quoted[TEXT_ESCAPED_MAX];
     struct json_path path;
     const cJSON *item;
     const char *kind = NULL;
@@ -186,9 +202,9 @@ static kvx_status_t read_view(kvx_layout_t *layout, const cJSON *object, size_t 
         return status;
     if (!layout_view_kind_parse(kind, &p.kind))
         return error_set(KVX_ERR_INVALID,
-                         PATH_FMT ": \"%.*s\" is not one of attn, swa, mla, swa_mla,"
+                         PATH_FMT ": \"%s\" is not one of attn, swa, mla, swa_mla,"
                                   " scratch, mamba, ple",
-                         PATH_ARGS(((struct json_path){parent, "kind"})), KVX_MAX_NAME_LEN, kind);
+                         PATH_ARGS(((struct json_path){parent, "kind"})), quote(quoted, kind));
     if ((status = read_required_string(object, parent, "storage", &p.storage)) != KVX_OK)
         return status;
     if ((status = read_required_uint(object, parent, "page", &p.page)) != KVX_OK ||
@@ -347,6 +363,171 @@ static bool has_nul(const char *json, size_t size)
     return false;
 }
 
+/* The digits of a number's text without its point: integer digits, then fraction digits. */
+struct significand {
+    const char *int_digits;
+    size_t int_len;
+    const char *frac_digits;
+    size_t len; /* int_len + the fraction's digits */
+};
+
+static char significand_digit(const struct significand *s, size_t i)
+{
+    return i < s->int_len ? s->int_digits[i] : s->frac_digits[i - s->int_len];
+}
+
+static bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static bool is_number_char(char c)
+{
+    return is_digit(c) || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
+/* Why the number token `text` (`len` bytes, as cJSON accepted it) cannot be read exactly,
+ * or NULL. cJSON keeps only a double, which rounds 2^53 + 1 into range and drops a fraction
+ * below its precision, and it takes leading zeros, which JSON forbids; so the decimal text
+ * itself is weighed: its significant digits times a power of ten. A negative value is left
+ * to read_uint, which refuses it by its sign. */
+static const char *number_text_check(const char *text, size_t len)
+{
+    static const char too_large[] = "is larger than 2^53, the largest integer JSON keeps exact";
+    const char *end               = text + len;
+    const char *p                 = text + (len > 0 && text[0] == '-');
+    struct significand s          = {.int_digits = p};
+    int64_t exponent              = 0; /* clamped: only its sign and size against 16 matter */
+    bool exponent_negative        = false;
+    size_t first; /* the first and last non-zero digits of s */
+    size_t last;
+    uint64_t value = 0;
+
+    for (; p < end && is_digit(*p); p++)
+        ;
+    s.int_len = s.len = (size_t)(p - s.int_digits);
+    if (s.int_len > 1 && s.int_digits[0] == '0')
+        return "has a leading zero";
+    if (p < end && *p == '.') {
+        for (s.frac_digits = ++p; p < end && is_digit(*p); p++)
+            ;
+        s.len += (size_t)(p - s.frac_digits);
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        exponent_negative = ++p < end && *p == '-';
+        for (p += p < end && (*p == '-' || *p == '+'); p < end && is_digit(*p); p++)
+            exponent = exponent < 1000000000 ? exponent * 10 + (*p - '0') : exponent;
+    }
+    if (text[0] == '-')
+        return NULL;
+    for (first = 0; first < s.len && significand_digit(&s, first) == '0'; first++)
+        ;
+    if (first == s.len)
+        return NULL; /* zero */
+    for (last = s.len - 1; significand_digit(&s, last) == '0'; last--)
+        ;
+    /* The value is digits first..last times 10^exponent. */
+    exponent = (exponent_negative ? -exponent : exponent) + (int64_t)(s.len - 1 - last) -
+               (int64_t)(s.len - s.int_len);
+    if (exponent < 0)
+        return "is not an integer";                  /* a non-zero digit after the point */
+    if ((int64_t)(last - first + 1) + exponent > 16) /* 2^53 has 16 digits */
+        return too_large;
+    for (size_t i = first; i <= last; i++)
+        value = value * 10 + (uint64_t)(significand_digit(&s, i) - '0');
+    for (; exponent > 0; exponent--)
+        value *= 10;
+    return value > (uint64_t)KVX_MAX_JSON_INTEGER ? too_large : NULL;
+}
+
+/* Appends to `path` (`size` bytes) the path of number `*skip_p` (counted in document order)
+ * under `node` and returns true, or counts the numbers under `node` off *skip_p. cJSON keeps
+ * members and elements in document order, so this order is the order of the text. */
+static bool number_path_find(const cJSON *node, size_t *skip_p, char *path, size_t size)
+{
+    size_t len   = strlen(path);
+    size_t index = 0;
+
+    for (const cJSON *item = node->child; item != NULL; item = item->next, index++) {
+        size_t at = len; /* the key is escaped in place: no buffer per level of nesting */
+
+        if (cJSON_IsObject(node)) {
+            if (at > 0 && at + 1 < size)
+                path[at++] = '.';
+            text_escape(path + at, size - at, item->string, strlen(item->string));
+        } else {
+            snprintf(path + at, size - at, "[%zu]", index);
+        }
+        if (cJSON_IsNumber(item)) {
+            if (*skip_p == 0)
+                return true;
+            (*skip_p)--;
+        } else if (number_path_find(item, skip_p, path, size)) {
+            return true;
+        }
+        path[len] = '\0';
+    }
+    return false;
+}
+
+/* Checks the text of every number in the `len` bytes of `json` (which parsed into `root`)
+ * with number_text_check, naming the first bad one by its key path. Outside strings, a
+ * number is the only token that starts with '-' or a digit; strings, most of a layout's
+ * text, are skipped with memchr to their closing quote (one after an even run of
+ * backslashes), so the scan costs little next to the parse. */
+static kvx_status_t numbers_check(const cJSON *root, const char *json, size_t len)
+{
+    const char *end = json + len;
+    const char *p   = json;
+    size_t count    = 0; /* numbers before the one at p */
+
+    while (p < end) {
+        const char *start = p;
+        const char *why;
+        char path[256];
+
+        if (*p == '"') {
+            const char *quote_at = p;
+            size_t backslashes;
+
+            do {
+                quote_at = memchr(quote_at + 1, '"', (size_t)(end - quote_at - 1));
+                if (quote_at == NULL)
+                    return KVX_OK; /* not in text cJSON parsed; nothing left to check */
+                for (backslashes = 0; quote_at[-1 - (ptrdiff_t)backslashes] == '\\'; backslashes++)
+                    ;
+            } while (backslashes % 2 != 0);
+            p = quote_at + 1;
+            continue;
+        }
+        if (*p != '-' && !is_digit(*p)) {
+            p++;
+            continue;
+        }
+        while (p < end && is_digit(*p))
+            p++;
+        if (p - start <= 15 && (p == end || !is_number_char(*p)) &&
+            (p - start == 1 || *start != '0')) {
+            count++; /* the common case: at most 15 digits, below 2^53, no leading zero */
+            continue;
+        }
+        while (p < end && is_number_char(*p))
+            p++;
+        why = number_text_check(start, (size_t)(p - start));
+        if (why == NULL) {
+            count++;
+            continue;
+        }
+        path[0] = '\0';
+        if (!number_path_find(root, &count, path, sizeof(path)))
+            snprintf(path, sizeof(path), "layout: the number at byte %td", start - json);
+        return error_set(KVX_ERR_INVALID, "%s: %.*s%s %s", path,
+                         (int)(p - start < 40 ? p - start : 40), start, p - start > 40 ? "..." : "",
+                         why);
+    }
+    return KVX_OK;
+}
+
 kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t **layout_p)
 {
     kvx_layout_params_t params = {0};
@@ -379,6 +560,9 @@ kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t 
         goto out;
     }
 
+    status = numbers_check(root, json, (size_t)(end - json));
+    if (status != KVX_OK)
+        goto out;
     status = read_layout_params(root, &params);
     if (status != KVX_OK)
         goto out;
@@ -406,42 +590,76 @@ out:
     return status;
 }
 
+/* What a path that is not a regular file names, for the message. */
+static const char *file_type_name(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    return "not a regular file";
+}
+
+/* Opens without blocking and checks the type before reading a byte: a FIFO with no writer
+ * would block a plain open(), and a device or FIFO has no size to bound the read by. */
 kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p)
 {
-    FILE *file;
     char *buffer = NULL;
+    size_t done  = 0;
     struct stat st;
-    off_t size;
     kvx_status_t status;
+    int fd;
 
     if (path == NULL || layout_p == NULL)
         return error_set(KVX_ERR_INVALID, "layout: no path or no place for the result");
-    file = fopen(path, "rb");
-    if (file == NULL)
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return error_set(KVX_ERR_IO, "%s: %s", path, strerror(errno));
-    if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
-        status = error_set(KVX_ERR_IO, "%s: not a regular file", path);
+    if (fstat(fd, &st) != 0) {
+        status = error_set(KVX_ERR_IO, "%s: %s", path, strerror(errno));
         goto out;
     }
-    size = st.st_size;
-    if (size > (off_t)KVX_MAX_LAYOUT_FILE) {
+    if (!S_ISREG(st.st_mode)) {
+        status = error_set(KVX_ERR_IO, "%s: is %s, not a regular file", path,
+                           file_type_name(st.st_mode));
+        goto out;
+    }
+    if (st.st_size > (off_t)KVX_MAX_LAYOUT_FILE) {
         status = error_set(KVX_ERR_INVALID, "%s: %lld bytes is more than the %u allowed", path,
-                           (long long)size, KVX_MAX_LAYOUT_FILE);
+                           (long long)st.st_size, KVX_MAX_LAYOUT_FILE);
         goto out;
     }
-    buffer = malloc((size_t)size + 1); /* + 1: a zero-byte file is still a buffer */
+    buffer = malloc((size_t)st.st_size + 1); /* + 1: a zero-byte file is still a buffer */
     if (buffer == NULL) {
         status = error_no_memory("a layout file buffer");
         goto out;
     }
-    if (fread(buffer, 1, (size_t)size, file) != (size_t)size) {
-        status = error_set(KVX_ERR_IO, "%s: read failed", path);
-        goto out;
+    while (done < (size_t)st.st_size) {
+        ssize_t n = read(fd, buffer + done, (size_t)st.st_size - done);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            status = error_set(KVX_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+            goto out;
+        }
+        if (n == 0) {
+            status = error_set(KVX_ERR_IO, "%s: ended at byte %zu of %lld (changed while read)",
+                               path, done, (long long)st.st_size);
+            goto out;
+        }
+        done += (size_t)n;
     }
-    status = kvx_layout_load_buffer(buffer, (size_t)size, layout_p);
+    status = kvx_layout_load_buffer(buffer, done, layout_p);
 
 out:
     free(buffer);
-    fclose(file);
+    close(fd);
     return status;
 }

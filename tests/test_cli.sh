@@ -23,10 +23,11 @@ plan_matches_expected() {
 }
 
 # status_and_one_error_line EXPECTED_STATUS MESSAGE_PART ARGS...
+# Bad input is found before anything waits, so each run gets 10 s (timeout exits 124).
 status_and_one_error_line() {
   local want=$1 part=$2
   shift 2
-  "$kvx" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
+  timeout 10 "$kvx" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
   local got=$?
   [[ $got -eq $want ]] || { echo "status $got, expected $want"; return 1; }
   [[ $(head -n 1 "$tmp/stderr") == "kvx: error: "*"$part"* ]] ||
@@ -53,6 +54,40 @@ check "failed coverage proof exits 2" \
   status_and_one_error_line 2 "views[0] (a) is not covered by region 0 (a)" plan "$tmp/uncovered.json"
 check "missing file exits 2" \
   status_and_one_error_line 2 "/nonexistent.json: No such file" plan /nonexistent.json
+mkfifo "$tmp/fifo.json"
+check "a FIFO as LAYOUT exits 2 at once, naming what it is" \
+  status_and_one_error_line 2 "$tmp/fifo.json: is a FIFO, not a regular file" plan "$tmp/fifo.json"
+# Names are printable UTF-8: a control byte or broken UTF-8 is refused and quoted escaped, so
+# neither the terminal nor --json output ever sees it raw; other UTF-8 stays valid JSON.
+printf '{"kvx_layout": 1, "storages": [{"name": "kv\\u001b[2J", "size": 64}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv", "page": 64, "stride": 64, "num_blocks": 1}]}' \
+  >"$tmp/esc.json"
+check "a name with ESC exits 2 naming the field and byte, escaped" \
+  status_and_one_error_line 2 'storages[0].name: byte 2 (0x1b) is a control character, in "kv\x1b[2J"' \
+  plan --json "$tmp/esc.json"
+check "a name with ESC: no raw control byte on stderr" \
+  bash -c "! LC_ALL=C grep -q \$'\\x1b' '$tmp/stderr'"
+printf '{"kvx_layout": 1, "storages": [{"name": "kv\xff", "size": 64}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv\xff", "page": 64, "stride": 64, "num_blocks": 1}]}' \
+  >"$tmp/ff.json"
+check "a name with a lone 0xff exits 2" \
+  status_and_one_error_line 2 'storages[0].name: byte 2 (0xff) is not valid UTF-8, in "kv\xff"' \
+  plan --json "$tmp/ff.json"
+printf '{"kvx_layout": 1, "storages": [{"name": "\xc3\xa9", "size": 64}], "views": [
+  {"name": "\xe5\xb1\x82.0", "kind": "attn", "storage": "\xc3\xa9", "page": 64, "stride": 64,
+   "num_blocks": 1}]}' >"$tmp/utf8.json"
+check "UTF-8 names give valid --json" bash -c "'$kvx' plan --json '$tmp/utf8.json' | python3 -c \"import json,sys; d=json.load(sys.stdin); assert d['regions'][0]['name']=='\\u5c42.0' and d['registrations'][0]['storage']=='\\u00e9'\""
+# Numbers are weighed by their text: no leading zeros, and nothing above 2^53 rounded in.
+printf '{"kvx_layout": 1, "storages": [{"name": "kv", "size": 9007199254740993}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv", "page": 64, "stride": 64, "num_blocks": 1}]}' \
+  >"$tmp/big.json"
+check "an integer above 2^53 exits 2 naming its path" \
+  status_and_one_error_line 2 'storages[0].size: 9007199254740993 is larger than 2^53' plan "$tmp/big.json"
+printf '{"kvx_layout": 1, "storages": [{"name": "kv", "size": 4096}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv", "page": 64, "stride": 64, "num_blocks": 0123}]}' \
+  >"$tmp/zero.json"
+check "a leading zero exits 2 naming its path" \
+  status_and_one_error_line 2 'views[0].num_blocks: 0123 has a leading zero' plan "$tmp/zero.json"
 check "missing LAYOUT exits 2" status_and_one_error_line 2 "LAYOUT is required" plan
 check "unknown option exits 2" status_and_one_error_line 2 "unknown option --jsn" plan --jsn x
 check "unknown command exits 2" status_and_one_error_line 2 "unknown command fetchh" fetchh
@@ -76,8 +111,32 @@ check "fetch takes no --hold" \
   status_and_one_error_line 2 'takes no --listen or --hold' \
   fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --hold '7=0:1'
 
+# fetch --blocks is checked against the layout's groups before memory or a connection: port 1
+# has no listener, and a fetch that got as far as connecting would wait out its timeout.
+printf '{"kvx_layout": 1, "storages": [{"name": "kv", "size": 4096}], "views": [
+  {"name": "a", "kind": "attn", "storage": "kv", "page": 64, "stride": 64, "num_blocks": 4},
+  {"name": "b", "kind": "attn", "storage": "kv", "offset": 1024, "page": 64, "stride": 64,
+   "num_blocks": 4, "group": 1}]}' >"$tmp/two_groups.json"
+check "fetch --blocks naming too few groups exits 2 before connecting" \
+  status_and_one_error_line 2 'request: names 1 groups but the table has regions in group 1' \
+  fetch "$tmp/two_groups.json" --peer 127.0.0.1:1 --blocks '0:1' --timeout 60000
+check "fetch --blocks beyond the table exits 2 before connecting" \
+  status_and_one_error_line 2 'block id 4 of group 1 is out of range' \
+  fetch "$tmp/two_groups.json" --peer 127.0.0.1:1 --blocks '0:1;1:4' --timeout 60000
+
 check "kvx --help explains the commands" bash -c "'$kvx' --help | grep -q 'plan LAYOUT'"
 check "kvx plan --help explains plan" bash -c "'$kvx' plan --help | grep -q -- '--json'"
+for cmd in plan compat serve fetch bench demo; do
+  check "kvx help $cmd prints $cmd's own usage" \
+    bash -c "'$kvx' help $cmd >'$tmp/help' && head -n 1 '$tmp/help' | grep -q '^usage: kvx $cmd '"
+done
+check "kvx help nosuch exits 2" status_and_one_error_line 2 "unknown command nosuch" help nosuch
+check "kvx --help says what demo does" \
+  bash -c "'$kvx' --help | grep -A2 '^  demo' | grep -q 'verify every byte'"
+version=$(sed -n 's/^project(kvx VERSION \([0-9.]*\) .*/\1/p' "$src/CMakeLists.txt")
+check "kvx --version prints CMake's project version" \
+  bash -c "[[ -n '$version' && \$('$kvx' --version) == 'kvx $version' ]]"
+check "kvx version prints it too" bash -c "[[ \$('$kvx' version) == 'kvx $version' ]]"
 check "kvx plan prints a table with totals" \
   bash -c "'$kvx' plan '$src/layouts/examples/example7-capacities.json' | grep -q '^total: 2 regions, 5 descriptors'"
 check "kvx demo --tables registers every built-in model" \

@@ -91,7 +91,9 @@ check "pull DeepSeek-V4.1-style slab, every group, verified" fetch_verified "$tm
 check "fetch reports the transport UCX really uses for RMA" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' | grep -qE 'over .*\(([a-z_]+,)*rma_bw'"
 check "push DeepSeek-V4.1-style slab: P writes, every byte verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3,5,60;2:7-9' --push
 check "push into malloc'd storage, verified" fetch_verified "$tmp/v41.json" '0:40-47;1:0;2:63' --push --malloc
-check "wrong seed is a mismatch, not a pass" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' --verify --fill 41 | grep -q '^MISMATCH: local storage 0 byte '"
+# P filled with seed 42 (serve above); D verifies against 41: exit status 2, and the verdict
+# names the seed, the bytes expected and found, where, and that nearly all differ.
+check "wrong seed is a mismatch naming the seed, both bytes and where, exit 2" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' --verify --fill 41 >'$tmp/wrong'; [[ \$? -eq 2 ]] && grep -Eq '^MISMATCH: local storage 0 byte [0-9]+: expected 0x[0-9a-f]{2} \\(seed 41, remote rank 0 storage 0 byte [0-9]+\\), found 0x[0-9a-f]{2}; [0-9]+ of the pair.s [0-9]+ bytes differ: is the seed the one kvx serve --fill used\\?\$' '$tmp/wrong' || { cat '$tmp/wrong'; false; }"
 
 # Handshake failures: clear errors on D, and P keeps serving.
 check "hash mismatch is named" bash -c "'$kvx' fetch '$src/layouts/examples/example1-packed-mla-slab.json' --peer $addr --blocks '0:1' 2>&1 | grep -q 'incompatible peer: model_id: local \"\", remote \"deepseek-v4.1-style\"'"
@@ -172,6 +174,28 @@ check "serve --metrics: histograms end with +Inf and count" \
   bash -c "curl -sf '$metrics' | grep -q 'kvx_transfer_duration_seconds_bucket{agent=\"kvx serve\",le=\"+Inf\"} 0'"
 check "serve --metrics: another path is 404" \
   bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' '${metrics%/metrics}/other') == 404 ]]"
+# Idle sockets never starve a scrape: 20 connections that send nothing (more than the 16 idle
+# ones kept), then a scrape must be answered at once; the idle ones are closed within their
+# 2 s deadline.
+idle_then_scrape='
+import socket, sys, time, urllib.request
+url = sys.argv[1]
+host, port = url.split("/")[2].split(":")
+idle = [socket.create_connection((host, int(port))) for _ in range(20)]
+time.sleep(0.2)
+reply = urllib.request.urlopen(url, timeout=5)
+assert reply.status == 200 and b"kvx_" in reply.read(), "no metrics"
+assert reply.headers.get("Connection") == "close", "a scrape is answered and closed"
+deadline = time.time() + 5
+for s in idle:
+    s.settimeout(max(0.01, deadline - time.time()))
+    try:
+        assert s.recv(1) == b"", "an idle socket got data"
+    except ConnectionResetError:
+        pass
+'
+check "serve --metrics: 20 idle connections do not starve a scrape, and are closed" \
+  python3 -c "$idle_then_scrape" "$metrics"
 stop_server
 check "serve --metrics with a bad address: status 2 and one error line" \
   bash -c "'$kvx' serve '$tmp/v41.json' --listen 127.0.0.1:0 --metrics nowhere >/dev/null 2>'$tmp/err'; [[ \$? -eq 2 ]] && grep -q 'kvx: error: --metrics: \"nowhere\" is not IPV4:PORT' '$tmp/err'"

@@ -129,6 +129,22 @@ void block_ids_free(struct block_ids *ids)
     ids->groups = NULL;
 }
 
+kvx_status_t block_ids_check_layout(const char *layout_path, const struct block_ids *ids)
+{
+    kvx_layout_t *layout   = NULL;
+    kvx_regions_t *regions = NULL;
+    size_t num_ids;
+    kvx_status_t status = kvx_layout_load_file(layout_path, &layout);
+
+    if (status == KVX_OK)
+        status = kvx_regions_register(layout, &regions);
+    if (status == KVX_OK)
+        status = kvx_regions_request_ids(regions, ids->groups, ids->num_groups, NULL, 0, &num_ids);
+    kvx_regions_destroy(regions);
+    kvx_layout_destroy(layout);
+    return status;
+}
+
 void block_ids_print(FILE *out, const kvx_group_ids_t *groups, size_t num_groups)
 {
     const char *group_separator = "";

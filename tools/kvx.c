@@ -20,15 +20,18 @@ static const char usage_main[] =
     "  plan LOCAL --peer REMOTE --blocks IDS\n"
     "                         plan a request's (local, remote) descriptor pairs\n"
     "  compat LOCAL REMOTE    check two layouts the way the handshake would\n"
-    "  serve LAYOUT --listen HOST:PORT\n"
+    "  serve LAYOUT --listen HOST:PORT --auth FILE\n"
     "                         a prefill worker: fill the cache with a pattern and serve it\n"
-    "  fetch LAYOUT --peer HOST:PORT --blocks IDS [--verify]\n"
+    "  fetch LAYOUT --peer HOST:PORT --blocks IDS --auth FILE [--verify]\n"
     "                         a decode worker: pull a request and check every byte\n"
     "  bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--workload]\n"
     "                         measure transfer bandwidth and latency between two processes\n"
-    "  demo                   print the region tables of the built-in model layouts\n"
+    "  demo [--p-tp N] [--d-tp N] [--layout FILE]\n"
+    "                         move KV blocks from a prefill to a decode process on loopback\n"
+    "                         and verify every byte (--tables: the built-in region tables)\n"
     "  auth-key FILE          write a new secret for a deployment's --auth FILE\n"
     "  help [COMMAND]         explain a command\n"
+    "  version, --version     print the version of kvx\n"
     "\n"
     "Exit status: 0 success, 2 bad input (one 'kvx: error:' line), 1 internal failure.\n";
 
@@ -473,18 +476,34 @@ static int command_demo(int argc, char **argv)
     return demo_run(layout, auth, (uint32_t)p_tp, (uint32_t)d_tp);
 }
 
+/* kvx help [COMMAND]: a command's own usage (serve, fetch and bench print theirs on --help),
+ * or the general one; an unknown COMMAND is a usage error like an unknown command. */
 static int command_help(int argc, char **argv)
 {
-    if (argc > 0 && strcmp(argv[0], "plan") == 0)
-        fputs(usage_plan, stdout);
-    else if (argc > 0 && strcmp(argv[0], "demo") == 0)
-        fputs(usage_demo, stdout);
-    else if (argc > 0 && strcmp(argv[0], "compat") == 0)
-        fputs(usage_compat, stdout);
-    else if (argc > 0 && strcmp(argv[0], "bench") == 0)
-        return bench_main(1, (char *[]){"--help"});
-    else
+    char *help[] = {"--help", NULL};
+
+    if (argc == 0 || strcmp(argv[0], "help") == 0)
         fputs(usage_main, stdout);
+    else if (strcmp(argv[0], "plan") == 0)
+        fputs(usage_plan, stdout);
+    else if (strcmp(argv[0], "demo") == 0)
+        fputs(usage_demo, stdout);
+    else if (strcmp(argv[0], "compat") == 0)
+        fputs(usage_compat, stdout);
+    else if (strcmp(argv[0], "serve") == 0)
+        return command_serve(1, help);
+    else if (strcmp(argv[0], "fetch") == 0)
+        return command_fetch(1, help);
+    else if (strcmp(argv[0], "bench") == 0)
+        return bench_main(1, help);
+    else if (strcmp(argv[0], "auth-key") == 0)
+        return command_auth_key(1, help);
+    else if (strcmp(argv[0], "version") == 0)
+        fputs("usage: kvx version (or kvx --version)\n\nPrints the version of kvx.\n", stdout);
+    else {
+        fprintf(stderr, "kvx: error: unknown command %s\n\n%s", argv[0], usage_main);
+        return EXIT_BAD_INPUT;
+    }
     return 0;
 }
 
@@ -494,6 +513,10 @@ int main(int argc, char **argv)
         return cli_usage_error("no command given", usage_main);
     if (cli_is_help(argv[1]) || strcmp(argv[1], "help") == 0)
         return command_help(argc - 2, argv + 2);
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("kvx %s\n", KVX_VERSION_STRING); /* CMake's project version */
+        return 0;
+    }
     if (strcmp(argv[1], "plan") == 0)
         return command_plan(argc - 2, argv + 2);
     if (strcmp(argv[1], "demo") == 0)

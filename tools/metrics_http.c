@@ -9,13 +9,101 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+/* Idle connections (accepted, no complete request yet) are bounded twice, so that sockets
+ * opened and left silent never starve a scrape: at most METRICS_IDLE_MAX at once, a new
+ * connection closing the oldest idle one, and none idle past METRICS_REQUEST_MS. MHD's own
+ * limit leaves room for the connections being closed and those being answered. */
+#define METRICS_IDLE_MAX    16
+#define METRICS_CONNECTIONS (2 * METRICS_IDLE_MAX)
+#define METRICS_REQUEST_MS  2000 /* from accept to a complete request; scrapers send at once */
+
+/* One connection MHD holds, from its start to its close or our shutdown of it. */
+struct metrics_connection {
+    struct MHD_Connection *connection; /* NULL: a free slot */
+    int fd;
+    uint64_t opened_ms; /* CLOCK_MONOTONIC */
+    bool requested;     /* a complete request came: it is answered and closed, never evicted */
+};
 
 struct metrics_http {
     struct MHD_Daemon *daemon;
     const kvx_agent_t *agent;
     const char *name;
     uint16_t port;
+    struct metrics_connection connections[METRICS_CONNECTIONS];
+    uint64_t started; /* connections accepted, ever */
 };
+
+static uint64_t monotonic_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static struct metrics_connection *connection_find(struct metrics_http *m,
+                                                  const struct MHD_Connection *connection)
+{
+    for (size_t i = 0; i < METRICS_CONNECTIONS; i++) {
+        if (m->connections[i].connection == connection)
+            return &m->connections[i];
+    }
+    return NULL;
+}
+
+/* Ends an idle connection: MHD reads the end of the stream on its next run and closes it.
+ * Its slot is free at once, and its fd, MHD's until then, is never touched again. */
+static void connection_end(struct metrics_connection *c)
+{
+    shutdown(c->fd, SHUT_RDWR);
+    c->connection = NULL;
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: tracks each connection, and makes room for a new one by
+ * ending the oldest idle one when METRICS_IDLE_MAX are idle. A slot is always free: MHD
+ * holds at most METRICS_CONNECTIONS, this new one among them. */
+static void on_connection(void *arg, struct MHD_Connection *connection, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    struct metrics_http *m            = arg;
+    struct metrics_connection *slot   = NULL;
+    struct metrics_connection *oldest = NULL;
+    const union MHD_ConnectionInfo *info;
+    size_t idle = 0;
+
+    (void)socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        slot = connection_find(m, connection);
+        if (slot != NULL)
+            slot->connection = NULL;
+        return;
+    }
+    for (size_t i = 0; i < METRICS_CONNECTIONS; i++) {
+        struct metrics_connection *c = &m->connections[i];
+
+        if (c->connection == NULL) {
+            slot = slot != NULL ? slot : c;
+            continue;
+        }
+        if (c->requested)
+            continue;
+        idle++;
+        if (oldest == NULL || c->opened_ms < oldest->opened_ms)
+            oldest = c;
+    }
+    if (idle >= METRICS_IDLE_MAX) {
+        connection_end(oldest);
+        slot = slot != NULL ? slot : oldest;
+    }
+    m->started++;
+    info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (slot != NULL && info != NULL)
+        *slot = (struct metrics_connection){connection, info->connect_fd, monotonic_ms(), false};
+}
 
 static enum MHD_Result respond(struct MHD_Connection *connection, unsigned code, char *text,
                                enum MHD_ResponseMemoryMode mode)
@@ -26,6 +114,7 @@ static enum MHD_Result respond(struct MHD_Connection *connection, unsigned code,
     if (response == NULL)
         return MHD_NO;
     MHD_add_response_header(response, "Content-Type", "text/plain; version=0.0.4");
+    MHD_add_response_header(response, "Connection", "close"); /* no idle keep-alive */
     result = MHD_queue_response(connection, code, response);
     MHD_destroy_response(response);
     return result;
@@ -35,13 +124,16 @@ static enum MHD_Result on_request(void *arg, struct MHD_Connection *connection, 
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **request_state)
 {
-    struct metrics_http *m = arg;
+    struct metrics_http *m       = arg;
+    struct metrics_connection *c = connection_find(m, connection);
     kvx_agent_stats_t stats;
     char *text;
 
     (void)version;
     (void)upload_data;
     (void)request_state;
+    if (c != NULL)
+        c->requested = true; /* MHD calls this once the request's headers are complete */
     if (*upload_data_size != 0)
         return MHD_NO; /* scrapes carry no body */
     if (strcmp(method, "GET") != 0)
@@ -91,8 +183,9 @@ kvx_status_t metrics_http_start(const char *address, const kvx_agent_t *agent, c
     *m = (struct metrics_http){.agent = agent, .name = name};
     m->daemon =
         MHD_start_daemon(MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, m, MHD_OPTION_SOCK_ADDR,
-                         (struct sockaddr *)&sin, MHD_OPTION_CONNECTION_LIMIT, 16u,
-                         MHD_OPTION_CONNECTION_TIMEOUT, 5u, MHD_OPTION_END);
+                         (struct sockaddr *)&sin, MHD_OPTION_CONNECTION_LIMIT,
+                         (unsigned)METRICS_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, 5u,
+                         MHD_OPTION_NOTIFY_CONNECTION, on_connection, m, MHD_OPTION_END);
     info = m->daemon != NULL ? MHD_get_daemon_info(m->daemon, MHD_DAEMON_INFO_BIND_PORT) : NULL;
     if (info == NULL) {
         metrics_http_stop(m);
@@ -109,10 +202,31 @@ uint16_t metrics_http_port(const struct metrics_http *metrics)
     return metrics->port;
 }
 
+/* Answers what is waiting, then ends the connections idle past METRICS_REQUEST_MS (after
+ * the run, so a request that came in time is read first); MHD closes them on its next run.
+ * MHD accepts one connection a run, so it runs again while it accepts, up to
+ * METRICS_IDLE_MAX times: a scrape behind a burst of connections waits one turn of the
+ * serve loop, not one a connection. */
 void metrics_http_serve(struct metrics_http *metrics)
 {
-    if (metrics != NULL)
+    uint64_t started;
+    uint64_t now;
+
+    if (metrics == NULL)
+        return;
+    for (int runs = 0; runs < METRICS_IDLE_MAX; runs++) {
+        started = metrics->started;
         MHD_run(metrics->daemon);
+        if (metrics->started == started)
+            break;
+    }
+    now = monotonic_ms();
+    for (size_t i = 0; i < METRICS_CONNECTIONS; i++) {
+        struct metrics_connection *c = &metrics->connections[i];
+
+        if (c->connection != NULL && !c->requested && now - c->opened_ms > METRICS_REQUEST_MS)
+            connection_end(c);
+    }
 }
 
 void metrics_http_stop(struct metrics_http *metrics)

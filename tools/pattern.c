@@ -15,7 +15,7 @@ static uint64_t pattern_word(uint64_t seed, uint32_t rank, size_t storage, uint6
     return z ^ (z >> 31);
 }
 
-static uint8_t pattern_byte(uint64_t seed, uint32_t rank, size_t storage, uint64_t offset)
+uint8_t pattern_byte(uint64_t seed, uint32_t rank, size_t storage, uint64_t offset)
 {
     return (uint8_t)(pattern_word(seed, rank, storage, offset / 8) >> (8 * (offset % 8)));
 }

@@ -10,6 +10,9 @@
 /* Fills `size` bytes at `base`: rank `rank`'s storage `storage` from offset 0. */
 void pattern_fill(void *base, uint64_t size, uint64_t seed, uint32_t rank, size_t storage);
 
+/* The pattern's byte at `offset` of rank `rank`'s storage `storage`: what a check expected. */
+uint8_t pattern_byte(uint64_t seed, uint32_t rank, size_t storage, uint64_t offset);
+
 /* The index of the first of `len` bytes at `actual` that differs from the pattern of
  * `storage` from `offset` on, or `len` when all match. */
 uint64_t pattern_check(const void *actual, uint64_t len, uint64_t seed, uint32_t rank,

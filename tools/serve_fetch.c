@@ -611,6 +611,11 @@ int command_fetch(int argc, char **argv)
         ret = EXIT_BAD_INPUT;
         goto out;
     }
+    status = block_ids_check_layout(a.layout, &ids); /* before any memory or connection */
+    if (status != KVX_OK) {
+        ret = cli_fail(status);
+        goto out;
+    }
     ret = agent_start(&a, false, &agent, &storages, &num_storages);
     if (ret >= 0)
         goto out;

@@ -110,6 +110,27 @@ static bool verify_untouched(const kvx_agent_t *agent, char *verdict, size_t siz
     return ok;
 }
 
+/* The verdict for pair `p` from `rank`, whose local bytes `local` first differ from the
+ * pattern of `seed` at index `bad`: where (local and remote storage and offset), the byte
+ * expected and the byte found, and how many of the pair's bytes differ. Nearly all of them
+ * differing is what a wrong seed looks like, so the verdict then says so. */
+static void mismatch_describe(const kvx_pair_t *p, uint32_t rank, uint64_t seed,
+                              const uint8_t *local, uint64_t bad, char *verdict, size_t size)
+{
+    uint64_t differ = 0;
+
+    for (uint64_t i = bad; i < p->len; i++)
+        differ += local[i] != pattern_byte(seed, rank, p->remote_storage, p->remote_offset + i);
+    snprintf(verdict, size,
+             "MISMATCH: local storage %" PRIu32 " byte %" PRIu64 ": expected 0x%02x (seed %" PRIu64
+             ", remote rank %" PRIu32 " storage %" PRIu32 " byte %" PRIu64 "), found 0x%02x;"
+             " %" PRIu64 " of the pair's %" PRIu64 " bytes differ%s",
+             p->local_storage, p->local_offset + bad,
+             pattern_byte(seed, rank, p->remote_storage, p->remote_offset + bad), seed, rank,
+             p->remote_storage, p->remote_offset + bad, local[bad], differ, p->len,
+             differ > p->len / 2 ? ": is the seed the one kvx serve --fill used?" : "");
+}
+
 /* Checks every transferred byte against the pattern of the prefill side's storage, then
  * that nothing else was written. */
 bool verify_last_transfer(const kvx_agent_t *agent, uint64_t seed, char *verdict, size_t size)
@@ -129,11 +150,7 @@ bool verify_last_transfer(const kvx_agent_t *agent, uint64_t seed, char *verdict
                 pattern_check(local, p[i].len, seed, rank, p[i].remote_storage, p[i].remote_offset);
 
             if (bad < p[i].len) {
-                snprintf(verdict, size,
-                         "MISMATCH: local storage %" PRIu32 " byte %" PRIu64
-                         " differs from remote rank %" PRIu32 " storage %" PRIu32 " byte %" PRIu64,
-                         p[i].local_storage, p[i].local_offset + bad, rank, p[i].remote_storage,
-                         p[i].remote_offset + bad);
+                mismatch_describe(&p[i], rank, seed, local, bad, verdict, size);
                 return false;
             }
         }
