@@ -17,7 +17,7 @@
 #include <string.h>
 
 #define PEER_MISSED_INTERVALS 3    /* silent heartbeat intervals before a peer is dead */
-#define PEER_SEND_HWM         64   /* requests queued for a stalled peer; more fail at once */
+#define PEER_SEND_HWM         1024 /* requests queued for a stalled peer; more fail at once */
 #define PEER_MAX_PENDING      1024 /* requests awaiting their reply on one peer */
 #define PEER_REPLIES_PER_TURN 64   /* replies taken from one peer in one turn */
 #define PEER_PROGRESS_ROUNDS  64   /* UCX progress rounds of one connection in one turn */
