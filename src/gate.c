@@ -104,7 +104,8 @@ kvx_status_t gate_watch(struct gate *gate, void *router)
     return KVX_OK;
 }
 
-/* The remote IP address of an accepted descriptor, "?" when the kernel does not say. */
+/* The remote IP address of an accepted descriptor, "?" when the kernel does not say: it is
+ * read when the gate serves the event, so a peer that closed already is refused as "?". */
 static void address_of(int fd, char address[GATE_ADDRESS_SIZE])
 {
     struct sockaddr_storage peer;
