@@ -265,13 +265,6 @@ static kvx_status_t random_bytes(uint8_t *bytes, size_t size)
                : error_set(KVX_ERR_INTERNAL, "push: the system's random source failed");
 }
 
-/* The proof's active message completed: nothing to do until the registrant returns it. */
-static void proof_sent(void *arg, struct transport_op *op)
-{
-    (void)arg;
-    (void)op;
-}
-
 void push_register(void *server, const struct sidechan_request *request)
 {
     struct push_server *s = server;
@@ -311,7 +304,7 @@ void push_register(void *server, const struct sidechan_request *request)
         status = random_bytes(w->nonce, sizeof(w->nonce));
     if (status == KVX_OK) {
         proof  = push_proof_make(core->instance, w->nonce);
-        status = transport_op_create(w->conn->transport, proof_sent, w, &w->proof_op);
+        status = transport_op_create(w->conn->transport, NULL, NULL, &w->proof_op);
     }
     if (status == KVX_OK)
         status = transport_am_post(w->proof_op, CORE_AM_PUSH_PROOF, &proof, sizeof(proof));
