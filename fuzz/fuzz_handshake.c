@@ -14,6 +14,7 @@
 #include <zmq.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,9 +81,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         listener_open();
     to.sin_port        = htons((uint16_t)listener.port);
     to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    fd                 = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&to, sizeof(to)) != 0)
-        fuzz_fail("no connection to the listener");
+    /* a full accept queue refuses for a moment: the listener accepts from its own thread */
+    for (int attempt = 0;; attempt++) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&to, sizeof(to)) == 0)
+            break;
+        if (attempt == 1000)
+            fuzz_fail("no connection to the listener: %s", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        listener_serve();
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    /* closed with a reset, as a peer may, so that a long run leaves no TIME_WAIT behind */
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &(struct linger){1, 0}, sizeof(struct linger));
     for (size_t sent = 0; sent < size;) {
         ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
 
