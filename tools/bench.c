@@ -53,6 +53,7 @@ static const char usage_bench[] =
     "  --batch N            blocks per transfer; default 16\n"
     "  --iters N            timed transfers per point; default 100 (workload: 10)\n"
     "  --transports LIST    UCX transports of both agents; default sm,cma,tcp\n"
+    "  --push-transports LIST  P's push writers' UCX transports; default tcp (docs/security.md)\n"
     "  --auth FILE          the side channel's secret; default KVX_AUTH_FILE's, else one made\n"
     "                       for this run (--peer and --listen need the same file on both)\n"
     "  --malloc             register memory from aligned_alloc, as an engine's own cache,\n"
@@ -173,6 +174,8 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
             a->listen = value;
         else if (strcmp(arg, "--auth") == 0)
             a->auth = value;
+        else if (strcmp(arg, "--push-transports") == 0)
+            a->push_transports = value;
         else if (strcmp(arg, "--layouts") == 0) {
             if (!layout_list_parse(arg, value, a))
                 return EXIT_BAD_INPUT;
@@ -286,6 +289,10 @@ static kvx_status_t bench_agent_create(const struct bench_args *a, const kvx_lay
         params.field_mask |= KVX_AGENT_PARAM_FIELD_LISTEN;
     if (a->transports != NULL)
         params.field_mask |= KVX_AGENT_PARAM_FIELD_TRANSPORTS;
+    if (a->push_transports != NULL) {
+        params.field_mask |= KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS;
+        params.push_transports = a->push_transports;
+    }
     if (a->use_malloc) {
         bases = calloc(n, sizeof(*bases));
         for (size_t s = 0; bases != NULL && s < n; s++) {

@@ -24,6 +24,7 @@ struct bench_args {
     const char *transports;
     const char *peer;
     const char *listen;
+    const char *push_transports;        /* P's push writers; default the library's (tcp) */
     const char *auth;                       /* --auth FILE; else KVX_AUTH_FILE's, else made */
     uint8_t key[KVX_AUTH_KEY_LEN];          /* both agents' secret, set before the fork */
     const char *layouts[BENCH_MAX_LAYOUTS]; /* into layout_text */
