@@ -4,6 +4,7 @@
 #include "wire.h"
 
 #include "error.h"
+#include "text.h"
 
 #include "kvx.pb-c.h"
 
@@ -45,6 +46,15 @@ static kvx_status_t name_copy(const ProtobufCBinaryData *b, const char *what, bo
         return error_set(KVX_ERR_INVALID, "metadata: %s: is empty", what);
     if (b->len > 0 && memchr(b->data, '\0', b->len) != NULL)
         return error_set(KVX_ERR_INVALID, "metadata: %s: holds a NUL byte", what);
+    if (b->len > 0) {
+        /* a peer's names are printed in messages and logs: the layout's rule holds (text.h) */
+        const char *why;
+        size_t bad = text_find_unprintable((const char *)b->data, b->len, &why);
+
+        if (bad < b->len)
+            return error_set(KVX_ERR_INVALID, "metadata: %s: byte %zu (0x%02x) is %s", what, bad,
+                             b->data[bad], why);
+    }
     copy = malloc(b->len + 1);
     if (copy == NULL)
         return error_no_memory("a metadata name");

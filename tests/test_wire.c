@@ -227,7 +227,7 @@ static void pb_message(struct pb *b, uint32_t field, struct pb *inner)
 }
 
 /* What a change sets; `index` picks the region or registration. Text fields take a length
- * of 'x' bytes, TEXT_NUL ("kv\0x") or TEXT_OTHER ("layers.9.other"). */
+ * of 'x' bytes, TEXT_NUL ("kv\0x"), TEXT_ESC, TEXT_BAD or TEXT_OTHER ("layers.9.other"). */
 enum peer_field {
     END,
     ENV_VERSION,
@@ -270,6 +270,8 @@ enum peer_field {
 #define TEXT_SAME  UINT64_MAX
 #define TEXT_NUL   (UINT64_MAX - 1)
 #define TEXT_OTHER (UINT64_MAX - 2)
+#define TEXT_ESC   (UINT64_MAX - 3) /* "kv\x1b[2J": a terminal's escape */
+#define TEXT_BAD   (UINT64_MAX - 4) /* "kv\xff": not UTF-8 */
 #define TWO63      ((uint64_t)1 << 63)
 #define NEG(x)     ((uint64_t)(int64_t)(x)) /* a negative value, as a change carries it */
 
@@ -311,6 +313,10 @@ static void pick_bytes(struct pb *b, uint32_t number, const struct peer *p, enum
 
     if (v == TEXT_NUL)
         data = nul_text, len = sizeof(nul_text) - 1;
+    else if (v == TEXT_ESC)
+        data = "kv\x1b[2J", len = 6;
+    else if (v == TEXT_BAD)
+        data = "kv\xff", len = 3;
     else if (v == TEXT_OTHER)
         data = "layers.9.other", len = strlen("layers.9.other");
     else if (v != TEXT_SAME)
@@ -824,6 +830,12 @@ static const struct bad_peer_case {
     {{{REGION_NAME, 2, 0}}, "metadata: regions[2].name: is empty"},
     {{{REGION_NAME, 2, 256}}, "metadata: regions[2].name: 256 bytes is longer than 255"},
     {{{REGION_NAME, 6, TEXT_NUL}}, "metadata: regions[6].name: holds a NUL byte"},
+    /* Issue 11: a peer's names are printed: control bytes and broken UTF-8 are refused. */
+    {{{REGION_NAME, 1, TEXT_ESC}},
+     "metadata: regions[1].name: byte 2 (0x1b) is a control character"},
+    {{{REG_NAME, 0, TEXT_BAD}},
+     "metadata: registrations[0].storage: byte 2 (0xff) is not valid UTF-8"},
+    {{{AGENT_NAME, 0, TEXT_ESC}}, "metadata: agent_name: byte 2 (0x1b) is a control character"},
     {{{REGION_STORAGE, 1, 4}}, "metadata: regions[1].storage: 4 is not one of 4 registrations"},
     {{{REGION_BLOCK_LEN, 0, 0}}, "metadata: regions[0]: " SANE},
     {{{REGION_STRIDE, 4, 0}}, "metadata: regions[4]: " SANE},
