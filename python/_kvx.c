@@ -1,0 +1,990 @@
+/* _kvx.c: the CPython extension under the `kvx` package: thin types over include/kvx.h. The
+ * pure-Python layer (kvx/__init__.py) gives them their public names and conveniences.
+ *
+ * Rules kept here, for every call:
+ * - A buffer the engine hands in (agent memory) is held with PyObject_GetBuffer for as long
+ *   as the C agent lives, so it cannot be freed or resized under a registration.
+ * - Every call that can wait (progress, connect, read, write) or copy releases the GIL; the
+ *   C handles are used by one thread at a time (a lock per agent says so to Python threads).
+ * - Callbacks never run from here: only kvx's own progress calls run them, and this layer
+ *   registers none that call Python.
+ * - Errors become kvx.Error subclasses carrying kvx's status and message. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "kvx.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* ---- errors --------------------------------------------------------------------------- */
+
+static PyObject *error_base;
+static struct {
+    kvx_status_t status;
+    const char *name;
+    PyObject *type;
+} error_types[] = {
+    {KVX_ERR_INVALID, "InvalidError", NULL},
+    {KVX_ERR_OUT_OF_RANGE, "OutOfRangeError", NULL},
+    {KVX_ERR_IO, "IOFailure", NULL},
+    {KVX_ERR_CANCELED, "CanceledError", NULL},
+    {KVX_ERR_BUSY, "BusyError", NULL},
+    {KVX_ERR_PEER_DOWN, "PeerDownError", NULL},
+    {KVX_ERR_PEER_TIMEOUT, "PeerTimeoutError", NULL},
+    {KVX_ERR_PEER_REFUSED, "PeerRefusedError", NULL},
+    {KVX_ERR_NO_MEMORY, "NoMemoryError", NULL},
+    {KVX_ERR_INTERNAL, "InternalError", NULL},
+};
+
+/* Raises the kvx.Error subclass of `status` with `message` (kvx_errmsg() when NULL). */
+static PyObject *raise_status(kvx_status_t status, const char *message)
+{
+    PyObject *type = error_base;
+    PyObject *args;
+
+    for (size_t i = 0; i < sizeof(error_types) / sizeof(error_types[0]); i++) {
+        if (error_types[i].status == status)
+            type = error_types[i].type;
+    }
+    args = Py_BuildValue("(si)", message != NULL ? message : kvx_errmsg(), (int)status);
+    if (args != NULL) {
+        PyErr_SetObject(type, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+/* ---- block ids ------------------------------------------------------------------------ */
+
+/* Block ids of a request, owned: groups[g] for each group given, and the arrays behind them
+ * (numpy uint64 arrays are borrowed through their buffer, without a copy). */
+struct ids {
+    kvx_group_ids_t *groups;
+    size_t num_groups;
+    uint64_t **owned;   /* copies made from sequences, by group */
+    Py_buffer *buffers; /* views held, by group (obj NULL when none) */
+};
+
+static void ids_free(struct ids *ids)
+{
+    for (size_t g = 0; g < ids->num_groups; g++) {
+        if (ids->owned != NULL)
+            PyMem_Free(ids->owned[g]);
+        if (ids->buffers != NULL && ids->buffers[g].obj != NULL)
+            PyBuffer_Release(&ids->buffers[g]);
+    }
+    PyMem_Free(ids->groups);
+    PyMem_Free(ids->owned);
+    PyMem_Free(ids->buffers);
+    memset(ids, 0, sizeof(*ids));
+}
+
+/* One group's ids from `seq`: a C-contiguous buffer of unsigned 64-bit integers as is, any
+ * other sequence of non-negative integers copied. */
+static int group_convert(PyObject *seq, struct ids *ids, size_t g)
+{
+    Py_ssize_t n;
+
+    if (PyObject_CheckBuffer(seq) &&
+        PyObject_GetBuffer(seq, &ids->buffers[g], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+        Py_buffer *b = &ids->buffers[g];
+
+        if (b->itemsize == 8 && b->format != NULL &&
+            (strcmp(b->format, "Q") == 0 || strcmp(b->format, "L") == 0 ||
+             strcmp(b->format, "<Q") == 0 || strcmp(b->format, "=Q") == 0)) {
+            ids->groups[g] = (kvx_group_ids_t){b->buf, (size_t)(b->len / 8)};
+            return 0;
+        }
+        PyBuffer_Release(b);
+        b->obj = NULL; /* another dtype: read its values one by one below */
+    }
+    PyErr_Clear();
+    seq = PySequence_Fast(seq, "block ids: each group must be a sequence of integers");
+    if (seq == NULL)
+        return -1;
+    n             = PySequence_Fast_GET_SIZE(seq);
+    ids->owned[g] = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(uint64_t));
+    if (ids->owned[g] == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        unsigned long long v;
+
+        if (!PyIndex_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "block ids: group %zu item %zd is not an integer", g, i);
+            Py_DECREF(seq);
+            return -1;
+        }
+        v = PyLong_AsUnsignedLongLong(item);
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError,
+                         "block ids: group %zu item %zd is negative or above 2^64-1", g, i);
+            Py_DECREF(seq);
+            return -1;
+        }
+        ids->owned[g][i] = v;
+    }
+    ids->groups[g] = (kvx_group_ids_t){ids->owned[g], (size_t)n};
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* `blocks`: a sequence of groups (group g at index g), each a sequence of block ids. */
+static int ids_convert(PyObject *blocks, struct ids *ids)
+{
+    PyObject *seq = PySequence_Fast(blocks, "blocks: a sequence of groups of block ids");
+    Py_ssize_t n;
+
+    memset(ids, 0, sizeof(*ids));
+    if (seq == NULL)
+        return -1;
+    n            = PySequence_Fast_GET_SIZE(seq);
+    ids->groups  = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof(*ids->groups));
+    ids->owned   = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof(*ids->owned));
+    ids->buffers = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof(*ids->buffers));
+    if (ids->groups == NULL || ids->owned == NULL || ids->buffers == NULL) {
+        Py_DECREF(seq);
+        ids_free(ids);
+        PyErr_NoMemory();
+        return -1;
+    }
+    ids->num_groups = (size_t)n;
+    for (Py_ssize_t g = 0; g < n; g++) {
+        if (group_convert(PySequence_Fast_GET_ITEM(seq, g), ids, (size_t)g) != 0) {
+            Py_DECREF(seq);
+            ids_free(ids);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* ---- Layout and Regions ---------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD kvx_layout_t *layout;
+} LayoutObject;
+
+typedef struct {
+    PyObject_HEAD kvx_regions_t *regions;
+} RegionsObject;
+
+static PyTypeObject LayoutType;
+static PyTypeObject RegionsType;
+
+static void layout_dealloc(LayoutObject *self)
+{
+    kvx_layout_destroy(self->layout);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *layout_wrap(kvx_layout_t *layout)
+{
+    LayoutObject *self = PyObject_New(LayoutObject, &LayoutType);
+
+    if (self == NULL) {
+        kvx_layout_destroy(layout);
+        return NULL;
+    }
+    self->layout = layout;
+    return (PyObject *)self;
+}
+
+static PyObject *mod_layout_load(PyObject *module, PyObject *arg)
+{
+    PyObject *path = NULL;
+    kvx_layout_t *layout;
+    kvx_status_t status;
+
+    (void)module;
+    if (!PyUnicode_FSConverter(arg, &path))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS status = kvx_layout_load_file(PyBytes_AS_STRING(path), &layout);
+    Py_END_ALLOW_THREADS Py_DECREF(path);
+    return status == KVX_OK ? layout_wrap(layout) : raise_status(status, NULL);
+}
+
+static PyObject *mod_layout_from_json(PyObject *module, PyObject *arg)
+{
+    Py_buffer text;
+    kvx_layout_t *layout;
+    kvx_status_t status;
+
+    (void)module;
+    if (PyUnicode_Check(arg)) {
+        Py_ssize_t size;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(arg, &size);
+
+        if (utf8 == NULL)
+            return NULL;
+        status = kvx_layout_load_buffer(utf8, (size_t)size, &layout);
+    } else {
+        if (PyObject_GetBuffer(arg, &text, PyBUF_SIMPLE) != 0)
+            return NULL;
+        status = kvx_layout_load_buffer(text.buf, (size_t)text.len, &layout);
+        PyBuffer_Release(&text);
+    }
+    return status == KVX_OK ? layout_wrap(layout) : raise_status(status, NULL);
+}
+
+static PyObject *layout_regions(LayoutObject *self, PyObject *unused)
+{
+    RegionsObject *r;
+    kvx_regions_t *regions;
+    kvx_status_t status;
+
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS status = kvx_regions_register(self->layout, &regions);
+    Py_END_ALLOW_THREADS if (status != KVX_OK) return raise_status(status, NULL);
+    r = PyObject_New(RegionsObject, &RegionsType);
+    if (r == NULL) {
+        kvx_regions_destroy(regions);
+        return NULL;
+    }
+    r->regions = regions;
+    return (PyObject *)r;
+}
+
+static PyObject *layout_storages(LayoutObject *self, PyObject *unused)
+{
+    size_t n        = kvx_layout_num_storages(self->layout);
+    PyObject *sizes = PyList_New((Py_ssize_t)n);
+
+    (void)unused;
+    for (size_t s = 0; sizes != NULL && s < n; s++)
+        PyList_SET_ITEM(sizes, (Py_ssize_t)s,
+                        PyLong_FromUnsignedLongLong(kvx_layout_storage_size(self->layout, s)));
+    return sizes;
+}
+
+static PyMethodDef layout_methods[] = {
+    {"regions", (PyCFunction)layout_regions, METH_NOARGS, "register: the region table"},
+    {"storage_sizes", (PyCFunction)layout_storages, METH_NOARGS, "bytes of each storage"},
+    {NULL, NULL, 0, NULL},
+};
+
+static void regions_dealloc(RegionsObject *self)
+{
+    kvx_regions_destroy(self->regions);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t regions_len(RegionsObject *self)
+{
+    return (Py_ssize_t)kvx_regions_count(self->regions);
+}
+
+/* Region `index` as a tuple in kvx_region_info_t's order, members as view names. */
+static PyObject *regions_get(RegionsObject *self, PyObject *arg)
+{
+    Py_ssize_t index = PyLong_AsSsize_t(arg);
+    kvx_region_info_t info;
+    PyObject *members;
+
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+    if (index < 0 || kvx_regions_get(self->regions, (size_t)index, &info) != KVX_OK) {
+        PyErr_SetString(PyExc_IndexError, "region index out of range");
+        return NULL;
+    }
+    members = PyTuple_New((Py_ssize_t)info.num_members);
+    for (size_t m = 0; members != NULL && m < info.num_members; m++)
+        PyTuple_SET_ITEM(
+            members, (Py_ssize_t)m,
+            PyUnicode_FromString(kvx_regions_view_name(self->regions, info.members[m])));
+    if (members == NULL)
+        return NULL;
+    return Py_BuildValue("(nssKKKKKLKOOOOON)", index, info.name, info.storage_name,
+                         (unsigned long long)info.offset, (unsigned long long)info.block_len,
+                         (unsigned long long)info.stride, (unsigned long long)info.num_blocks,
+                         (unsigned long long)info.first_descriptor, (long long)info.group,
+                         (unsigned long long)info.heads, info.mla ? Py_True : Py_False,
+                         info.packed_row ? Py_True : Py_False, info.scratch ? Py_True : Py_False,
+                         info.ssm ? Py_True : Py_False, info.ple ? Py_True : Py_False, members);
+}
+
+static PyObject *regions_to_json(RegionsObject *self, PyObject *unused)
+{
+    char *json;
+    PyObject *text;
+    kvx_status_t status = kvx_regions_to_json(self->regions, &json);
+
+    (void)unused;
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    text = PyUnicode_FromString(json);
+    kvx_free(json);
+    return text;
+}
+
+static PyObject *regions_compat_hash(RegionsObject *self, PyObject *args)
+{
+    int push = 0;
+    uint8_t hash[KVX_COMPAT_HASH_LEN];
+    kvx_status_t status;
+
+    if (!PyArg_ParseTuple(args, "|p", &push))
+        return NULL;
+    status = kvx_compat_hash(self->regions, push ? KVX_MODE_PUSH : KVX_MODE_PULL, hash);
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    return PyBytes_FromStringAndSize((const char *)hash, sizeof(hash));
+}
+
+static PyObject *regions_storage_names(RegionsObject *self, PyObject *unused)
+{
+    size_t n        = kvx_regions_num_storages(self->regions);
+    PyObject *names = PyList_New((Py_ssize_t)n);
+
+    (void)unused;
+    for (size_t s = 0; names != NULL && s < n; s++) {
+        PyObject *name = PyUnicode_FromString(kvx_regions_storage_name(self->regions, s));
+
+        if (name == NULL)
+            Py_CLEAR(names);
+        else
+            PyList_SET_ITEM(names, (Py_ssize_t)s, name);
+    }
+    return names;
+}
+
+static PySequenceMethods regions_sequence = {.sq_length = (lenfunc)regions_len};
+
+static PyMethodDef regions_methods[] = {
+    {"get", (PyCFunction)regions_get, METH_O, "region INDEX as a tuple"},
+    {"to_json", (PyCFunction)regions_to_json, METH_NOARGS, "the kvx_plan document"},
+    {"storage_names", (PyCFunction)regions_storage_names, METH_NOARGS, "storages, by index"},
+    {"compat_hash", (PyCFunction)regions_compat_hash, METH_VARARGS, "compat_hash(push=False)"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- Agent and Peer ------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD kvx_agent_t *agent;
+    Py_buffer *memory; /* views held by storage (obj NULL: kvx allocated it) */
+    size_t num_storages;
+    PyObject *peers; /* a set of live Peer objects (weakly: they remove themselves) */
+} AgentObject;
+
+typedef struct {
+    PyObject_HEAD AgentObject *agent; /* a strong reference: the agent outlives its peers */
+    kvx_peer_t *peer;
+} PeerObject;
+
+static PyTypeObject AgentType;
+static PyTypeObject PeerType;
+
+/* Frees the C agent and lets go of the engine's buffers: only once no peer is left. */
+static PyObject *agent_close(AgentObject *self, PyObject *unused)
+{
+    kvx_status_t status;
+
+    (void)unused;
+    if (self->agent == NULL)
+        Py_RETURN_NONE;
+    status = kvx_agent_destroy(self->agent);
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    self->agent = NULL;
+    for (size_t s = 0; s < self->num_storages; s++) {
+        if (self->memory[s].obj != NULL)
+            PyBuffer_Release(&self->memory[s]);
+    }
+    PyMem_Free(self->memory);
+    self->memory       = NULL;
+    self->num_storages = 0;
+    Py_RETURN_NONE;
+}
+
+static void agent_dealloc(AgentObject *self)
+{
+    /* every Peer holds a reference to its agent, so none is left here */
+    PyObject *result = agent_close(self, NULL);
+
+    if (result == NULL)
+        PyErr_WriteUnraisable((PyObject *)self);
+    Py_XDECREF(result);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static kvx_agent_t *agent_get(AgentObject *self)
+{
+    if (self->agent == NULL)
+        PyErr_SetString(PyExc_ValueError, "the agent is closed");
+    return self->agent;
+}
+
+/* Agent(layout, memory, params): memory is a sequence with one entry per storage, None or a
+ * writable C-contiguous buffer of at least the storage's size; params a dict of
+ * kvx_agent_params_t's fields by name. */
+static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"layout", "memory", "params", NULL};
+    LayoutObject *layout;
+    PyObject *memory;
+    PyObject *params;
+    kvx_agent_params_t p = {0};
+    void **bases         = NULL;
+    size_t n;
+    kvx_status_t status;
+    PyObject *value;
+    Py_buffer key   = {0};
+    bool any_memory = false;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OO!", keywords, &LayoutType, &layout, &memory,
+                                     &PyDict_Type, &params))
+        return -1;
+    if (self->agent != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Agent.__init__ called twice");
+        return -1;
+    }
+    n            = kvx_layout_num_storages(layout->layout);
+    self->memory = PyMem_Calloc(n > 0 ? n : 1, sizeof(*self->memory));
+    bases        = PyMem_Calloc(n > 0 ? n : 1, sizeof(*bases));
+    if (self->memory == NULL || bases == NULL) {
+        PyMem_Free(bases);
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->num_storages = n;
+    if (memory != Py_None) {
+        PyObject *seq = PySequence_Fast(memory, "memory: one buffer (or None) per storage");
+
+        if (seq == NULL)
+            goto fail;
+        if ((size_t)PySequence_Fast_GET_SIZE(seq) != n) {
+            PyErr_Format(PyExc_ValueError, "memory: %zd entries for %zu storages",
+                         PySequence_Fast_GET_SIZE(seq), n);
+            Py_DECREF(seq);
+            goto fail;
+        }
+        for (size_t s = 0; s < n; s++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)s);
+            uint64_t size  = kvx_layout_storage_size(layout->layout, s);
+
+            if (item == Py_None)
+                continue;
+            if (PyObject_GetBuffer(item, &self->memory[s], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) !=
+                0) {
+                Py_DECREF(seq);
+                goto fail;
+            }
+            if ((uint64_t)self->memory[s].len < size) {
+                PyErr_Format(PyExc_ValueError,
+                             "memory: storage %zu needs %llu bytes, its buffer has %zd", s,
+                             (unsigned long long)size, self->memory[s].len);
+                Py_DECREF(seq);
+                goto fail;
+            }
+            bases[s]   = self->memory[s].buf;
+            any_memory = true;
+        }
+        Py_DECREF(seq);
+        if (any_memory) {
+            for (size_t s = 0; s < n; s++) {
+                if (bases[s] == NULL) {
+                    PyErr_Format(PyExc_ValueError,
+                                 "memory: storage %zu has no buffer: give every storage one, or "
+                                 "none (kvx allocates them all)",
+                                 s);
+                    goto fail;
+                }
+            }
+            p.field_mask |= KVX_AGENT_PARAM_FIELD_STORAGE_BASES;
+            p.storage_bases = bases;
+        }
+    }
+#define STRING_PARAM(name, bit)                                                                    \
+    if ((value = PyDict_GetItemString(params, #name)) != NULL && value != Py_None) {               \
+        if ((p.name = PyUnicode_AsUTF8(value)) == NULL)                                            \
+            goto fail;                                                                             \
+        p.field_mask |= bit;                                                                       \
+    }
+#define NUMBER_PARAM(name, bit)                                                                    \
+    if ((value = PyDict_GetItemString(params, #name)) != NULL && value != Py_None) {               \
+        unsigned long v = PyLong_AsUnsignedLong(value);                                            \
+        if (PyErr_Occurred() || v > UINT32_MAX) {                                                  \
+            PyErr_Clear();                                                                         \
+            PyErr_Format(PyExc_ValueError, "%s: %R is not a number of 0..2^32-1", #name, value);   \
+            goto fail;                                                                             \
+        }                                                                                          \
+        p.name = (uint32_t)v;                                                                      \
+        p.field_mask |= bit;                                                                       \
+    }
+    STRING_PARAM(name, KVX_AGENT_PARAM_FIELD_NAME)
+    STRING_PARAM(transports, KVX_AGENT_PARAM_FIELD_TRANSPORTS)
+    STRING_PARAM(listen, KVX_AGENT_PARAM_FIELD_LISTEN)
+    STRING_PARAM(engine_id, KVX_AGENT_PARAM_FIELD_ENGINE_ID)
+    STRING_PARAM(push_transports, KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS)
+    NUMBER_PARAM(tp_rank, KVX_AGENT_PARAM_FIELD_TP_RANK)
+    NUMBER_PARAM(tp_size, KVX_AGENT_PARAM_FIELD_TP_SIZE)
+    NUMBER_PARAM(timeout_ms, KVX_AGENT_PARAM_FIELD_TIMEOUT_MS)
+    NUMBER_PARAM(lease_ms, KVX_AGENT_PARAM_FIELD_LEASE_MS)
+    NUMBER_PARAM(heartbeat_ms, KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS)
+    NUMBER_PARAM(peer_ttl_ms, KVX_AGENT_PARAM_FIELD_PEER_TTL_MS)
+    NUMBER_PARAM(max_peers, KVX_AGENT_PARAM_FIELD_MAX_PEERS)
+    NUMBER_PARAM(max_message, KVX_AGENT_PARAM_FIELD_MAX_MESSAGE)
+    NUMBER_PARAM(max_pushes, KVX_AGENT_PARAM_FIELD_MAX_PUSHES)
+#undef STRING_PARAM
+#undef NUMBER_PARAM
+    if ((value = PyDict_GetItemString(params, "insecure")) != NULL && PyObject_IsTrue(value)) {
+        p.field_mask |= KVX_AGENT_PARAM_FIELD_INSECURE;
+        p.insecure = true;
+    }
+    if ((value = PyDict_GetItemString(params, "auth_key")) != NULL && value != Py_None) {
+        if (PyObject_GetBuffer(value, &key, PyBUF_SIMPLE) != 0)
+            goto fail;
+        if (key.len != KVX_AUTH_KEY_LEN) {
+            PyErr_Format(PyExc_ValueError, "auth key: %zd bytes, not %d", key.len,
+                         KVX_AUTH_KEY_LEN);
+            goto fail;
+        }
+        p.field_mask |= KVX_AGENT_PARAM_FIELD_AUTH_KEY;
+        p.auth_key = key.buf;
+    }
+    Py_BEGIN_ALLOW_THREADS status = kvx_agent_create(layout->layout, &p, &self->agent);
+    Py_END_ALLOW_THREADS if (key.obj != NULL) PyBuffer_Release(&key);
+    key.obj = NULL;
+    PyMem_Free(bases);
+    bases = NULL;
+    if (status != KVX_OK) {
+        self->agent = NULL;
+        raise_status(status, NULL);
+        goto fail;
+    }
+    return 0;
+
+fail:
+    if (key.obj != NULL)
+        PyBuffer_Release(&key);
+    PyMem_Free(bases);
+    for (size_t s = 0; s < self->num_storages; s++) {
+        if (self->memory[s].obj != NULL)
+            PyBuffer_Release(&self->memory[s]);
+    }
+    PyMem_Free(self->memory);
+    self->memory       = NULL;
+    self->num_storages = 0;
+    return -1;
+}
+
+static PyObject *agent_listen_address(AgentObject *self, PyObject *unused)
+{
+    kvx_agent_t *agent = agent_get(self);
+    const char *address;
+
+    (void)unused;
+    if (agent == NULL)
+        return NULL;
+    address = kvx_agent_listen_address(agent);
+    if (address == NULL)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(address);
+}
+
+static PyObject *agent_progress(AgentObject *self, PyObject *arg)
+{
+    kvx_agent_t *agent = agent_get(self);
+    long timeout_ms    = PyLong_AsLong(arg);
+    kvx_status_t status;
+
+    if (agent == NULL || (timeout_ms == -1 && PyErr_Occurred()))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS status =
+        kvx_agent_progress(agent, timeout_ms > INT32_MAX ? INT32_MAX : (int)timeout_ms);
+    Py_END_ALLOW_THREADS if (status != KVX_OK) return raise_status(status, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *agent_fileno(AgentObject *self, PyObject *unused)
+{
+    kvx_agent_t *agent = agent_get(self);
+
+    (void)unused;
+    return agent != NULL ? PyLong_FromLong(kvx_agent_fd(agent)) : NULL;
+}
+
+static PyObject *agent_stats(AgentObject *self, PyObject *unused)
+{
+    static const char *const names[] = {
+        "transfers",       "transfers_failed",  "bytes",      "notifications_failed",
+        "heartbeats_sent", "heartbeats_missed", "peers_dead", "peers_idle"};
+    static const char *const later[] = {"notifications",  "notifications_dropped", "held",
+                                        "released",       "done_unknown",          "leases_expired",
+                                        "done_repeated",  "ops_orphaned",          "pushes_serving",
+                                        "pushes_refused", "auth_refused",          "peers_refused",
+                                        "tokens_refused", "peers_connected"};
+    kvx_agent_t *agent               = agent_get(self);
+    kvx_agent_stats_t s;
+    PyObject *dict;
+
+    (void)unused;
+    if (agent == NULL)
+        return NULL;
+    kvx_agent_stats(agent, &s, sizeof(s));
+    dict = PyDict_New();
+    {
+        const uint64_t values[] = {
+            s.transfers,       s.transfers_failed,  s.bytes,      s.notifications_failed,
+            s.heartbeats_sent, s.heartbeats_missed, s.peers_dead, s.peers_idle};
+        const uint64_t more[] = {s.notifications,  s.notifications_dropped, s.held,
+                                 s.released,       s.done_unknown,          s.leases_expired,
+                                 s.done_repeated,  s.ops_orphaned,          s.pushes_serving,
+                                 s.pushes_refused, s.auth_refused,          s.peers_refused,
+                                 s.tokens_refused, s.peers_connected};
+
+        for (size_t i = 0; dict != NULL && i < sizeof(values) / sizeof(values[0]); i++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(values[i]);
+
+            if (v == NULL || PyDict_SetItemString(dict, names[i], v) != 0)
+                Py_CLEAR(dict);
+            Py_XDECREF(v);
+        }
+        for (size_t i = 0; dict != NULL && i < sizeof(more) / sizeof(more[0]); i++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(more[i]);
+
+            if (v == NULL || PyDict_SetItemString(dict, later[i], v) != 0)
+                Py_CLEAR(dict);
+            Py_XDECREF(v);
+        }
+    }
+    return dict;
+}
+
+/* storage(index): a writable memoryview of the storage's bytes, valid while the agent is
+ * open (the Python layer keeps the agent alive through it). */
+static PyObject *agent_storage(AgentObject *self, PyObject *arg)
+{
+    kvx_agent_t *agent = agent_get(self);
+    Py_ssize_t index   = PyLong_AsSsize_t(arg);
+    uint64_t size;
+    void *base;
+
+    if (agent == NULL || (index == -1 && PyErr_Occurred()))
+        return NULL;
+    base = index >= 0 ? kvx_agent_storage(agent, (size_t)index, &size) : NULL;
+    if (base == NULL) {
+        PyErr_SetString(PyExc_IndexError, "storage index out of range");
+        return NULL;
+    }
+    return PyMemoryView_FromMemory(base, (Py_ssize_t)size, PyBUF_WRITE);
+}
+
+/* token bytes (KVX_TOKEN_LEN) into *token; -1 with an exception otherwise. */
+static int token_convert(PyObject *obj, kvx_token_t *token)
+{
+    Py_buffer b;
+
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) != 0)
+        return -1;
+    if (b.len != KVX_TOKEN_LEN) {
+        PyErr_Format(PyExc_ValueError, "token: %zd bytes, not %d", b.len, KVX_TOKEN_LEN);
+        PyBuffer_Release(&b);
+        return -1;
+    }
+    memcpy(token->bytes, b.buf, KVX_TOKEN_LEN);
+    PyBuffer_Release(&b);
+    return 0;
+}
+
+static PyObject *agent_hold(AgentObject *self, PyObject *args)
+{
+    kvx_agent_t *agent = agent_get(self);
+    unsigned long long request_id;
+    PyObject *blocks;
+    PyObject *token_obj;
+    unsigned int consumers;
+    struct ids ids;
+    kvx_token_t token;
+    kvx_status_t status;
+
+    if (agent == NULL ||
+        !PyArg_ParseTuple(args, "KOIO", &request_id, &blocks, &consumers, &token_obj) ||
+        token_convert(token_obj, &token) != 0 || ids_convert(blocks, &ids) != 0)
+        return NULL;
+    status = kvx_hold(agent, request_id, ids.groups, ids.num_groups, consumers, &token);
+    ids_free(&ids);
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *agent_connect(AgentObject *self, PyObject *arg)
+{
+    kvx_agent_t *agent = agent_get(self);
+    const char *address;
+    PeerObject *peer;
+    kvx_peer_t *handle;
+    kvx_status_t status;
+
+    if (agent == NULL || (address = PyUnicode_AsUTF8(arg)) == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS status = kvx_agent_connect(agent, address, &handle);
+    Py_END_ALLOW_THREADS if (status != KVX_OK) return raise_status(status, NULL);
+    peer = PyObject_New(PeerObject, &PeerType);
+    if (peer == NULL) {
+        kvx_peer_destroy(handle);
+        return NULL;
+    }
+    Py_INCREF(self);
+    peer->agent = self;
+    peer->peer  = handle;
+    return (PyObject *)peer;
+}
+
+static PyMethodDef agent_methods[] = {
+    {"close", (PyCFunction)agent_close, METH_NOARGS, "destroy the agent (no peer may be left)"},
+    {"listen_address", (PyCFunction)agent_listen_address, METH_NOARGS, "HOST:PORT bound"},
+    {"progress", (PyCFunction)agent_progress, METH_O, "run the loop up to TIMEOUT_MS"},
+    {"fileno", (PyCFunction)agent_fileno, METH_NOARGS, "the descriptor to wait on"},
+    {"stats", (PyCFunction)agent_stats, METH_NOARGS, "the counters, as a dict"},
+    {"storage", (PyCFunction)agent_storage, METH_O, "storage INDEX as a writable memoryview"},
+    {"hold", (PyCFunction)agent_hold, METH_VARARGS, "hold(request_id, blocks, consumers, token)"},
+    {"connect", (PyCFunction)agent_connect, METH_O, "connect to a prefill agent at HOST:PORT"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *peer_close(PeerObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->peer != NULL) {
+        kvx_peer_destroy(self->peer);
+        self->peer = NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static void peer_dealloc(PeerObject *self)
+{
+    if (self->peer != NULL)
+        kvx_peer_destroy(self->peer);
+    Py_XDECREF(self->agent);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* transfer(push, blocks, remote_blocks, request_id, token): a blocking pull or push of one
+ * request from this peer alone; returns (descriptors, posted, bytes, seconds). A failed one
+ * raises with the block ids not loaded in the error's `failed_blocks`. */
+static PyObject *peer_transfer(PeerObject *self, PyObject *args)
+{
+    int push;
+    PyObject *blocks;
+    PyObject *remote_blocks;
+    unsigned long long request_id;
+    PyObject *token_obj;
+    struct ids local;
+    struct ids remote = {0};
+    kvx_token_t token;
+    kvx_request_t request = {0};
+    kvx_read_stats_t stats;
+    kvx_status_t status;
+    kvx_agent_t *agent;
+
+    if (self->peer == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the peer is closed");
+        return NULL;
+    }
+    if ((agent = agent_get(self->agent)) == NULL ||
+        !PyArg_ParseTuple(args, "pOOKO", &push, &blocks, &remote_blocks, &request_id, &token_obj))
+        return NULL;
+    if (token_obj != Py_None && token_convert(token_obj, &token) != 0)
+        return NULL;
+    if (ids_convert(blocks, &local) != 0)
+        return NULL;
+    if (remote_blocks != Py_None && ids_convert(remote_blocks, &remote) != 0) {
+        ids_free(&local);
+        return NULL;
+    }
+    request = (kvx_request_t){local.groups, local.num_groups, remote.groups, remote.num_groups,
+                              token_obj != Py_None ? &token : NULL};
+    if (remote_blocks == Py_None)
+        request.remote = NULL;
+    Py_BEGIN_ALLOW_THREADS status =
+        push ? kvx_write(agent, &self->peer, 1, request_id, &request, &stats)
+             : kvx_read(agent, &self->peer, 1, request_id, &request, &stats);
+    Py_END_ALLOW_THREADS ids_free(&local);
+    ids_free(&remote);
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    return Py_BuildValue("(KKKd)", (unsigned long long)stats.descriptors,
+                         (unsigned long long)stats.posted, (unsigned long long)stats.bytes,
+                         stats.seconds);
+}
+
+static PyObject *peer_info(PeerObject *self, PyObject *unused)
+{
+    const char *down;
+
+    (void)unused;
+    if (self->peer == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the peer is closed");
+        return NULL;
+    }
+    down = kvx_peer_down_reason(self->peer);
+    return Py_BuildValue("(sz)", kvx_peer_transports(self->peer), down);
+}
+
+static PyObject *peer_reconnect(PeerObject *self, PyObject *unused)
+{
+    kvx_status_t status;
+
+    (void)unused;
+    if (self->peer == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the peer is closed");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS status = kvx_peer_reconnect(self->peer);
+    Py_END_ALLOW_THREADS if (status != KVX_OK) return raise_status(status, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef peer_methods[] = {
+    {"close", (PyCFunction)peer_close, METH_NOARGS, "destroy the peer"},
+    {"transfer", (PyCFunction)peer_transfer, METH_VARARGS, "a blocking pull or push"},
+    {"info", (PyCFunction)peer_info, METH_NOARGS, "(transports, down reason or None)"},
+    {"reconnect", (PyCFunction)peer_reconnect, METH_NOARGS, "handshake again"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- the module ------------------------------------------------------------------------ */
+
+static PyTypeObject LayoutType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx._kvx.Layout",
+    .tp_basicsize                          = sizeof(LayoutObject),
+    .tp_dealloc                            = (destructor)layout_dealloc,
+    .tp_flags                              = Py_TPFLAGS_DEFAULT,
+    .tp_methods                            = layout_methods,
+};
+
+static PyTypeObject RegionsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx._kvx.Regions",
+    .tp_basicsize                          = sizeof(RegionsObject),
+    .tp_dealloc                            = (destructor)regions_dealloc,
+    .tp_flags                              = Py_TPFLAGS_DEFAULT,
+    .tp_as_sequence                        = &regions_sequence,
+    .tp_methods                            = regions_methods,
+};
+
+static PyTypeObject AgentType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx._kvx.Agent",
+    .tp_basicsize                          = sizeof(AgentObject),
+    .tp_dealloc                            = (destructor)agent_dealloc,
+    .tp_flags                              = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_methods                            = agent_methods,
+    .tp_init                               = (initproc)agent_init,
+    .tp_new                                = PyType_GenericNew,
+};
+
+static PyTypeObject PeerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx._kvx.Peer",
+    .tp_basicsize                          = sizeof(PeerObject),
+    .tp_dealloc                            = (destructor)peer_dealloc,
+    .tp_flags                              = Py_TPFLAGS_DEFAULT,
+    .tp_methods                            = peer_methods,
+};
+
+static PyObject *mod_token_generate(PyObject *module, PyObject *unused)
+{
+    kvx_token_t token;
+    kvx_status_t status = kvx_token_generate(&token);
+
+    (void)module;
+    (void)unused;
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    return PyBytes_FromStringAndSize((const char *)token.bytes, KVX_TOKEN_LEN);
+}
+
+static PyObject *mod_auth_key_load(PyObject *module, PyObject *arg)
+{
+    PyObject *path = NULL;
+    uint8_t key[KVX_AUTH_KEY_LEN];
+    kvx_status_t status;
+
+    (void)module;
+    if (!PyUnicode_FSConverter(arg, &path))
+        return NULL;
+    status = kvx_auth_key_load(PyBytes_AS_STRING(path), key);
+    Py_DECREF(path);
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    return PyBytes_FromStringAndSize((const char *)key, sizeof(key));
+}
+
+static PyObject *mod_auth_key_generate(PyObject *module, PyObject *unused)
+{
+    uint8_t key[KVX_AUTH_KEY_LEN];
+    kvx_status_t status = kvx_auth_key_generate(key);
+
+    (void)module;
+    (void)unused;
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    return PyBytes_FromStringAndSize((const char *)key, sizeof(key));
+}
+
+static PyMethodDef module_methods[] = {
+    {"layout_load", mod_layout_load, METH_O, "a layout file"},
+    {"layout_from_json", mod_layout_from_json, METH_O, "a layout from JSON text or bytes"},
+    {"token_generate", mod_token_generate, METH_NOARGS, "a new random hold token"},
+    {"auth_key_load", mod_auth_key_load, METH_O, "the secret of a key file"},
+    {"auth_key_generate", mod_auth_key_generate, METH_NOARGS, "a new random secret"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "_kvx",
+    "kvx's C extension: use the kvx package",
+    -1,
+    module_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__kvx(void);
+
+PyMODINIT_FUNC PyInit__kvx(void)
+{
+    PyTypeObject *types[] = {&LayoutType, &RegionsType, &AgentType, &PeerType};
+    PyObject *m;
+
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (PyType_Ready(types[i]) != 0)
+            return NULL;
+    }
+    m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    error_base = PyErr_NewExceptionWithDoc(
+        "kvx.Error", "A kvx call failed: args are (message, status)", NULL, NULL);
+    if (error_base == NULL || PyModule_AddObject(m, "Error", error_base) != 0)
+        return NULL;
+    Py_INCREF(error_base);
+    for (size_t i = 0; i < sizeof(error_types) / sizeof(error_types[0]); i++) {
+        char name[64];
+
+        snprintf(name, sizeof(name), "kvx.%s", error_types[i].name);
+        error_types[i].type = PyErr_NewException(name, error_base, NULL);
+        if (error_types[i].type == NULL ||
+            PyModule_AddObject(m, error_types[i].name, error_types[i].type) != 0)
+            return NULL;
+        Py_INCREF(error_types[i].type);
+    }
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, types[i]->tp_name + strlen("kvx._kvx."), (PyObject *)types[i]) !=
+            0)
+            return NULL;
+    }
+    return m;
+}

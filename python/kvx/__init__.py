@@ -1,0 +1,260 @@
+"""kvx: move KV-cache blocks between prefill and decode workers, from Python.
+
+A thin layer over the C extension `kvx._kvx` (include/kvx.h); docs/python.md has the API,
+ownership and threading rules. Every call that can wait releases the GIL; callbacks run only
+inside progress() and the blocking calls, never on their own."""
+
+import collections
+import json
+import os
+
+from . import _kvx
+from ._kvx import (  # noqa: F401  (the error classes are part of the API)
+    BusyError,
+    CanceledError,
+    Error,
+    InternalError,
+    InvalidError,
+    IOFailure,
+    NoMemoryError,
+    OutOfRangeError,
+    PeerDownError,
+    PeerRefusedError,
+    PeerTimeoutError,
+)
+
+__all__ = ["Layout", "Regions", "RegionInfo", "Agent", "Peer", "ReadStats", "Error",
+           "token_generate", "auth_key_load"]
+
+RegionInfo = collections.namedtuple(
+    "RegionInfo",
+    "index name storage offset block_len stride num_blocks first_descriptor group heads "
+    "mla packed_row scratch ssm ple members")
+
+ReadStats = collections.namedtuple("ReadStats", "descriptors posted bytes seconds")
+
+token_generate = _kvx.token_generate
+auth_key_load = _kvx.auth_key_load
+
+
+class Regions:
+    """A registered region table: a sequence of RegionInfo."""
+
+    def __init__(self, table):
+        self._table = table
+
+    def __len__(self):
+        return len(self._table)
+
+    def __getitem__(self, index):
+        if index < 0:
+            index += len(self)
+        return RegionInfo(*self._table.get(index))
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def storage_names(self):
+        return self._table.storage_names()
+
+    def compat_hash(self, push=False):
+        """The handshake's compatibility hash (docs/wire.md), 32 bytes."""
+        return self._table.compat_hash(push)
+
+    def to_json(self):
+        """The kvx_plan document, byte for byte what `kvx plan --json` prints (the table, then
+        the pull-mode compatibility hash)."""
+        text = self._table.to_json()
+        end = text.rindex("}") + 1
+        return '%s,\n  "compat_hash": "%s"\n}\n' % (text[:end - 2], self.compat_hash().hex())
+
+
+class Layout:
+    """A paged-cache layout (docs/layout-format.md), checked as the C library checks it."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    @classmethod
+    def load(cls, path):
+        return cls(_kvx.layout_load(os.fspath(path)))
+
+    @classmethod
+    def from_json(cls, text):
+        return cls(_kvx.layout_from_json(text))
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls.from_json(json.dumps(d))
+
+    def regions(self):
+        return Regions(self._handle.regions())
+
+    def storage_sizes(self):
+        return self._handle.storage_sizes()
+
+
+def _groups(blocks):
+    """Block ids per group: a mapping {group: ids} or a sequence indexed by group; ids are any
+    sequence of integers, and a numpy uint64 array is passed without a copy."""
+    if blocks is None:
+        return None
+    if isinstance(blocks, collections.abc.Mapping):
+        if not blocks:
+            return []
+        if any(not isinstance(g, int) or g < 0 for g in blocks):
+            raise ValueError("blocks: group numbers must be integers >= 0")
+        return [blocks.get(g, ()) for g in range(max(blocks) + 1)]
+    return list(blocks)
+
+
+class Peer:
+    """A prefill agent as this (decode) agent sees it. Made by Agent.connect."""
+
+    def __init__(self, agent, handle):
+        self._agent = agent
+        self._handle = handle
+
+    def _transfer(self, push, blocks, remote_blocks, request_id, token):
+        if request_id is None:
+            request_id = self._agent._next_request_id()
+        return ReadStats(*self._handle.transfer(push, _groups(blocks), _groups(remote_blocks),
+                                                request_id, token))
+
+    def read(self, blocks, remote_blocks=None, *, request_id=None, token=None):
+        """Pulls the blocks (waits, GIL released); returns ReadStats. `token` is the hold's."""
+        return self._transfer(False, blocks, remote_blocks, request_id, token)
+
+    def write(self, blocks, remote_blocks=None, *, request_id=None, token=None):
+        """Asks the prefill agent to push the blocks into ours (waits); returns ReadStats."""
+        return self._transfer(True, blocks, remote_blocks, request_id, token)
+
+    @property
+    def transports(self):
+        return self._handle.info()[0]
+
+    @property
+    def down_reason(self):
+        return self._handle.info()[1]
+
+    def reconnect(self):
+        self._handle.reconnect()
+
+    def close(self):
+        self._handle.close()
+        self._agent._peers.discard(self)
+
+
+class Agent:
+    """One worker's storages, region table, transport and side channel.
+
+    memory maps storage names to writable buffers the engine owns (bytearray, numpy arrays,
+    memoryview, CPU torch tensors), registered in place; without it kvx allocates every
+    storage (agent.storage(name)). The C agent is made on first use: call listen() first on
+    a prefill agent. auth is a key file's path or the secret's bytes (default: the file
+    KVX_AUTH_FILE names); insecure=True allows no secret, on loopback only."""
+
+    def __init__(self, layout, memory=None, *, auth=None, insecure=False, tp_rank=0, tp_size=1,
+                 **params):
+        self._layout = layout
+        self._names = layout.regions().storage_names()
+        self._memory = self._memory_list(memory)
+        self._params = dict(params, tp_rank=tp_rank, tp_size=tp_size)
+        if insecure:
+            if auth is not None:
+                raise ValueError("auth and insecure: choose one")
+            self._params["insecure"] = True
+        else:
+            self._params["auth_key"] = self._auth_key(auth)
+        self._handle = None
+        self._peers = set()
+        self._request_id = 0
+
+    def _memory_list(self, memory):
+        if memory is None:
+            return None
+        unknown = set(memory) - set(self._names)
+        if unknown:
+            raise ValueError("memory: no storage named %s" % ", ".join(sorted(unknown)))
+        # checked now, before any agent exists: the C layer checks again when it registers
+        for name, size in zip(self._names, self._layout.storage_sizes()):
+            if name in memory:
+                view = memoryview(memory[name])
+                if view.readonly:
+                    raise BufferError("memory: storage %s: the buffer is read-only" % name)
+                if view.nbytes < size:
+                    raise ValueError("memory: storage %s needs %d bytes, its buffer has %d"
+                                     % (name, size, view.nbytes))
+        return [memory.get(name) for name in self._names]
+
+    @staticmethod
+    def _auth_key(auth):
+        if auth is None:
+            auth = os.environ.get("KVX_AUTH_FILE")
+            if not auth:
+                raise InvalidError("no auth key: give auth= (a key file or its secret), set "
+                                   "KVX_AUTH_FILE, or insecure=True on loopback", -1)
+        if isinstance(auth, (bytes, bytearray)):
+            return bytes(auth)
+        return _kvx.auth_key_load(os.fspath(auth))
+
+    def _agent(self, listen=None):
+        if self._handle is None:
+            params = dict(self._params)
+            if listen is not None:
+                params["listen"] = listen
+            self._handle = _kvx.Agent(self._layout._handle, self._memory, params)
+        elif listen is not None:
+            raise InvalidError("listen() must come before any other use of the agent", -1)
+        return self._handle
+
+    def _next_request_id(self):
+        self._request_id += 1
+        return self._request_id
+
+    def listen(self, address):
+        """Binds the side channel at HOST:PORT (port 0: a free one); returns the real address."""
+        return self._agent(address).listen_address()
+
+    def connect(self, address):
+        """A Peer: one prefill agent "HOST:PORT" (a list connects to each, for TP)."""
+        if not isinstance(address, str):
+            return [self.connect(a) for a in address]
+        peer = Peer(self, self._agent().connect(address))
+        self._peers.add(peer)
+        return peer
+
+    def progress(self, timeout_ms=0):
+        self._agent().progress(timeout_ms)
+
+    def fileno(self):
+        return self._agent().fileno()
+
+    def stats(self):
+        return self._agent().stats()
+
+    def storage(self, name):
+        """Storage `name` (or its index) as a writable memoryview."""
+        index = self._names.index(name) if isinstance(name, str) else name
+        return self._agent().storage(index)
+
+    def hold(self, request_id, blocks, *, consumers=1, token=None):
+        """Prefill side: holds the blocks until `consumers` ranks reported done or the lease
+        expired; returns the token (a new one unless given) to carry to the decode side."""
+        token = token if token is not None else token_generate()
+        self._agent().hold(request_id, _groups(blocks), consumers, token)
+        return token
+
+    def close(self):
+        for peer in list(self._peers):
+            peer.close()
+        if self._handle is not None:
+            self._handle.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

@@ -1,0 +1,178 @@
+"""The kvx package between real processes: a prefill process (prefill.py) and this process
+as the decode side move blocks between numpy arrays, and every transferred byte, and every
+byte that must stay untouched, is compared."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import kvx
+import patterns
+
+SOURCE = pathlib.Path(os.environ.get("KVX_SOURCE_DIR", pathlib.Path(__file__).parents[2]))
+BINARY = pathlib.Path(os.environ.get("KVX_BINARY_DIR", SOURCE / "build"))
+KVX = BINARY / "kvx"
+HERE = pathlib.Path(__file__).parent
+SECRET = b"the python tests' own secret...."  # 32 bytes, shared with prefill.py's agents
+
+SMALL = {"kvx_layout": 1, "storages": [{"name": "kv", "size": 65536}],
+         "views": [{"name": "layers.0.mla", "kind": "mla", "storage": "kv", "page": 4096,
+                    "stride": 4096, "num_blocks": 16}]}
+DEMO = SOURCE / "layouts/models/deepseek-v4.1-demo.json"
+
+
+@pytest.fixture(autouse=True)
+def secret(tmp_path, monkeypatch):
+    key = tmp_path / "auth.key"
+    subprocess.run([str(KVX), "auth-key", str(key)], check=True, capture_output=True)
+    monkeypatch.setenv("KVX_AUTH_FILE", str(key))
+    return key
+
+
+class Prefill:
+    """A prefill process on `layout_path`, holding request 7's `blocks`."""
+
+    def __init__(self, layout_path, blocks, rank=0, size=1):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [os.environ.get("PYTHONPATH", ""), str(HERE)]))
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "prefill.py"), str(layout_path),
+             json.dumps({str(g): ids for g, ids in blocks.items()}), str(rank), str(size)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        line = json.loads(self.process.stdout.readline())
+        self.address = line["address"]
+        self.token = bytes.fromhex(line["token"])
+
+    def finish(self):
+        """Stops it; returns its last report (its memory intact, its stats)."""
+        self.process.stdin.close()
+        report = json.loads(self.process.stdout.readline())
+        assert self.process.wait(timeout=60) == 0
+        return report
+
+
+def pairs_of(layout_path, blocks_text):
+    """The (local offset, length) pairs kvx plans for the request, from `kvx plan --json`."""
+    out = subprocess.run([str(KVX), "plan", str(layout_path), "--peer", str(layout_path),
+                          "--blocks", blocks_text, "--json"], check=True, capture_output=True,
+                         text=True).stdout
+    return [(p[1], p[4]) for read in json.loads(out)["reads"] for p in read["pairs"]]
+
+
+def blocks_text(blocks):
+    return ";".join("%d:%s" % (g, ",".join(map(str, ids))) for g, ids in sorted(blocks.items()))
+
+
+def check_bytes(memory, layout_path, blocks):
+    """Every byte of the planned pairs is the prefill's pattern, every other byte still 0."""
+    expected = np.zeros_like(memory)
+    pattern = patterns.filled(len(memory), 0, 0)
+    for offset, length in pairs_of(layout_path, blocks_text(blocks)):
+        expected[offset:offset + length] = pattern[offset:offset + length]
+    assert np.array_equal(memory, expected)
+
+
+def write_layout(tmp_path, d):
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps(d))
+    return path
+
+
+@pytest.mark.parametrize("push", [False, True], ids=["pull", "push"])
+@pytest.mark.parametrize("which", ["small", "deepseek-v4.1-demo"])
+def test_blocks_move_byte_exact(tmp_path, which, push):
+    path = write_layout(tmp_path, SMALL) if which == "small" else DEMO
+    blocks = {0: [1, 5, 6, 7]} if which == "small" else {0: [0, 3, 9], 1: [2], 2: [2]}
+    prefill = Prefill(path, blocks)
+    layout = kvx.Layout.load(path)
+    name = layout.regions().storage_names()[0]
+    memory = np.zeros(layout.storage_sizes()[0], dtype=np.uint8)
+    with kvx.Agent(layout, {name: memory}) as agent:
+        peer = agent.connect(prefill.address)
+        ids = {g: np.array(v, dtype=np.uint64) for g, v in blocks.items()}  # no copy
+        stats = (peer.write if push else peer.read)(ids, request_id=7, token=prefill.token)
+        assert stats.bytes > 0 and stats.descriptors >= stats.posted
+        check_bytes(memory, path, blocks)
+    report = prefill.finish()
+    assert report["intact"]
+    assert report["stats"]["released"] == (0 if push else 1)
+
+
+def test_region_tables_equal_kvx_plan_json():
+    for path in sorted(SOURCE.glob("layouts/**/*.json")):
+        plan = subprocess.run([str(KVX), "plan", "--json", str(path)], capture_output=True,
+                              text=True)
+        if plan.returncode != 0:  # a layout kvx refuses: so must Python
+            with pytest.raises(kvx.Error):
+                kvx.Layout.load(path).regions()
+            continue
+        assert kvx.Layout.load(path).regions().to_json() == plan.stdout, path
+
+
+def test_regions_iterate_with_named_fields():
+    regions = kvx.Layout.from_dict(SMALL).regions()
+    assert len(regions) == 1
+    (r,) = list(regions)
+    assert (r.name, r.storage, r.block_len, r.num_blocks, r.mla) == \
+        ("layers.0.mla", "kv", 4096, 16, True)
+
+
+def test_a_killed_prefill_raises_within_the_deadline(tmp_path):
+    path = write_layout(tmp_path, SMALL)
+    prefill = Prefill(path, {0: [1]})
+    layout = kvx.Layout.load(path)
+    memory = np.zeros(65536, dtype=np.uint8)
+    with kvx.Agent(layout, {"kv": memory}, timeout_ms=3000, heartbeat_ms=500) as agent:
+        peer = agent.connect(prefill.address)
+        prefill.process.kill()
+        prefill.process.wait()
+        start = time.monotonic()
+        with pytest.raises((kvx.PeerDownError, kvx.PeerTimeoutError)) as failure:
+            for _ in range(100):  # shared memory may outlive it: until the loss is seen
+                peer.read({0: [2]})
+                agent.progress(100)
+        assert time.monotonic() - start < 60
+        assert failure.value.args[1] in (-100, -101)
+
+
+def test_hostile_input_raises_and_changes_nothing(tmp_path):
+    layout = kvx.Layout.from_dict(SMALL)
+    with pytest.raises(kvx.InvalidError):
+        kvx.Layout.from_json('{"kvx_layout": 1, "storages": []}')
+    with pytest.raises(ValueError):  # a buffer smaller than its storage
+        kvx.Agent(layout, {"kv": bytearray(100)})
+    with pytest.raises(ValueError):
+        kvx.Agent(layout, {"nosuch": bytearray(65536)})
+    with pytest.raises(BufferError):  # read-only memory cannot be registered
+        kvx.Agent(layout, {"kv": bytes(65536)})
+    prefill = Prefill(write_layout(tmp_path, SMALL), {0: [1]})
+    memory = np.zeros(65536, dtype=np.uint8)
+    with kvx.Agent(layout, {"kv": memory}) as agent:
+        peer = agent.connect(prefill.address)
+        with pytest.raises(ValueError):
+            peer.read({0: [-1]})
+        with pytest.raises(TypeError):
+            peer.read({0: ["x"]})
+        with pytest.raises(kvx.OutOfRangeError):
+            peer.read({0: [16]})
+        with pytest.raises(ValueError):
+            peer.read({0: [1]}, token=b"short")
+        assert not memory.any()  # nothing moved
+        peer.read({0: [1]}, request_id=7, token=prefill.token)  # and it still works
+        check_bytes(memory, write_layout(tmp_path, SMALL), {0: [1]})
+    assert prefill.finish()["stats"]["released"] == 1
+
+
+def test_no_secret_is_refused_unless_insecure(monkeypatch):
+    monkeypatch.delenv("KVX_AUTH_FILE")
+    layout = kvx.Layout.from_dict(SMALL)
+    with pytest.raises(kvx.InvalidError):
+        kvx.Agent(layout)
+    with kvx.Agent(layout, insecure=True) as agent:
+        assert agent.listen("127.0.0.1:0").startswith("127.0.0.1:")
+        assert len(agent.storage("kv")) == 65536
