@@ -373,13 +373,23 @@ typedef struct {
     PyObject *peers; /* a set of live Peer objects (weakly: they remove themselves) */
 } AgentObject;
 
+/* One request's prefill ranks (one for TP 1): the C peers a transfer reads from together. */
 typedef struct {
     PyObject_HEAD AgentObject *agent; /* a strong reference: the agent outlives its peers */
-    kvx_peer_t *peer;
+    kvx_peer_t **peers;               /* NULL once closed */
+    size_t num_peers;
+    size_t xfers; /* transfers not destroyed yet: the peers outlive them */
 } PeerObject;
+
+/* A posted transfer: completed by the agent's progress, waited for with the GIL released. */
+typedef struct {
+    PyObject_HEAD PeerObject *peer; /* a strong reference */
+    kvx_xfer_t *xfer;
+} XferObject;
 
 static PyTypeObject AgentType;
 static PyTypeObject PeerType;
+static PyTypeObject XferType;
 
 /* Frees the C agent and lets go of the engine's buffers: only once no peer is left. */
 static PyObject *agent_close(AgentObject *self, PyObject *unused)
@@ -716,26 +726,53 @@ static PyObject *agent_hold(AgentObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* connect(addresses): a Peer of every prefill rank in the sequence, connected in order; none
+ * is kept when one fails. */
 static PyObject *agent_connect(AgentObject *self, PyObject *arg)
 {
     kvx_agent_t *agent = agent_get(self);
-    const char *address;
+    PyObject *seq;
     PeerObject *peer;
-    kvx_peer_t *handle;
-    kvx_status_t status;
+    Py_ssize_t n;
+    kvx_status_t status = KVX_OK;
 
-    if (agent == NULL || (address = PyUnicode_AsUTF8(arg)) == NULL)
+    if (agent == NULL || (seq = PySequence_Fast(arg, "connect: a sequence of addresses")) == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS status = kvx_agent_connect(agent, address, &handle);
-    Py_END_ALLOW_THREADS if (status != KVX_OK) return raise_status(status, NULL);
-    peer = PyObject_New(PeerObject, &PeerType);
+    n    = PySequence_Fast_GET_SIZE(seq);
+    peer = n > 0 && n <= KVX_MAX_TP ? PyObject_New(PeerObject, &PeerType) : NULL;
     if (peer == NULL) {
-        kvx_peer_destroy(handle);
+        Py_DECREF(seq);
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "connect: %zd addresses (1..%d)", n, KVX_MAX_TP);
         return NULL;
     }
+    peer->agent     = self;
+    peer->num_peers = 0;
+    peer->xfers     = 0;
+    peer->peers     = PyMem_Calloc((size_t)n, sizeof(*peer->peers));
     Py_INCREF(self);
-    peer->agent = self;
-    peer->peer  = handle;
+    if (peer->peers == NULL) {
+        Py_DECREF(seq);
+        Py_DECREF(peer);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n && status == KVX_OK; i++) {
+        const char *address = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+
+        if (address == NULL) {
+            Py_DECREF(seq);
+            Py_DECREF(peer); /* closes the ranks connected so far */
+            return NULL;
+        }
+        Py_BEGIN_ALLOW_THREADS status = kvx_agent_connect(agent, address, &peer->peers[i]);
+        Py_END_ALLOW_THREADS if (status == KVX_OK) peer->num_peers++;
+    }
+    Py_DECREF(seq);
+    if (status != KVX_OK) {
+        raise_status(status, NULL);
+        Py_DECREF(peer);
+        return NULL;
+    }
     return (PyObject *)peer;
 }
 
@@ -751,28 +788,44 @@ static PyMethodDef agent_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static void peers_destroy(PeerObject *self)
+{
+    for (size_t i = 0; self->peers != NULL && i < self->num_peers; i++)
+        kvx_peer_destroy(self->peers[i]);
+    PyMem_Free(self->peers);
+    self->peers     = NULL;
+    self->num_peers = 0;
+}
+
 static PyObject *peer_close(PeerObject *self, PyObject *unused)
 {
     (void)unused;
-    if (self->peer != NULL) {
-        kvx_peer_destroy(self->peer);
-        self->peer = NULL;
+    if (self->xfers > 0) {
+        PyErr_SetString(PyExc_RuntimeError, "the peer has transfers: let them go first");
+        return NULL;
     }
+    peers_destroy(self);
     Py_RETURN_NONE;
 }
 
 static void peer_dealloc(PeerObject *self)
 {
-    if (self->peer != NULL)
-        kvx_peer_destroy(self->peer);
+    peers_destroy(self); /* transfers hold a reference: none is left */
     Py_XDECREF(self->agent);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* transfer(push, blocks, remote_blocks, request_id, token): a blocking pull or push of one
- * request from this peer alone; returns (descriptors, posted, bytes, seconds). A failed one
- * raises with the block ids not loaded in the error's `failed_blocks`. */
-static PyObject *peer_transfer(PeerObject *self, PyObject *args)
+static kvx_peer_t *const *peers_get(PeerObject *self)
+{
+    if (self->peers == NULL)
+        PyErr_SetString(PyExc_ValueError, "the peer is closed");
+    return self->peers;
+}
+
+/* post(push, blocks, remote_blocks, request_id, token): a Transfer of one request from every
+ * rank of the peer, posted (kvx_read_post or kvx_write_post; a push's first registration
+ * waits, with the GIL released). The ids are copied by kvx. */
+static PyObject *peer_post(PeerObject *self, PyObject *args)
 {
     int push;
     PyObject *blocks;
@@ -782,16 +835,13 @@ static PyObject *peer_transfer(PeerObject *self, PyObject *args)
     struct ids local;
     struct ids remote = {0};
     kvx_token_t token;
-    kvx_request_t request = {0};
-    kvx_read_stats_t stats;
+    kvx_request_t request;
+    kvx_xfer_t *handle = NULL;
+    XferObject *xfer;
     kvx_status_t status;
     kvx_agent_t *agent;
 
-    if (self->peer == NULL) {
-        PyErr_SetString(PyExc_ValueError, "the peer is closed");
-        return NULL;
-    }
-    if ((agent = agent_get(self->agent)) == NULL ||
+    if (peers_get(self) == NULL || (agent = agent_get(self->agent)) == NULL ||
         !PyArg_ParseTuple(args, "pOOKO", &push, &blocks, &remote_blocks, &request_id, &token_obj))
         return NULL;
     if (token_obj != Py_None && token_convert(token_obj, &token) != 0)
@@ -802,54 +852,177 @@ static PyObject *peer_transfer(PeerObject *self, PyObject *args)
         ids_free(&local);
         return NULL;
     }
-    request = (kvx_request_t){local.groups, local.num_groups, remote.groups, remote.num_groups,
+    xfer = PyObject_New(XferObject, &XferType);
+    if (xfer == NULL) {
+        ids_free(&local);
+        ids_free(&remote);
+        return NULL;
+    }
+    request                       = (kvx_request_t){local.groups, local.num_groups,
+                              remote_blocks != Py_None ? remote.groups : NULL, remote.num_groups,
                               token_obj != Py_None ? &token : NULL};
-    if (remote_blocks == Py_None)
-        request.remote = NULL;
-    Py_BEGIN_ALLOW_THREADS status =
-        push ? kvx_write(agent, &self->peer, 1, request_id, &request, &stats)
-             : kvx_read(agent, &self->peer, 1, request_id, &request, &stats);
+    Py_BEGIN_ALLOW_THREADS status = push ? kvx_write_post(agent, self->peers, self->num_peers,
+                                                          request_id, &request, NULL, NULL, &handle)
+                                         : kvx_read_post(agent, self->peers, self->num_peers,
+                                                         request_id, &request, NULL, NULL, &handle);
     Py_END_ALLOW_THREADS ids_free(&local);
     ids_free(&remote);
+    Py_INCREF(self);
+    xfer->peer = self;
+    xfer->xfer = status == KVX_OK ? handle : NULL;
+    if (status != KVX_OK) {
+        Py_DECREF(xfer);
+        return raise_status(status, NULL);
+    }
+    self->xfers++;
+    return (PyObject *)xfer;
+}
+
+/* info(): [(transports, down reason or None)] by rank. */
+static PyObject *peer_info(PeerObject *self, PyObject *unused)
+{
+    kvx_peer_t *const *peers = peers_get(self);
+    PyObject *list;
+
+    (void)unused;
+    if (peers == NULL || (list = PyList_New((Py_ssize_t)self->num_peers)) == NULL)
+        return NULL;
+    for (size_t i = 0; i < self->num_peers; i++) {
+        PyObject *item =
+            Py_BuildValue("(sz)", kvx_peer_transports(peers[i]), kvx_peer_down_reason(peers[i]));
+
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
+}
+
+/* reconnect(): every rank that is down handshakes again. */
+static PyObject *peer_reconnect(PeerObject *self, PyObject *unused)
+{
+    kvx_peer_t *const *peers = peers_get(self);
+    kvx_status_t status      = KVX_OK;
+
+    (void)unused;
+    if (peers == NULL)
+        return NULL;
+    for (size_t i = 0; i < self->num_peers && status == KVX_OK; i++) {
+        if (kvx_peer_down_reason(peers[i]) == NULL)
+            continue;
+        Py_BEGIN_ALLOW_THREADS status = kvx_peer_reconnect(peers[i]);
+        Py_END_ALLOW_THREADS
+    }
     if (status != KVX_OK)
         return raise_status(status, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef peer_methods[] = {
+    {"close", (PyCFunction)peer_close, METH_NOARGS, "destroy the peer's connections"},
+    {"post", (PyCFunction)peer_post, METH_VARARGS, "post a pull or push: a Transfer"},
+    {"info", (PyCFunction)peer_info, METH_NOARGS, "[(transports, down reason)] by rank"},
+    {"reconnect", (PyCFunction)peer_reconnect, METH_NOARGS, "handshake again where down"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* release(): lets the C transfer go now (one in progress is cancelled, its peers'
+ * connections closed before this returns); later calls but release raise. */
+static PyObject *xfer_release(XferObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->xfer != NULL) {
+        kvx_xfer_destroy(self->xfer);
+        self->xfer = NULL;
+        self->peer->xfers--;
+    }
+    Py_RETURN_NONE;
+}
+
+static void xfer_dealloc(XferObject *self)
+{
+    Py_XDECREF(xfer_release(self, NULL));
+    Py_XDECREF(self->peer);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static kvx_xfer_t *xfer_get(XferObject *self)
+{
+    if (self->xfer == NULL)
+        PyErr_SetString(PyExc_ValueError, "the transfer was released");
+    return self->xfer;
+}
+
+/* status(): (status, message): KVX_INPROGRESS (1), 0, or the failure. */
+static PyObject *xfer_status(XferObject *self, PyObject *unused)
+{
+    kvx_status_t status;
+
+    (void)unused;
+    if (xfer_get(self) == NULL)
+        return NULL;
+    status = kvx_xfer_status(self->xfer);
+    return Py_BuildValue("(is)", (int)status, status < 0 ? kvx_xfer_error(self->xfer) : "");
+}
+
+/* wait(): progresses the agent until the transfer settles (GIL released); its status. */
+static PyObject *xfer_wait(XferObject *self, PyObject *unused)
+{
+    kvx_status_t status;
+
+    (void)unused;
+    if (xfer_get(self) == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS status = kvx_xfer_wait(self->xfer);
+    Py_END_ALLOW_THREADS return PyLong_FromLong((long)status);
+}
+
+static PyObject *xfer_stats(XferObject *self, PyObject *unused)
+{
+    kvx_read_stats_t stats;
+
+    (void)unused;
+    if (xfer_get(self) == NULL)
+        return NULL;
+    kvx_xfer_stats(self->xfer, &stats);
     return Py_BuildValue("(KKKd)", (unsigned long long)stats.descriptors,
                          (unsigned long long)stats.posted, (unsigned long long)stats.bytes,
                          stats.seconds);
 }
 
-static PyObject *peer_info(PeerObject *self, PyObject *unused)
+/* failed_blocks(): {group: [ids]} that a failed transfer did not load ({} unless failed). */
+static PyObject *xfer_failed_blocks(XferObject *self, PyObject *unused)
 {
-    const char *down;
+    const kvx_group_ids_t *groups;
+    size_t num_groups;
+    PyObject *dict;
 
     (void)unused;
-    if (self->peer == NULL) {
-        PyErr_SetString(PyExc_ValueError, "the peer is closed");
+    if (xfer_get(self) == NULL || (dict = PyDict_New()) == NULL)
         return NULL;
+    kvx_xfer_failed_blocks(self->xfer, &groups, &num_groups);
+    for (size_t g = 0; dict != NULL && g < num_groups; g++) {
+        PyObject *ids = PyList_New((Py_ssize_t)groups[g].count);
+        PyObject *key = PyLong_FromSize_t(g);
+
+        for (size_t i = 0; ids != NULL && i < groups[g].count; i++)
+            PyList_SET_ITEM(ids, (Py_ssize_t)i, PyLong_FromUnsignedLongLong(groups[g].ids[i]));
+        if (ids == NULL || key == NULL || (groups[g].count > 0 && PyDict_SetItem(dict, key, ids)))
+            Py_CLEAR(dict);
+        Py_XDECREF(ids);
+        Py_XDECREF(key);
     }
-    down = kvx_peer_down_reason(self->peer);
-    return Py_BuildValue("(sz)", kvx_peer_transports(self->peer), down);
+    return dict;
 }
 
-static PyObject *peer_reconnect(PeerObject *self, PyObject *unused)
-{
-    kvx_status_t status;
-
-    (void)unused;
-    if (self->peer == NULL) {
-        PyErr_SetString(PyExc_ValueError, "the peer is closed");
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS status = kvx_peer_reconnect(self->peer);
-    Py_END_ALLOW_THREADS if (status != KVX_OK) return raise_status(status, NULL);
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef peer_methods[] = {
-    {"close", (PyCFunction)peer_close, METH_NOARGS, "destroy the peer"},
-    {"transfer", (PyCFunction)peer_transfer, METH_VARARGS, "a blocking pull or push"},
-    {"info", (PyCFunction)peer_info, METH_NOARGS, "(transports, down reason or None)"},
-    {"reconnect", (PyCFunction)peer_reconnect, METH_NOARGS, "handshake again"},
+static PyMethodDef xfer_methods[] = {
+    {"status", (PyCFunction)xfer_status, METH_NOARGS, "(status, message)"},
+    {"wait", (PyCFunction)xfer_wait, METH_NOARGS, "progress until settled; the status"},
+    {"stats", (PyCFunction)xfer_stats, METH_NOARGS, "(descriptors, posted, bytes, seconds)"},
+    {"failed_blocks", (PyCFunction)xfer_failed_blocks, METH_NOARGS, "{group: [ids]}"},
+    {"release", (PyCFunction)xfer_release, METH_NOARGS, "let the C transfer go now"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -888,6 +1061,14 @@ static PyTypeObject PeerType = {
     .tp_dealloc                            = (destructor)peer_dealloc,
     .tp_flags                              = Py_TPFLAGS_DEFAULT,
     .tp_methods                            = peer_methods,
+};
+
+static PyTypeObject XferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx._kvx.Transfer",
+    .tp_basicsize                          = sizeof(XferObject),
+    .tp_dealloc                            = (destructor)xfer_dealloc,
+    .tp_flags                              = Py_TPFLAGS_DEFAULT,
+    .tp_methods                            = xfer_methods,
 };
 
 static PyObject *mod_token_generate(PyObject *module, PyObject *unused)
@@ -955,7 +1136,7 @@ PyMODINIT_FUNC PyInit__kvx(void);
 
 PyMODINIT_FUNC PyInit__kvx(void)
 {
-    PyTypeObject *types[] = {&LayoutType, &RegionsType, &AgentType, &PeerType};
+    PyTypeObject *types[] = {&LayoutType, &RegionsType, &AgentType, &PeerType, &XferType};
     PyObject *m;
 
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {

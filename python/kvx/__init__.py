@@ -23,7 +23,7 @@ from ._kvx import (  # noqa: F401  (the error classes are part of the API)
     PeerTimeoutError,
 )
 
-__all__ = ["Layout", "Regions", "RegionInfo", "Agent", "Peer", "ReadStats", "Error",
+__all__ = ["Layout", "Regions", "RegionInfo", "Agent", "Peer", "Transfer", "ReadStats", "Error",
            "token_generate", "auth_key_load"]
 
 RegionInfo = collections.namedtuple(
@@ -109,34 +109,122 @@ def _groups(blocks):
     return list(blocks)
 
 
-class Peer:
-    """A prefill agent as this (decode) agent sees it. Made by Agent.connect."""
+_ERRORS = {-1: InvalidError, -2: OutOfRangeError, -3: IOFailure, -4: CanceledError,
+           -5: BusyError, -100: PeerDownError, -101: PeerTimeoutError, -102: PeerRefusedError,
+           -200: NoMemoryError, -201: InternalError}
+_INPROGRESS = 1
+
+
+class Transfer:
+    """A posted pull or push. The agent's progress completes it (progress(), wait(), or
+    awaiting it in asyncio); nothing runs behind the program's back."""
 
     def __init__(self, agent, handle):
         self._agent = agent
         self._handle = handle
 
-    def _transfer(self, push, blocks, remote_blocks, request_id, token):
+    @property
+    def done(self):
+        return self._handle.status()[0] != _INPROGRESS
+
+    @property
+    def failed_blocks(self):
+        """{group: [block ids]} a failed transfer did not load: all of its blocks."""
+        return self._handle.failed_blocks()
+
+    def stats(self):
+        return ReadStats(*self._handle.stats())
+
+    def result(self):
+        """ReadStats of a completed transfer; raises the kvx.Error of a failed one, with its
+        failed_blocks."""
+        status, message = self._handle.status()
+        if status == _INPROGRESS:
+            raise InvalidError("the transfer is still in progress", -1)
+        if status != 0:
+            error = _ERRORS.get(status, Error)(message, status)
+            error.failed_blocks = self.failed_blocks
+            raise error
+        return self.stats()
+
+    def wait(self):
+        """Progresses the agent until it completed or failed (GIL released): result()."""
+        self._handle.wait()
+        return self.result()
+
+    def release(self):
+        """Lets the transfer go now (one in progress is cancelled); a Peer closes only once
+        its transfers are released or collected."""
+        self._handle.release()
+
+    def __await__(self):
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        fd = self._agent.fileno()
+        while True:
+            self._agent.progress(0)
+            if self.done:
+                return self.result()
+            woken = loop.create_future()
+            loop.add_reader(fd, lambda: woken.done() or woken.set_result(None))
+            try:
+                # UCX does not signal every local completion: look again within 1 ms
+                yield from asyncio.wait([woken], timeout=0.001).__await__()
+            finally:
+                loop.remove_reader(fd)
+
+
+class Peer:
+    """The prefill ranks of a request (one for TP 1), as this decode agent sees them. Made by
+    Agent.connect."""
+
+    def __init__(self, agent, handle):
+        self._agent = agent
+        self._handle = handle
+
+    def _post(self, push, blocks, remote_blocks, request_id, token):
         if request_id is None:
             request_id = self._agent._next_request_id()
-        return ReadStats(*self._handle.transfer(push, _groups(blocks), _groups(remote_blocks),
-                                                request_id, token))
+        return Transfer(self._agent, self._handle.post(push, _groups(blocks),
+                                                       _groups(remote_blocks), request_id, token))
+
+    def read_async(self, blocks, remote_blocks=None, *, request_id=None, token=None):
+        """Posts a pull of `blocks` ({group: ids}; remote_blocks: the prefill's ids when they
+        differ); `token` is the hold's. Returns a Transfer."""
+        return self._post(False, blocks, remote_blocks, request_id, token)
 
     def read(self, blocks, remote_blocks=None, *, request_id=None, token=None):
-        """Pulls the blocks (waits, GIL released); returns ReadStats. `token` is the hold's."""
-        return self._transfer(False, blocks, remote_blocks, request_id, token)
+        """Pulls and waits (GIL released); returns ReadStats or raises with failed_blocks."""
+        return self._blocking(self.read_async(blocks, remote_blocks, request_id=request_id,
+                                              token=token))
+
+    @staticmethod
+    def _blocking(transfer):
+        try:
+            return transfer.wait()
+        finally:
+            transfer.release()  # an error's traceback must not keep it alive
+
+    def write_async(self, blocks, remote_blocks=None, *, request_id=None, token=None):
+        """Posts a push: the prefill ranks write the blocks into ours. The first one to a peer
+        registers our writer there, which waits up to the timeout."""
+        return self._post(True, blocks, remote_blocks, request_id, token)
 
     def write(self, blocks, remote_blocks=None, *, request_id=None, token=None):
-        """Asks the prefill agent to push the blocks into ours (waits); returns ReadStats."""
-        return self._transfer(True, blocks, remote_blocks, request_id, token)
+        """Pushes and waits; returns ReadStats or raises with failed_blocks."""
+        return self._blocking(self.write_async(blocks, remote_blocks, request_id=request_id,
+                                               token=token))
 
     @property
     def transports(self):
-        return self._handle.info()[0]
+        """What UCX really uses, per rank."""
+        return [info[0] for info in self._handle.info()]
 
     @property
     def down_reason(self):
-        return self._handle.info()[1]
+        """None while every rank is usable, else the first rank's reason."""
+        return next((info[1] for info in self._handle.info() if info[1] is not None), None)
 
     def reconnect(self):
         self._handle.reconnect()
@@ -218,10 +306,10 @@ class Agent:
         return self._agent(address).listen_address()
 
     def connect(self, address):
-        """A Peer: one prefill agent "HOST:PORT" (a list connects to each, for TP)."""
-        if not isinstance(address, str):
-            return [self.connect(a) for a in address]
-        peer = Peer(self, self._agent().connect(address))
+        """A Peer: the prefill agent at "HOST:PORT", or a list of them (the ranks of a TP
+        prefill group, read together)."""
+        addresses = [address] if isinstance(address, str) else list(address)
+        peer = Peer(self, self._agent().connect(addresses))
         self._peers.add(peer)
         return peer
 
@@ -247,9 +335,11 @@ class Agent:
         return token
 
     def close(self):
+        """Closes every peer and the agent. Transfers must be let go first (del them)."""
         for peer in list(self._peers):
             peer.close()
         if self._handle is not None:
+            self._handle.progress(0)  # cancelled transfers settle
             self._handle.close()
 
     def __enter__(self):

@@ -138,6 +138,7 @@ def test_a_killed_prefill_raises_within_the_deadline(tmp_path):
                 agent.progress(100)
         assert time.monotonic() - start < 60
         assert failure.value.args[1] in (-100, -101)
+        assert failure.value.failed_blocks == {0: [2]}
 
 
 def test_hostile_input_raises_and_changes_nothing(tmp_path):
@@ -176,3 +177,38 @@ def test_no_secret_is_refused_unless_insecure(monkeypatch):
     with kvx.Agent(layout, insecure=True) as agent:
         assert agent.listen("127.0.0.1:0").startswith("127.0.0.1:")
         assert len(agent.storage("kv")) == 65536
+
+
+def test_tp2_to_1_and_asyncio(tmp_path):
+    """Two prefill ranks hold half of every layer's heads each; one decode rank reads both
+    halves, once blocking and once awaited in asyncio."""
+    import asyncio
+
+    half = {"kvx_layout": 1, "storages": [{"name": "kv", "size": 32 * 4096}],
+            "views": [{"name": "layers.0.attn", "kind": "attn", "storage": "kv", "page": 4096,
+                       "stride": 4096, "num_blocks": 32, "heads": 4}]}
+    full = dict(half, storages=[{"name": "kv", "size": 32 * 8192}],
+                views=[dict(half["views"][0], page=8192, stride=8192, heads=8)])
+    half_path = tmp_path / "half.json"
+    half_path.write_text(json.dumps(half))
+    ranks = [Prefill(half_path, {0: [3, 4]}, rank, 2) for rank in range(2)]
+    assert ranks[0].token != ranks[1].token  # each holds with its own: the reads use neither
+    memory = np.zeros(32 * 8192, dtype=np.uint8)
+    with kvx.Agent(kvx.Layout.from_dict(full), {"kv": memory}) as agent:
+        peer = agent.connect([r.address for r in ranks])
+        peer.read({0: [3]})
+        async def pull():
+            return await peer.read_async({0: range(4, 5)})
+
+        stats = asyncio.run(pull())
+        assert stats.bytes == 8192
+    for rank in range(2):  # block b's rank-r half: its heads' bytes of rank r's block b
+        pattern = patterns.filled(32 * 4096, rank, 0)
+        for block in (3, 4):
+            got = memory[block * 8192 + rank * 4096:block * 8192 + (rank + 1) * 4096]
+            assert np.array_equal(got, pattern[block * 4096:(block + 1) * 4096])
+    untouched = np.ones(32 * 8192, dtype=bool)
+    untouched[3 * 8192:5 * 8192] = False
+    assert not memory[untouched].any()
+    for r in ranks:
+        assert r.finish()["intact"]
