@@ -5,8 +5,10 @@ ownership and threading rules. Every call that can wait releases the GIL; callba
 inside progress() and the blocking calls, never on their own."""
 
 import collections
+import collections.abc
 import json
 import os
+import time
 
 from . import _kvx
 from ._kvx import (  # noqa: F401  (the error classes are part of the API)
@@ -93,6 +95,18 @@ class Layout:
 
     def storage_sizes(self):
         return self._handle.storage_sizes()
+
+
+def _buffer_of(obj):
+    """Something with the buffer protocol for `obj`: itself, or for a CPU torch.Tensor (which
+    has none) the numpy array that shares its memory."""
+    try:
+        memoryview(obj)
+        return obj
+    except TypeError:
+        if hasattr(obj, "numpy"):
+            return obj.numpy()
+        raise
 
 
 def _groups(blocks):
@@ -194,27 +208,39 @@ class Peer:
         differ); `token` is the hold's. Returns a Transfer."""
         return self._post(False, blocks, remote_blocks, request_id, token)
 
-    def read(self, blocks, remote_blocks=None, *, request_id=None, token=None):
-        """Pulls and waits (GIL released); returns ReadStats or raises with failed_blocks."""
+    def read(self, blocks, remote_blocks=None, *, request_id=None, token=None, timeout_ms=None):
+        """Pulls and waits (GIL released); returns ReadStats or raises with failed_blocks.
+        timeout_ms (at most the agent's own deadline) gives up sooner: the transfer is
+        cancelled and PeerTimeoutError names every block."""
         return self._blocking(self.read_async(blocks, remote_blocks, request_id=request_id,
-                                              token=token))
+                                              token=token), blocks, timeout_ms)
 
-    @staticmethod
-    def _blocking(transfer):
+    def _blocking(self, transfer, blocks, timeout_ms):
         try:
-            return transfer.wait()
+            if timeout_ms is None:
+                return transfer.wait()
+            deadline = time.monotonic() + timeout_ms / 1000
+            while not transfer.done and time.monotonic() < deadline:
+                self._agent.progress(max(1, int((deadline - time.monotonic()) * 1000)))
+            if transfer.done:
+                return transfer.result()
+            error = PeerTimeoutError("transfer not done within %d ms: cancelled" % timeout_ms,
+                                     -101)
+            error.failed_blocks = {g: [int(i) for i in ids]
+                                   for g, ids in enumerate(_groups(blocks)) if len(ids)}
+            raise error
         finally:
-            transfer.release()  # an error's traceback must not keep it alive
+            transfer.release()  # cancels one in progress; a traceback must not keep it
 
     def write_async(self, blocks, remote_blocks=None, *, request_id=None, token=None):
         """Posts a push: the prefill ranks write the blocks into ours. The first one to a peer
         registers our writer there, which waits up to the timeout."""
         return self._post(True, blocks, remote_blocks, request_id, token)
 
-    def write(self, blocks, remote_blocks=None, *, request_id=None, token=None):
+    def write(self, blocks, remote_blocks=None, *, request_id=None, token=None, timeout_ms=None):
         """Pushes and waits; returns ReadStats or raises with failed_blocks."""
         return self._blocking(self.write_async(blocks, remote_blocks, request_id=request_id,
-                                               token=token))
+                                               token=token), blocks, timeout_ms)
 
     @property
     def transports(self):
@@ -265,6 +291,7 @@ class Agent:
         unknown = set(memory) - set(self._names)
         if unknown:
             raise ValueError("memory: no storage named %s" % ", ".join(sorted(unknown)))
+        memory = {name: _buffer_of(buf) for name, buf in memory.items()}
         # checked now, before any agent exists: the C layer checks again when it registers
         for name, size in zip(self._names, self._layout.storage_sizes()):
             if name in memory:
