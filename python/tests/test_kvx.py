@@ -233,3 +233,18 @@ def test_tp2_to_1_and_asyncio(tmp_path):
     assert not memory[untouched].any()
     for r in ranks:
         assert r.finish()["intact"]
+
+
+def test_a_cpu_torch_tensor_is_registered_in_place(tmp_path):
+    """A CPU torch.Tensor as an engine's cache: registered through the numpy array that shares
+    its memory, and the pulled bytes land in the tensor itself."""
+    torch = pytest.importorskip("torch")  # Debian's python3-torch; not installed by CI
+    path = write_layout(tmp_path, SMALL)
+    prefill = Prefill(path, {0: [1]})
+    cache = torch.zeros(65536, dtype=torch.uint8)
+    with kvx.Agent(kvx.Layout.load(path), {"kv": cache}) as agent:
+        peer = agent.connect(prefill.address)
+        peer.read({0: [1]}, request_id=7, token=prefill.token)
+        check_bytes(cache.numpy(), path, {0: [1]})
+        peer.close()
+    assert prefill.finish()["stats"]["released"] == 1
