@@ -205,8 +205,10 @@ static PyObject *mod_layout_load(PyObject *module, PyObject *arg)
     (void)module;
     if (!PyUnicode_FSConverter(arg, &path))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS status = kvx_layout_load_file(PyBytes_AS_STRING(path), &layout);
-    Py_END_ALLOW_THREADS Py_DECREF(path);
+    Py_BEGIN_ALLOW_THREADS
+    status = kvx_layout_load_file(PyBytes_AS_STRING(path), &layout);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
     return status == KVX_OK ? layout_wrap(layout) : raise_status(status, NULL);
 }
 
@@ -240,8 +242,11 @@ static PyObject *layout_regions(LayoutObject *self, PyObject *unused)
     kvx_status_t status;
 
     (void)unused;
-    Py_BEGIN_ALLOW_THREADS status = kvx_regions_register(self->layout, &regions);
-    Py_END_ALLOW_THREADS if (status != KVX_OK) return raise_status(status, NULL);
+    Py_BEGIN_ALLOW_THREADS
+    status = kvx_regions_register(self->layout, &regions);
+    Py_END_ALLOW_THREADS
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
     r = PyObject_New(RegionsObject, &RegionsType);
     if (r == NULL) {
         kvx_regions_destroy(regions);
@@ -559,8 +564,11 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
         p.field_mask |= KVX_AGENT_PARAM_FIELD_AUTH_KEY;
         p.auth_key = key.buf;
     }
-    Py_BEGIN_ALLOW_THREADS status = kvx_agent_create(layout->layout, &p, &self->agent);
-    Py_END_ALLOW_THREADS if (key.obj != NULL) PyBuffer_Release(&key);
+    Py_BEGIN_ALLOW_THREADS
+    status = kvx_agent_create(layout->layout, &p, &self->agent);
+    Py_END_ALLOW_THREADS
+    if (key.obj != NULL)
+        PyBuffer_Release(&key);
     key.obj = NULL;
     PyMem_Free(bases);
     bases = NULL;
@@ -607,9 +615,11 @@ static PyObject *agent_progress(AgentObject *self, PyObject *arg)
 
     if (agent == NULL || (timeout_ms == -1 && PyErr_Occurred()))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS status =
-        kvx_agent_progress(agent, timeout_ms > INT32_MAX ? INT32_MAX : (int)timeout_ms);
-    Py_END_ALLOW_THREADS if (status != KVX_OK) return raise_status(status, NULL);
+    Py_BEGIN_ALLOW_THREADS
+    status = kvx_agent_progress(agent, timeout_ms > INT32_MAX ? INT32_MAX : (int)timeout_ms);
+    Py_END_ALLOW_THREADS
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
     Py_RETURN_NONE;
 }
 
@@ -764,8 +774,11 @@ static PyObject *agent_connect(AgentObject *self, PyObject *arg)
             Py_DECREF(peer); /* closes the ranks connected so far */
             return NULL;
         }
-        Py_BEGIN_ALLOW_THREADS status = kvx_agent_connect(agent, address, &peer->peers[i]);
-        Py_END_ALLOW_THREADS if (status == KVX_OK) peer->num_peers++;
+        Py_BEGIN_ALLOW_THREADS
+        status = kvx_agent_connect(agent, address, &peer->peers[i]);
+        Py_END_ALLOW_THREADS
+        if (status == KVX_OK)
+            peer->num_peers++;
     }
     Py_DECREF(seq);
     if (status != KVX_OK) {
@@ -858,14 +871,16 @@ static PyObject *peer_post(PeerObject *self, PyObject *args)
         ids_free(&remote);
         return NULL;
     }
-    request                       = (kvx_request_t){local.groups, local.num_groups,
+    request = (kvx_request_t){local.groups, local.num_groups,
                               remote_blocks != Py_None ? remote.groups : NULL, remote.num_groups,
                               token_obj != Py_None ? &token : NULL};
-    Py_BEGIN_ALLOW_THREADS status = push ? kvx_write_post(agent, self->peers, self->num_peers,
-                                                          request_id, &request, NULL, NULL, &handle)
-                                         : kvx_read_post(agent, self->peers, self->num_peers,
-                                                         request_id, &request, NULL, NULL, &handle);
-    Py_END_ALLOW_THREADS ids_free(&local);
+    Py_BEGIN_ALLOW_THREADS
+    status = push ? kvx_write_post(agent, self->peers, self->num_peers, request_id, &request, NULL,
+                                   NULL, &handle)
+                  : kvx_read_post(agent, self->peers, self->num_peers, request_id, &request, NULL,
+                                  NULL, &handle);
+    Py_END_ALLOW_THREADS
+    ids_free(&local);
     ids_free(&remote);
     Py_INCREF(self);
     xfer->peer = self;
@@ -912,7 +927,8 @@ static PyObject *peer_reconnect(PeerObject *self, PyObject *unused)
     for (size_t i = 0; i < self->num_peers && status == KVX_OK; i++) {
         if (kvx_peer_down_reason(peers[i]) == NULL)
             continue;
-        Py_BEGIN_ALLOW_THREADS status = kvx_peer_reconnect(peers[i]);
+        Py_BEGIN_ALLOW_THREADS
+        status = kvx_peer_reconnect(peers[i]);
         Py_END_ALLOW_THREADS
     }
     if (status != KVX_OK)
@@ -975,8 +991,10 @@ static PyObject *xfer_wait(XferObject *self, PyObject *unused)
     (void)unused;
     if (xfer_get(self) == NULL)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS status = kvx_xfer_wait(self->xfer);
-    Py_END_ALLOW_THREADS return PyLong_FromLong((long)status);
+    Py_BEGIN_ALLOW_THREADS
+    status = kvx_xfer_wait(self->xfer);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong((long)status);
 }
 
 static PyObject *xfer_stats(XferObject *self, PyObject *unused)
