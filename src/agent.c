@@ -623,8 +623,8 @@ kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_i
 
     if (agent == NULL || token == NULL)
         return error_set(KVX_ERR_INVALID, "hold: agent and token are required");
-    status = hold_table_add(&agent->holds, request_id, token, groups, num_groups, consumers,
-                            clock_ms());
+    status =
+        hold_table_add(&agent->holds, request_id, token, groups, num_groups, consumers, clock_ms());
     if (status == KVX_OK)
         agent_lease_timer_update(agent);
     return status;
