@@ -633,15 +633,7 @@ static PyObject *agent_fileno(AgentObject *self, PyObject *unused)
 
 static PyObject *agent_stats(AgentObject *self, PyObject *unused)
 {
-    static const char *const names[] = {
-        "transfers",       "transfers_failed",  "bytes",      "notifications_failed",
-        "heartbeats_sent", "heartbeats_missed", "peers_dead", "peers_idle"};
-    static const char *const later[] = {"notifications",  "notifications_dropped", "held",
-                                        "released",       "done_unknown",          "leases_expired",
-                                        "done_repeated",  "ops_orphaned",          "pushes_serving",
-                                        "pushes_refused", "auth_refused",          "peers_refused",
-                                        "tokens_refused", "peers_connected"};
-    kvx_agent_t *agent               = agent_get(self);
+    kvx_agent_t *agent = agent_get(self);
     kvx_agent_stats_t s;
     PyObject *dict;
 
@@ -649,28 +641,41 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
     if (agent == NULL)
         return NULL;
     kvx_agent_stats(agent, &s, sizeof(s));
-    dict = PyDict_New();
     {
-        const uint64_t values[] = {
-            s.transfers,       s.transfers_failed,  s.bytes,      s.notifications_failed,
-            s.heartbeats_sent, s.heartbeats_missed, s.peers_dead, s.peers_idle};
-        const uint64_t more[] = {s.notifications,  s.notifications_dropped, s.held,
-                                 s.released,       s.done_unknown,          s.leases_expired,
-                                 s.done_repeated,  s.ops_orphaned,          s.pushes_serving,
-                                 s.pushes_refused, s.auth_refused,          s.peers_refused,
-                                 s.tokens_refused, s.peers_connected};
+        /* the counters of kvx_agent_stats_t by name (histograms are C's only) */
+        const struct {
+            const char *name;
+            uint64_t value;
+        } counters[] = {
+            {"transfers", s.transfers},
+            {"transfers_failed", s.transfers_failed},
+            {"bytes", s.bytes},
+            {"notifications_failed", s.notifications_failed},
+            {"heartbeats_sent", s.heartbeats_sent},
+            {"heartbeats_missed", s.heartbeats_missed},
+            {"peers_dead", s.peers_dead},
+            {"peers_idle", s.peers_idle},
+            {"notifications", s.notifications},
+            {"notifications_dropped", s.notifications_dropped},
+            {"held", s.held},
+            {"released", s.released},
+            {"done_unknown", s.done_unknown},
+            {"leases_expired", s.leases_expired},
+            {"done_repeated", s.done_repeated},
+            {"ops_orphaned", s.ops_orphaned},
+            {"pushes_serving", s.pushes_serving},
+            {"pushes_refused", s.pushes_refused},
+            {"auth_refused", s.auth_refused},
+            {"peers_refused", s.peers_refused},
+            {"tokens_refused", s.tokens_refused},
+            {"peers_connected", s.peers_connected},
+        };
 
-        for (size_t i = 0; dict != NULL && i < sizeof(values) / sizeof(values[0]); i++) {
-            PyObject *v = PyLong_FromUnsignedLongLong(values[i]);
+        dict = PyDict_New();
+        for (size_t i = 0; dict != NULL && i < sizeof(counters) / sizeof(counters[0]); i++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(counters[i].value);
 
-            if (v == NULL || PyDict_SetItemString(dict, names[i], v) != 0)
-                Py_CLEAR(dict);
-            Py_XDECREF(v);
-        }
-        for (size_t i = 0; dict != NULL && i < sizeof(more) / sizeof(more[0]); i++) {
-            PyObject *v = PyLong_FromUnsignedLongLong(more[i]);
-
-            if (v == NULL || PyDict_SetItemString(dict, later[i], v) != 0)
+            if (v == NULL || PyDict_SetItemString(dict, counters[i].name, v) != 0)
                 Py_CLEAR(dict);
             Py_XDECREF(v);
         }

@@ -676,14 +676,13 @@ kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t siz
         if (peer_serve(peer) == 0)
             sidechan_client_wait(link->client, 1);
     }
-    if (status == KVX_OK && !handle_parse(link->push_answer, link->push_handle))
-        status = error_set(strncmp(link->push_answer, REPLY_ERROR, strlen(REPLY_ERROR)) == 0
-                               ? KVX_ERR_PEER_REFUSED
-                               : KVX_ERR_IO,
+    if (status == KVX_OK && !handle_parse(link->push_answer, link->push_handle)) {
+        bool refused = strncmp(link->push_answer, REPLY_ERROR, strlen(REPLY_ERROR)) == 0;
+
+        status = error_set(refused ? KVX_ERR_PEER_REFUSED : KVX_ERR_IO,
                            "peer %s: push registration: %.600s", peer->address,
-                           strncmp(link->push_answer, REPLY_ERROR, strlen(REPLY_ERROR)) == 0
-                               ? link->push_answer + strlen(REPLY_ERROR)
-                               : link->push_answer);
+                           link->push_answer + (refused ? strlen(REPLY_ERROR) : 0));
+    }
     free(link->push_answer);
     link->push_answer      = NULL;
     link->push_registering = false;

@@ -311,13 +311,9 @@ void push_register(void *server, const struct sidechan_request *request)
     if (status == KVX_OK)
         status = loop_timer_start(&core->loop, &w->proof_deadline, clock_ms() + core->timeout_ms);
     if (status != KVX_OK) {
-        char why[600];
-
-        snprintf(why, sizeof(why), "%s", kvx_errmsg());
-        error_set(status, "%s", why);
+        reply_error(s, &request->origin); /* kvx_errmsg() names the step that failed */
         if (w != NULL)
             writer_close(s, w);
-        reply_error(s, &request->origin);
         return;
     }
     transport_op_arm(w->proof_op);

@@ -319,12 +319,13 @@ bool sidechan_client_recv(struct sidechan_client *client, uint64_t *id_p, char *
  * the reason instead of at its deadline (ZeroMQ would only retry). */
 static void *handshake_monitor(void *zmq, void *socket)
 {
-    static unsigned long serial; /* one agent per thread: a name per monitor, not a lock */
+    static unsigned long serial; /* agents may live on several threads: the name is atomic */
     char endpoint[64];
     int linger = 0;
     void *pair;
 
-    snprintf(endpoint, sizeof(endpoint), "inproc://kvx-fetch-%lu", ++serial);
+    snprintf(endpoint, sizeof(endpoint), "inproc://kvx-fetch-%lu",
+             __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
     if (zmq_socket_monitor(socket, endpoint,
                            ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |

@@ -150,12 +150,20 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
             s->done_repeated);
     counter(&t, l, "pushes_refused_total", "Push requests answered with an error.",
             s->pushes_refused);
+    counter(&t, l, "auth_refused_total",
+            "Side-channel handshakes refused: no auth key, or another one.", s->auth_refused);
+    counter(&t, l, "peers_refused_total", "Side-channel connections refused past max_peers.",
+            s->peers_refused);
+    counter(&t, l, "tokens_refused_total", "Dones and heartbeats with a wrong hold token.",
+            s->tokens_refused);
     text_printf(&t,
                 "# HELP kvx_ops_orphaned Operation records closed connections are still owed.\n"
                 "# TYPE kvx_ops_orphaned gauge\nkvx_ops_orphaned{%s} %" PRIu64 "\n"
                 "# HELP kvx_pushes_serving Pushes being written by this prefill agent now.\n"
-                "# TYPE kvx_pushes_serving gauge\nkvx_pushes_serving{%s} %" PRIu64 "\n",
-                l, s->ops_orphaned, l, s->pushes_serving);
+                "# TYPE kvx_pushes_serving gauge\nkvx_pushes_serving{%s} %" PRIu64 "\n"
+                "# HELP kvx_peers_connected Side-channel connections open now.\n"
+                "# TYPE kvx_peers_connected gauge\nkvx_peers_connected{%s} %" PRIu64 "\n",
+                l, s->ops_orphaned, l, s->pushes_serving, l, s->peers_connected);
     free(labels.data);
     if (t.failed || labels.failed || t.data == NULL) {
         free(t.data);

@@ -57,7 +57,12 @@ static double metric(const char *text, const char *prefix)
 
 static void prometheus_text_is_complete_and_cumulative(void **state)
 {
-    kvx_agent_stats_t stats = {.transfers = 3, .leases_expired = 2, .held = 5};
+    kvx_agent_stats_t stats = {.transfers       = 3,
+                               .leases_expired  = 2,
+                               .held            = 5,
+                               .auth_refused    = 7,
+                               .tokens_refused  = 11,
+                               .peers_connected = 13};
     char *text;
 
     (void)state;
@@ -70,6 +75,10 @@ static void prometheus_text_is_complete_and_cumulative(void **state)
     assert_int_equal(metric(text, "kvx_transfers_total{agent=\"p\\\"0\\\\\"}"), 3);
     assert_int_equal(metric(text, "kvx_leases_expired_total{"), 2);
     assert_int_equal(metric(text, "kvx_held_requests{"), 5);
+    assert_int_equal(metric(text, "kvx_auth_refused_total{"), 7);
+    assert_int_equal(metric(text, "kvx_peers_refused_total{"), 0);
+    assert_int_equal(metric(text, "kvx_tokens_refused_total{"), 11);
+    assert_int_equal(metric(text, "kvx_peers_connected{"), 13);
     /* Cumulative: nothing at 2 us, one at 4 us, still one at 512 us, both at 1024 us. */
     assert_int_equal(metric(text, BUCKET "\"2e-06\"}"), 0);
     assert_int_equal(metric(text, BUCKET "\"4e-06\"}"), 1);

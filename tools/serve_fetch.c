@@ -104,7 +104,8 @@ struct agent_args {
     uint64_t heartbeat_ms;
     const char *metrics;
     const char *auth;             /* --auth FILE */
-    const char *token;            /* fetch: --token HEX */
+    const char *token;            /* --token HEX, as given */
+    kvx_token_t token_value;      /* ... parsed (when token is set) */
     const char *holds[HOLDS_MAX]; /* serve: each 'ID=G:IDS;...' */
     size_t num_holds;
     uint64_t consumers;  /* serve: per hold */
@@ -250,6 +251,8 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
     }
     if (a->layout == NULL)
         return cli_usage_error("LAYOUT is required", usage);
+    if (a->token != NULL && !cli_token_parse("--token", a->token, &a->token_value))
+        return EXIT_BAD_INPUT;
     return -1;
 }
 
@@ -392,8 +395,8 @@ static kvx_status_t serve_holds_take(kvx_agent_t *agent, const struct serve_hold
 
         if (status == KVX_OK && a->token == NULL)
             status = kvx_token_generate(&token);
-        else if (status == KVX_OK && !cli_token_parse("--token", a->token, &token))
-            status = KVX_ERR_INVALID; /* checked before serving: cannot happen */
+        else
+            token = a->token_value;
         if (status == KVX_OK)
             status = kvx_hold(agent, h->request_id, h->ids.groups, h->ids.num_groups,
                               (uint32_t)a->consumers, &token);
@@ -429,8 +432,6 @@ int command_serve(int argc, char **argv)
         return cli_usage_error("serve: needs --listen, takes no --peer, --blocks, --verify, "
                                "--json, --want or --wait-before-read",
                                usage_serve);
-    if (a.token != NULL && !cli_token_parse("--token", a.token, &(kvx_token_t){{0}}))
-        return EXIT_BAD_INPUT;
     /* Bad holds are bad input: found before any memory is allocated or port bound. */
     for (; num_holds < a.num_holds; num_holds++) {
         if (!serve_hold_parse(a.holds[num_holds], &holds[num_holds])) {
@@ -590,7 +591,6 @@ int command_fetch(int argc, char **argv)
     void **storages        = NULL;
     size_t num_storages    = 0;
     char verdict[256]      = "not verified";
-    kvx_token_t token      = {{0}};
     char error[512];
     kvx_request_t request;
     kvx_status_t status;
@@ -602,8 +602,6 @@ int command_fetch(int argc, char **argv)
     if (a.peers == NULL || a.blocks == NULL || a.listen != NULL || a.num_holds > 0)
         return cli_usage_error("fetch: needs --peer and --blocks, takes no --listen or --hold",
                                usage_fetch);
-    if (a.token != NULL && !cli_token_parse("--token", a.token, &token))
-        return EXIT_BAD_INPUT;
     if (!block_ids_parse("--blocks", a.blocks, &ids, error, sizeof(error)) ||
         (a.remote_blocks != NULL &&
          !block_ids_parse("--remote-blocks", a.remote_blocks, &rids, error, sizeof(error)))) {
@@ -634,7 +632,7 @@ int command_fetch(int argc, char **argv)
         p += len + (p[len] == ',');
     }
     request = (kvx_request_t){ids.groups, ids.num_groups, rids.groups, rids.num_groups,
-                              a.token != NULL ? &token : NULL};
+                              a.token != NULL ? &a.token_value : NULL};
     status  = fetch_want_and_wait(agent, peers, num_peers, &a, request.token);
     if (status == KVX_OK && a.push)
         status = kvx_write(agent, peers, num_peers, a.request_id, &request, &stats);

@@ -26,7 +26,7 @@ from ._kvx import (  # noqa: F401  (the error classes are part of the API)
 )
 
 __all__ = ["Layout", "Regions", "RegionInfo", "Agent", "Peer", "Transfer", "ReadStats", "Error",
-           "token_generate", "auth_key_load"]
+           "token_generate", "auth_key_load", "auth_key_generate"]
 
 RegionInfo = collections.namedtuple(
     "RegionInfo",
@@ -37,6 +37,7 @@ ReadStats = collections.namedtuple("ReadStats", "descriptors posted bytes second
 
 token_generate = _kvx.token_generate
 auth_key_load = _kvx.auth_key_load
+auth_key_generate = _kvx.auth_key_generate
 
 
 class Regions:
