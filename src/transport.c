@@ -3,6 +3,7 @@
  * messages with completion counting. Knows nothing of requests, leases or layouts. */
 #include "transport.h"
 
+#include "clock.h"
 #include "error.h"
 
 #include <ucp/api/ucp.h>
@@ -15,6 +16,10 @@
 #define TRANSPORT_AM_IDS 16
 /* Connections closed with operations pending, kept parked (transport_conn_destroy). */
 #define TRANSPORT_MAX_PARKED 16
+/* A closing connection's local operations get this long to finish (conn_settle), and
+ * progress calls that do nothing end the wait sooner. */
+#define TRANSPORT_SETTLE_SECONDS 1.0
+#define TRANSPORT_SETTLE_IDLE    64
 
 struct am_slot {
     transport_am_handler_t handler;
@@ -49,6 +54,7 @@ struct transport_conn {
     struct transport_op *ops;           /* every op record of this connection, released or not */
     struct transport_conn *next_parked; /* in t->parked */
     bool parked;
+    bool settling; /* closing (conn_settle): completions tell no owner */
 };
 
 static void conn_free(struct transport_conn *conn);
@@ -336,6 +342,33 @@ static void op_free(struct transport_op *op)
     free(op);
 }
 
+static bool conn_has_pending(const struct transport_conn *conn)
+{
+    for (const struct transport_op *op = conn->ops; op != NULL; op = op->next) {
+        if (op->completed < op->posted)
+            return true;
+    }
+    return false;
+}
+
+/* Lets a closing connection finish, before it returns, the operations that need nothing of
+ * the peer: UCX 1.22 queues CMA gets and puts in the transport and runs them in progress,
+ * and asserts when a worker is destroyed with that queue not empty. They are local copies, so
+ * they end in bounded time, even towards a stopped peer; what waits on the peer (TCP, active
+ * messages) makes no progress, and the loop ends after TRANSPORT_SETTLE_IDLE idle calls.
+ * Bytes landing before the close returns are the closed transfer's, as if they had come
+ * earlier. Owners are not told (conn->settling). */
+static void conn_settle(struct transport_conn *conn)
+{
+    double deadline = clock_seconds() + TRANSPORT_SETTLE_SECONDS;
+    unsigned idle   = 0;
+
+    conn->settling = true;
+    while (conn_has_pending(conn) && idle < TRANSPORT_SETTLE_IDLE && clock_seconds() < deadline)
+        idle = ucp_worker_progress(conn->worker) > 0 ? 0 : idle + 1;
+    conn->settling = false;
+}
+
 /* Destroys the worker, and with it the endpoint and whatever UCX still had pending. */
 static void conn_free(struct transport_conn *conn)
 {
@@ -350,15 +383,6 @@ static void conn_free(struct transport_conn *conn)
     free(conn);
 }
 
-static bool conn_has_pending(const struct transport_conn *conn)
-{
-    for (const struct transport_op *op = conn->ops; op != NULL; op = op->next) {
-        if (op->completed < op->posted)
-            return true;
-    }
-    return false;
-}
-
 void transport_conn_destroy(struct transport_conn *conn)
 {
     struct transport *t;
@@ -366,6 +390,7 @@ void transport_conn_destroy(struct transport_conn *conn)
     if (conn == NULL)
         return;
     t = conn->t;
+    conn_settle(conn);
     if (!conn_has_pending(conn)) {
         conn_free(conn);
         return;
@@ -428,7 +453,7 @@ static void op_check_finished(struct transport_op *op)
         return;
     if (op->released)
         op_free(op);
-    else if (op->armed && op->finished != NULL)
+    else if (op->armed && op->finished != NULL && !op->conn->settling)
         op->finished(op->arg, op);
 }
 
@@ -573,7 +598,8 @@ kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
 }
 
 /* Parses ucp_ep_print_info's lane lines, "lane[0]:  3:cma/memory.0 md[3] -> md[3]/cma/...
- * rma_bw#0 am", into "cma(rma_bw,am)": UCX 1.13 has no query for an endpoint's transports. */
+ * rma_bw#0 am" (1.22 adds "seg N" before the roles), into "cma(rma_bw,am)": UCX 1.13 has no
+ * query for an endpoint's transports. */
 void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size)
 {
     char *text   = NULL;
@@ -607,6 +633,10 @@ void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size
                 char *hash = strchr(w, '#');
                 size_t r   = strlen(roles);
 
+                if (strcmp(w, "seg") == 0) { /* UCX 1.22's "seg <segment id>": not a role */
+                    strtok_r(NULL, " ", &arrow);
+                    continue;
+                }
                 if (hash != NULL)
                     *hash = '\0';
                 snprintf(roles + r, sizeof(roles) - r, "%s%s", r > 0 ? "," : "", w);
