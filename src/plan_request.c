@@ -1,6 +1,6 @@
-/* plan_request.c: one request through a prepared plan: checks the whole request, sizes the
- * output once, then emits coalesced pairs per read rank. Work and memory follow the
- * request's blocks, never the table's size. */
+/* plan_request.c: one request through a prepared plan: checks the request's shape, sizes the
+ * output once, then emits coalesced pairs per read rank, checking each block id as it reads it.
+ * Work and memory follow the request's blocks, never the table's size. */
 #include "plan.h"
 
 #include "error.h"
@@ -113,9 +113,12 @@ static kvx_status_t request_id_out_of_range(const kvx_peer_plan_t *plan,
     return error_set(KVX_ERR_INTERNAL, "request: id %" PRIu64 " out of range in no region", id);
 }
 
-/* Checks group g of the request and adds the pairs it yields to each read's `need`. */
+/* Checks group g of the request and adds the pairs it yields to each read's `need`. With
+ * `check_ids` false the ids themselves are not read: the emission checks each id against the
+ * same limits as it reads it (emit_group_region), and a request it finds at fault comes back
+ * here with `check_ids` true, so the message is the one this order of checks gives. */
 static kvx_status_t request_group_check(const kvx_peer_plan_t *plan, const kvx_request_t *req,
-                                        size_t g, kvx_pairs_t *pairs)
+                                        size_t g, bool check_ids, kvx_pairs_t *pairs)
 {
     size_t gi                   = plan_group_index(plan, g);
     const struct group_plan *gp = &plan->groups[gi];
@@ -144,7 +147,7 @@ static kvx_status_t request_group_check(const kvx_peer_plan_t *plan, const kvx_r
     local_limit = gp->local_capacity;
     if (r == NULL && gp->remote_capacity / plan->bsr < local_limit)
         local_limit = gp->remote_capacity / plan->bsr;
-    for (size_t i = 0; i < l->count; i++) {
+    for (size_t i = 0; check_ids && i < l->count; i++) {
         uint64_t id = l->ids[i];
 
         if (id < local_limit)
@@ -153,7 +156,7 @@ static kvx_status_t request_group_check(const kvx_peer_plan_t *plan, const kvx_r
             return request_id_out_of_range(plan, gp, g, false, id);
         return request_id_out_of_range(plan, gp, g, true, id * plan->bsr + plan->bsr - 1);
     }
-    for (size_t i = 0; r != NULL && i < r->count; i++) {
+    for (size_t i = 0; check_ids && r != NULL && i < r->count; i++) {
         if (r->ids[i] >= gp->remote_capacity)
             return request_id_out_of_range(plan, gp, g, true, r->ids[i]);
     }
@@ -254,59 +257,232 @@ static void emit_block(const kvx_peer_plan_t *plan, kvx_pairs_t *pairs,
     }
 }
 
-/* The common case, one slice and bsr 1: one pair per block id, with the loop's state in
- * locals so the compiler keeps it in registers (the general path re-reads it per pair). */
-static void emit_single(const kvx_peer_plan_t *plan, const struct region_plan *rp,
-                        const uint64_t *local_ids, const uint64_t *remote_ids, size_t n,
-                        kvx_pairs_t *pairs)
+/* One region's single slice at bsr 1, as emit_single's loop reads it. */
+struct single_run {
+    uint64_t local_base;  /* bytes: region offset + slice offset, local side */
+    uint64_t remote_base; /* and remote side */
+    uint64_t local_stride;
+    uint64_t remote_stride;
+    uint64_t len;          /* bytes of one descriptor */
+    uint64_t room;         /* a run of `run` bytes may take one more id while run <= room */
+    uint64_t local_limit;  /* local ids must stay below this */
+    uint64_t remote_limit; /* and explicit remote ids below this */
+    uint32_t local_storage;
+    uint32_t remote_storage;
+};
+
+/* emit_single's loop over ids[i..n), continuing the pair *cur_p (not yet written) from `out`.
+ * Two phases take turns. While ids continue the pair being built, it grows in registers. Once
+ * one does not, the loop streams: it writes each id's pair at once and looks only at whether
+ * the next local offset continues the last one, which a scattered request almost never does;
+ * when one does, the last pair written goes back into registers and the id is looked at again
+ * by the first phase, which checks the remote side and the length limit too. With
+ * `has_remote` false the remote id is the local one, whose limit then covers both sides; with
+ * `has_limit` false runs have no length limit. Always inlined with constant flags, so each of
+ * the four loops carries only the state it needs. Returns the next free slot, or NULL at the
+ * first id over its limit. */
+static inline __attribute__((always_inline)) kvx_pair_t *
+emit_single_ids(const struct single_run *sr, const uint64_t *local_ids, const uint64_t *remote_ids,
+                size_t i, size_t n, const kvx_pair_t *cur_p, kvx_pair_t *out, const bool has_remote,
+                const bool has_limit)
 {
-    const struct slice *sl  = &plan->slices[rp->first_slice];
-    struct pair_list *list  = &pairs->reads[sl->read];
-    kvx_pair_t *out         = list->pairs;
-    size_t count            = list->count;
-    const uint64_t len      = sl->len;
-    const uint64_t max_len  = plan->max_pair_len;
-    const uint32_t lstorage = rp->local->storage;
-    const uint32_t rstorage = rp->remote->storage;
-    const uint64_t lbase    = rp->local->offset + sl->local_offset;
-    const uint64_t rbase    = rp->remote->offset + sl->remote_offset;
-    const uint64_t lstride  = rp->local->stride;
-    const uint64_t rstride  = rp->remote->stride;
+    const uint64_t lbase        = sr->local_base;
+    const uint64_t rbase        = sr->remote_base;
+    const uint64_t lstride      = sr->local_stride;
+    const uint64_t rstride      = sr->remote_stride;
+    const uint64_t len          = sr->len;
+    const uint64_t room         = sr->room;
+    const uint64_t local_limit  = sr->local_limit;
+    const uint64_t remote_limit = sr->remote_limit;
+    const uint32_t lstorage     = sr->local_storage;
+    const uint32_t rstorage     = sr->remote_storage;
+    uint64_t lo                 = cur_p->local_offset;
+    uint64_t ro                 = cur_p->remote_offset;
+    uint64_t run                = cur_p->len;
 
-    for (size_t i = 0; i < n; i++) {
-        uint64_t lo = lbase + local_ids[i] * lstride;
-        uint64_t ro = rbase + (remote_ids != NULL ? remote_ids[i] : local_ids[i]) * rstride;
+    while (i < n) {
+        uint64_t id  = local_ids[i];
+        uint64_t rid = has_remote ? remote_ids[i] : id;
+        uint64_t next_lo;
+        uint64_t next_ro;
 
-        if (count > 0) {
-            kvx_pair_t *last = &out[count - 1];
-
-            if (last->local_offset + last->len == lo && last->remote_offset + last->len == ro &&
-                last->local_storage == lstorage && last->remote_storage == rstorage &&
-                (max_len == 0 || last->len + len <= max_len)) {
-                last->len += len;
-                continue;
-            }
+        if (id >= local_limit || (has_remote && rid >= remote_limit))
+            return NULL;
+        next_lo = lbase + id * lstride;
+        next_ro = rbase + rid * rstride;
+        i++;
+        if (next_lo == lo + run && next_ro == ro + run && (!has_limit || run <= room)) {
+            run += len;
+            continue;
         }
-        out[count++] = (kvx_pair_t){lstorage, rstorage, lo, ro, len};
+        *out++ = (kvx_pair_t){lstorage, rstorage, lo, ro, run};
+        *out++ = (kvx_pair_t){lstorage, rstorage, next_lo, next_ro, len};
+        lo     = next_lo;
+        for (; i < n; i++) { /* out[-1] is the last pair, lo its local offset */
+            uint64_t end = lo + len;
+
+            id  = local_ids[i];
+            rid = has_remote ? remote_ids[i] : id;
+            if (id >= local_limit || (has_remote && rid >= remote_limit))
+                return NULL;
+            lo = lbase + id * lstride;
+            if (lo == end)
+                break;
+            *out++ = (kvx_pair_t){lstorage, rstorage, lo, rbase + rid * rstride, len};
+        }
+        out--; /* the last pair written is the one being built again */
+        lo  = out->local_offset;
+        ro  = out->remote_offset;
+        run = len;
     }
-    list->count = count;
-    pairs->stats.descriptors += n;
-    pairs->stats.bytes += n * len;
+    *out++ = (kvx_pair_t){lstorage, rstorage, lo, ro, run};
+    return out;
 }
 
-/* Emits every block of group g for region rp. */
-static void emit_group_region(const kvx_peer_plan_t *plan, const kvx_request_t *req, size_t g,
-                              const struct region_plan *rp, kvx_pairs_t *pairs)
+/* The common case, one slice and bsr 1: one pair per block id, and every id checked as it is
+ * read (local ids below local_limit, remote ones below remote_limit), so each id is read once
+ * per region. The pair being built stays in registers until an id fails to continue it; the
+ * general path re-reads the last written pair from memory for every id. On entry the list
+ * has room for n more pairs. Returns false at the first id over its limit, having written
+ * pairs but not counted them; the caller then fails the whole request. Kept out of line so
+ * that the general path's state does not crowd its loops out of registers. */
+static __attribute__((noinline)) bool
+emit_single(const kvx_peer_plan_t *plan, const struct region_plan *rp, const uint64_t *local_ids,
+            const uint64_t *remote_ids, size_t n, uint64_t local_limit, uint64_t remote_limit,
+            kvx_pairs_t *pairs)
+{
+    const struct slice *sl     = &plan->slices[rp->first_slice];
+    struct pair_list *list     = &pairs->reads[sl->read];
+    const uint64_t max_len     = plan->max_pair_len;
+    const struct single_run sr = {
+        .local_base    = rp->local->offset + sl->local_offset,
+        .remote_base   = rp->remote->offset + sl->remote_offset,
+        .local_stride  = rp->local->stride,
+        .remote_stride = rp->remote->stride,
+        .len           = sl->len,
+        /* run + len <= max_pair_len without overflow; never when one descriptor exceeds it */
+        .room           = max_len < sl->len ? 0 : max_len - sl->len,
+        .local_limit    = local_limit,
+        .remote_limit   = remote_limit,
+        .local_storage  = rp->local->storage,
+        .remote_storage = rp->remote->storage,
+    };
+    kvx_pair_t *out = list->pairs + list->count;
+    kvx_pair_t cur;
+    size_t i = 0;
+
+    if (n == 0)
+        return true;
+    if (list->count > 0 && out[-1].local_storage == sr.local_storage &&
+        out[-1].remote_storage == sr.remote_storage) {
+        cur = *--out; /* the list's last pair may continue: build on it */
+    } else {
+        uint64_t rid = remote_ids != NULL ? remote_ids[0] : local_ids[0];
+
+        if (local_ids[0] >= local_limit || rid >= remote_limit)
+            return false;
+        cur = (kvx_pair_t){sr.local_storage, sr.remote_storage,
+                           sr.local_base + local_ids[0] * sr.local_stride,
+                           sr.remote_base + rid * sr.remote_stride, sr.len};
+        i   = 1;
+    }
+    if (remote_ids == NULL)
+        out = max_len == 0 ? emit_single_ids(&sr, local_ids, NULL, i, n, &cur, out, false, false)
+                           : emit_single_ids(&sr, local_ids, NULL, i, n, &cur, out, false, true);
+    else
+        out = max_len == 0
+                  ? emit_single_ids(&sr, local_ids, remote_ids, i, n, &cur, out, true, false)
+                  : emit_single_ids(&sr, local_ids, remote_ids, i, n, &cur, out, true, true);
+    if (out == NULL)
+        return false;
+    list->count = (size_t)(out - list->pairs);
+    pairs->stats.descriptors += n;
+    pairs->stats.bytes += n * sr.len;
+    return true;
+}
+
+/* Emits every block of group g (group plan gp) for region rp, checking each id against the
+ * group's limits as request_group_check does. False at the first id over a limit. */
+static bool emit_group_region(const kvx_peer_plan_t *plan, const kvx_request_t *req, size_t g,
+                              const struct group_plan *gp, const struct region_plan *rp,
+                              kvx_pairs_t *pairs)
 {
     const kvx_group_ids_t *l = &req->local[g];
     const uint64_t *remote   = req->remote != NULL ? req->remote[g].ids : NULL;
+    const uint64_t bsr       = plan->bsr;
+    uint64_t local_limit     = gp->local_capacity;
+    uint64_t remote_limit    = gp->remote_capacity;
 
-    if (plan->bsr == 1 && rp->num_slices == 1) {
-        emit_single(plan, rp, l->ids, remote, l->count, pairs);
-        return;
+    /* By default local block b reads remote blocks b*bsr .. b*bsr + bsr - 1. */
+    if (remote == NULL && remote_limit / bsr < local_limit)
+        local_limit = remote_limit / bsr;
+    if (bsr == 1 && rp->num_slices == 1)
+        return emit_single(plan, rp, l->ids, remote, l->count, local_limit, remote_limit, pairs);
+    for (size_t i = 0; i < l->count; i++) {
+        const uint64_t *remote_ids = remote != NULL ? remote + i * bsr : NULL;
+
+        if (l->ids[i] >= local_limit)
+            return false;
+        for (uint64_t k = 0; remote_ids != NULL && k < bsr; k++) {
+            if (remote_ids[k] >= remote_limit)
+                return false;
+        }
+        emit_block(plan, pairs, rp, l->ids[i], remote_ids);
     }
-    for (size_t i = 0; i < l->count; i++)
-        emit_block(plan, pairs, rp, l->ids[i], remote != NULL ? remote + i * plan->bsr : NULL);
+    return true;
+}
+
+/* Emits the request's pairs in the order of regions.md "Descriptors". One distinct group:
+ * each region takes every group's ids, region by region. Several: group, then region, then
+ * block. False when an id is over its limit (see emit_group_region). */
+static bool request_emit(const kvx_peer_plan_t *plan, const kvx_request_t *req, kvx_pairs_t *pairs)
+{
+    if (plan->single_group) {
+        const struct group_plan *gp = &plan->groups[0];
+
+        for (uint32_t i = 0; i < gp->num_regions; i++) {
+            const struct region_plan *rp = &plan->regions[plan->group_regions[i]];
+
+            for (size_t g = 0; g < req->num_local_groups; g++) {
+                if (!emit_group_region(plan, req, g, gp, rp, pairs))
+                    return false;
+            }
+        }
+        return true;
+    }
+    for (size_t g = 0; g < req->num_local_groups; g++) {
+        const struct group_plan *gp = &plan->groups[plan_group_index(plan, g)];
+
+        for (uint32_t i = 0; i < gp->num_regions; i++) {
+            if (!emit_group_region(plan, req, g, gp,
+                                   &plan->regions[plan->group_regions[gp->first_region + i]],
+                                   pairs))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* The error of a request that failed after its shape was checked (an id over a limit, or a
+ * pair list that could not grow): the whole check in its own order, ids included, so the
+ * message names the first fault as it always has; `status` when the check finds none. Out of
+ * line: only failed requests come here. */
+static kvx_status_t __attribute__((noinline, cold))
+request_fail(const kvx_peer_plan_t *plan, const kvx_request_t *req, kvx_pairs_t *pairs,
+             kvx_status_t status)
+{
+    pairs->stats = (kvx_pairs_stats_t){0};
+    for (size_t j = 0; j < plan->num_reads; j++)
+        pairs->reads[j].need = 0;
+    for (size_t g = 0; g < req->num_local_groups; g++) {
+        kvx_status_t first = request_group_check(plan, req, g, true, pairs);
+
+        if (first != KVX_OK)
+            return first;
+    }
+    if (status != KVX_OK)
+        return status;
+    return error_set(KVX_ERR_INTERNAL, "request: an id failed emission but passed the check");
 }
 
 kvx_status_t kvx_peer_plan_request(const kvx_peer_plan_t *plan, const kvx_request_t *req,
@@ -330,39 +506,22 @@ kvx_status_t kvx_peer_plan_request(const kvx_peer_plan_t *plan, const kvx_reques
     status = pairs_reserve(pairs, plan);
     if (status != KVX_OK)
         return status;
+    /* The shape of every group (arrays, counts), and the room it needs; the ids are checked
+     * as they are emitted. */
     for (size_t g = 0; g < req->num_local_groups; g++) {
-        status = request_group_check(plan, req, g, pairs);
+        status = request_group_check(plan, req, g, false, pairs);
         if (status != KVX_OK)
-            return status;
+            return request_fail(plan, req, pairs, status);
     }
     for (size_t j = 0; j < plan->num_reads; j++) {
         status = pairs_grow(&pairs->reads[j]);
         if (status != KVX_OK)
-            return status;
+            return request_fail(plan, req, pairs, status);
         pairs->reads[j].count = 0;
         pairs->ranks[j]       = plan->read_ranks[j];
     }
-
-    /* One distinct group: each region takes every group's ids, region by region. Several:
-     * group, then region, then block (regions.md "Descriptors"). */
-    if (plan->single_group) {
-        const struct group_plan *gp = &plan->groups[0];
-
-        for (uint32_t i = 0; i < gp->num_regions; i++) {
-            const struct region_plan *rp = &plan->regions[plan->group_regions[i]];
-
-            for (size_t g = 0; g < req->num_local_groups; g++)
-                emit_group_region(plan, req, g, rp, pairs);
-        }
-    } else {
-        for (size_t g = 0; g < req->num_local_groups; g++) {
-            const struct group_plan *gp = &plan->groups[plan_group_index(plan, g)];
-
-            for (uint32_t i = 0; i < gp->num_regions; i++)
-                emit_group_region(plan, req, g,
-                                  &plan->regions[plan->group_regions[gp->first_region + i]], pairs);
-        }
-    }
+    if (!request_emit(plan, req, pairs))
+        return request_fail(plan, req, pairs, KVX_OK);
     pairs->num_reads = plan->num_reads;
     for (size_t j = 0; j < plan->num_reads; j++)
         pairs->stats.coalesced += pairs->reads[j].count;

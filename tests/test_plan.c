@@ -529,6 +529,13 @@ static const struct pairs_case coalesce_cases[] = {
      "0 1 2 5 6", NULL, "@0 a0<0/64 a64<64/64 a128<128/64 a320<320/64 a384<384/64", 0, NULL},
     {"descending ids do not merge", "whole_row", NULL, "", "1 0", NULL, "@0 a64<64/64 a0<0/64", 0,
      NULL},
+    /* 6, 3, 0 follow on nowhere; 1 and 2 continue 0: 3 x 64 = 192 at 0 */
+    {"a run after scattered ids still merges", "whole_row", NULL, "", "6 3 0 1 2 5", NULL,
+     "@0 a384<384/64 a192<192/64 a0<0/192 a320<320/64", 6, NULL},
+    /* local 0 1 2, 6 7 and 3 4 follow on; remote 0 1 and 4 5 do, 1 3 and 6 0 do not */
+    {"a run merges only as far as both sides follow on", "whole_row", NULL, "", "5 0 1 2 6 7 3 4",
+     "5 0 1 3 6 0 4 5", "@0 a320<320/64 a0<0/128 a128<192/64 a384<384/64 a448<0/64 a192<256/128", 8,
+     NULL},
     {"a repeated id does not merge with itself", "whole_row", NULL, "", "2 2", NULL,
      "@0 a128<128/64 a128<128/64", 0, NULL},
     /* a0 [0, 64) and b0 [64, 128) follow on on both sides */
