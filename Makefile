@@ -2,6 +2,14 @@
 # main job. Each first installs the Debian packages it needs (scripts/install-deps).
 BUILD ?= build
 CMAKE_FLAGS ?=
+# UCX=wheel builds against UCX 1.22 from PyPI's libucx wheel (scripts/install-deps
+# --ucx-wheel) instead of the system's; UCX=PREFIX against a UCX installed there.
+UCX ?= system
+ifeq ($(UCX),wheel)
+CMAKE_FLAGS += -DKVX_UCX_ROOT=$(shell scripts/install-deps --ucx-wheel)
+else ifneq ($(UCX),system)
+CMAKE_FLAGS += -DKVX_UCX_ROOT=$(UCX)
+endif
 
 .PHONY: all build test demo bench clean deps format
 

@@ -54,6 +54,10 @@ KVX_API const char *kvx_status_str(kvx_status_t status);
  * owned by kvx and valid until this thread's next failing call. */
 KVX_API const char *kvx_errmsg(void);
 
+/* The version of the UCX library loaded at run time ("1.22.0"): kvx builds against any from
+ * 1.13 up, and what UCX does differs by version (docs/performance.md). Any thread. */
+KVX_API const char *kvx_ucx_version(void);
+
 /* Frees memory that a kvx call returned through a `char **..._p` out-parameter. NULL-safe. */
 KVX_API void kvx_free(void *ptr);
 

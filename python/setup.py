@@ -1,6 +1,7 @@
 """Builds kvx._kvx from python/_kvx.c and the library's own sources (../src), so that
 `pip install ./python` needs no prior CMake build. The wire schema is compiled with protoc-c
-as the CMake build does; compile and link flags come from pkg-config."""
+as the CMake build does; compile and link flags come from pkg-config, and UCX's from
+KVX_UCX_ROOT when that names a UCX prefix (as CMake's -DKVX_UCX_ROOT)."""
 import os
 import pathlib
 import shlex
@@ -11,13 +12,23 @@ from setuptools.command.build_ext import build_ext
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-PACKAGES = ["libcjson", "libprotobuf-c", "libcrypto", "ucx", "libzmq"]
+UCX_ROOT = os.environ.get("KVX_UCX_ROOT")
+PACKAGES = ["libcjson", "libprotobuf-c", "libcrypto", "libzmq"] + ([] if UCX_ROOT else ["ucx"])
 
 
 def pkg_config(flag):
     out = subprocess.run(["pkg-config", flag, *PACKAGES], check=True, capture_output=True,
                          text=True).stdout
     return shlex.split(out)
+
+
+def ucx_flags(flag):
+    """A UCX prefix's flags, its lib/ in the extension's RPATH; nothing for pkg-config's."""
+    if not UCX_ROOT:
+        return []
+    if flag == "--cflags":
+        return ["-I%s/include" % UCX_ROOT]
+    return ["-L%s/lib" % UCX_ROOT, "-Wl,-rpath,%s/lib" % UCX_ROOT, "-lucp", "-luct", "-lucs"]
 
 
 class BuildWithProto(build_ext):
@@ -41,7 +52,7 @@ setup(
         "kvx._kvx", sources,
         include_dirs=[str(ROOT / "include"), str(ROOT / "src")],
         extra_compile_args=["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-fvisibility=hidden",
-                            *pkg_config("--cflags")],
-        extra_link_args=pkg_config("--libs") + ["-lm"])],
+                            *ucx_flags("--cflags"), *pkg_config("--cflags")],
+        extra_link_args=ucx_flags("--libs") + pkg_config("--libs") + ["-lm"])],
     cmdclass={"build_ext": BuildWithProto},
 )

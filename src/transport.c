@@ -124,6 +124,11 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
     return KVX_OK;
 }
 
+const char *kvx_ucx_version(void)
+{
+    return ucp_get_version_string();
+}
+
 void transport_destroy(struct transport *t)
 {
     if (t == NULL)

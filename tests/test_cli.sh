@@ -134,9 +134,9 @@ check "kvx help nosuch exits 2" status_and_one_error_line 2 "unknown command nos
 check "kvx --help says what demo does" \
   bash -c "'$kvx' --help | grep -A2 '^  demo' | grep -q 'verify every byte'"
 version=$(sed -n 's/^project(kvx VERSION \([0-9.]*\) .*/\1/p' "$src/CMakeLists.txt")
-check "kvx --version prints CMake's project version" \
-  bash -c "[[ -n '$version' && \$('$kvx' --version) == 'kvx $version' ]]"
-check "kvx version prints it too" bash -c "[[ \$('$kvx' version) == 'kvx $version' ]]"
+check "kvx --version prints CMake's project version and the UCX loaded" \
+  bash -c "[[ -n '$version' && \$('$kvx' --version) =~ ^'kvx $version (UCX '1\.[0-9]+\.[0-9]+')'$ ]]"
+check "kvx version prints it too" bash -c "[[ \$('$kvx' version) == \$('$kvx' --version) ]]"
 check "kvx plan prints a table with totals" \
   bash -c "'$kvx' plan '$src/layouts/examples/example7-capacities.json' | grep -q '^total: 2 regions, 5 descriptors'"
 check "kvx demo --tables registers every built-in model" \

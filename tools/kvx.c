@@ -499,7 +499,9 @@ static int command_help(int argc, char **argv)
     else if (strcmp(argv[0], "auth-key") == 0)
         return command_auth_key(1, help);
     else if (strcmp(argv[0], "version") == 0)
-        fputs("usage: kvx version (or kvx --version)\n\nPrints the version of kvx.\n", stdout);
+        fputs("usage: kvx version (or kvx --version)\n\nPrints the version of kvx and of the UCX "
+              "library it loaded.\n",
+              stdout);
     else {
         fprintf(stderr, "kvx: error: unknown command %s\n\n%s", argv[0], usage_main);
         return EXIT_BAD_INPUT;
@@ -514,7 +516,7 @@ int main(int argc, char **argv)
     if (cli_is_help(argv[1]) || strcmp(argv[1], "help") == 0)
         return command_help(argc - 2, argv + 2);
     if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
-        printf("kvx %s\n", KVX_VERSION_STRING); /* CMake's project version */
+        printf("kvx %s (UCX %s)\n", KVX_VERSION_STRING, kvx_ucx_version()); /* CMake's */
         return 0;
     }
     if (strcmp(argv[1], "plan") == 0)
