@@ -40,24 +40,24 @@ static kvx_status_t conn_transport_open(struct transport *t, struct conn *c)
 {
     kvx_metadata_info_t info;
     kvx_registration_info_t reg;
-    kvx_blob_t *keys;
+    struct transport_remote_mem *mems;
     kvx_status_t status;
 
     kvx_metadata_get_info(c->metadata, &info);
-    keys            = calloc(info.num_registrations + 1, sizeof(*keys));
+    mems            = calloc(info.num_registrations + 1, sizeof(*mems));
     c->remote_bases = calloc(info.num_registrations + 1, sizeof(*c->remote_bases));
-    if (keys == NULL || c->remote_bases == NULL) {
-        free(keys);
+    if (mems == NULL || c->remote_bases == NULL) {
+        free(mems);
         return error_no_memory("the peer's keys");
     }
     for (size_t s = 0; s < info.num_registrations; s++) {
         kvx_metadata_registration(c->metadata, s, &reg);
         c->remote_bases[s] = reg.base;
-        keys[s]            = reg.remote_key;
+        mems[s]            = (struct transport_remote_mem){reg.remote_key, reg.base, reg.size};
     }
     status = transport_conn_create(t, info.transport_address.data, info.transport_address.size,
-                                   keys, info.num_registrations, &c->transport);
-    free(keys);
+                                   mems, info.num_registrations, &c->transport);
+    free(mems);
     return status;
 }
 

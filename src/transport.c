@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Active-message ids a transport accepts handlers for; kvx uses a handful. */
 #define TRANSPORT_AM_IDS 16
@@ -50,7 +52,11 @@ struct transport_conn {
     ucp_worker_h worker;
     ucp_ep_h ep;
     ucp_rkey_h *rkeys; /* by the peer's storage index */
+    /* By the peer's storage index: where its memory is mapped into this process, minus its
+     * base in the peer's (so mapped[s] + remote address is local), or 0 where it is not. */
+    uintptr_t *mapped;
     size_t num_rkeys;
+    size_t num_mapped;
     struct transport_op *ops;           /* every op record of this connection, released or not */
     struct transport_conn *next_parked; /* in t->parked */
     bool parked;
@@ -275,8 +281,30 @@ kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t 
     return status;
 }
 
+/* Where UCX mapped a peer's storage into this process (ucp_rkey_ptr: shared memory the peer
+ * allocated through UCX), as an offset to add to the peer's addresses; 0 when it did not.
+ * The peer's metadata says how large the storage is, and a peer may lie: msync fails with
+ * ENOMEM unless every page of the range is mapped, so a copy from it can never fault. What
+ * else of this process a lying size could reach is only ever copied into our own blocks. */
+static uintptr_t mapped_offset(ucp_rkey_h rkey, uint64_t base, uint64_t size)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    void *first;
+    void *last;
+    uintptr_t start;
+
+    if (size == 0 || page <= 0 || ucp_rkey_ptr(rkey, base, &first) != UCS_OK ||
+        ucp_rkey_ptr(rkey, base + size - 1, &last) != UCS_OK ||
+        (uintptr_t)last - (uintptr_t)first != size - 1)
+        return 0;
+    start = (uintptr_t)first & ~((uintptr_t)page - 1);
+    if (msync((void *)start, (uintptr_t)last + 1 - start, MS_ASYNC) != 0)
+        return 0;
+    return (uintptr_t)first - (uintptr_t)base;
+}
+
 kvx_status_t transport_conn_create(struct transport *t, const void *address, size_t size,
-                                   const kvx_blob_t *rkeys, size_t num_rkeys,
+                                   const struct transport_remote_mem *mems, size_t num_mems,
                                    struct transport_conn **conn_p)
 {
     /* No peer-failure error mode: on UCX 1.13 it moves every operation onto TCP, ten to
@@ -291,18 +319,23 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
     kvx_status_t status;
     ucs_status_t st;
 
-    if (conn == NULL || (conn->rkeys = calloc(num_rkeys + 1, sizeof(*conn->rkeys))) == NULL) {
+    if (conn == NULL || (conn->rkeys = calloc(num_mems + 1, sizeof(*conn->rkeys))) == NULL ||
+        (conn->mapped = calloc(num_mems + 1, sizeof(*conn->mapped))) == NULL) {
+        if (conn != NULL)
+            free(conn->rkeys);
         free(conn);
         return error_no_memory("a connection");
     }
     conn->t = t;
     if (size == 0) {
+        free(conn->mapped);
         free(conn->rkeys);
         free(conn);
         return error_set(KVX_ERR_INVALID, "transport: empty worker address");
     }
     status = worker_create(t->context, &conn->worker);
     if (status != KVX_OK) {
+        free(conn->mapped);
         free(conn->rkeys);
         free(conn);
         return status;
@@ -313,15 +346,18 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
         transport_conn_destroy(conn);
         return ucs_error("connecting to the peer's worker", st);
     }
-    for (; conn->num_rkeys < num_rkeys; conn->num_rkeys++) {
-        const kvx_blob_t *key = &rkeys[conn->num_rkeys];
+    for (; conn->num_rkeys < num_mems; conn->num_rkeys++) {
+        const struct transport_remote_mem *mem = &mems[conn->num_rkeys];
+        ucp_rkey_h *rkey                       = &conn->rkeys[conn->num_rkeys];
 
-        st = key->size > 0 ? ucp_ep_rkey_unpack(conn->ep, key->data, &conn->rkeys[conn->num_rkeys])
-                           : UCS_ERR_INVALID_PARAM;
+        st = mem->rkey.size > 0 ? ucp_ep_rkey_unpack(conn->ep, mem->rkey.data, rkey)
+                                : UCS_ERR_INVALID_PARAM;
         if (st != UCS_OK) {
             transport_conn_destroy(conn);
             return ucs_error("unpacking a remote key", st);
         }
+        conn->mapped[conn->num_rkeys] = mapped_offset(*rkey, mem->base, mem->size);
+        conn->num_mapped += conn->mapped[conn->num_rkeys] != 0;
     }
     *conn_p = conn;
     return KVX_OK;
@@ -384,6 +420,7 @@ static void conn_free(struct transport_conn *conn)
     ucp_worker_destroy(conn->worker);
     while (conn->ops != NULL)
         op_free(conn->ops);
+    free(conn->mapped);
     free(conn->rkeys);
     free(conn);
 }
@@ -509,11 +546,19 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
                       (targets->mirrored ? p->remote_offset : p->local_offset);
         uint64_t remote =
             targets->remote_bases[rs] + (targets->mirrored ? p->local_offset : p->remote_offset);
-        ucp_rkey_h rkey     = conn->rkeys[rs];
-        ucs_status_ptr_t sp = put ? ucp_put_nbx(conn->ep, local, p->len, remote, rkey, &param)
-                                  : ucp_get_nbx(conn->ep, local, p->len, remote, rkey, &param);
-        kvx_status_t status = op_count(op, sp, put ? "posting a put" : "posting a get");
+        ucp_rkey_h rkey = conn->rkeys[rs];
+        ucs_status_ptr_t sp;
+        kvx_status_t status;
 
+        /* Reads from a storage mapped here are copies, done in place. Writes never are: a
+         * peer's mapping proves nothing about whose memory it is (docs/security.md). */
+        if (!put && conn->mapped[rs] != 0) {
+            memcpy(local, (const void *)(uintptr_t)(conn->mapped[rs] + remote), p->len);
+            continue;
+        }
+        sp     = put ? ucp_put_nbx(conn->ep, local, p->len, remote, rkey, &param)
+                     : ucp_get_nbx(conn->ep, local, p->len, remote, rkey, &param);
+        status = op_count(op, sp, put ? "posting a put" : "posting a get");
         if (status != KVX_OK)
             return status;
     }
@@ -654,4 +699,7 @@ void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size
             break;
     }
     free(text);
+    if (conn->num_mapped > 0 && used < size) /* reads of those bypass the lanes */
+        snprintf(buf + used, size - used, "%smemcpy(%zu of %zu storages mapped)",
+                 used > 0 ? " " : "", conn->num_mapped, conn->num_rkeys);
 }

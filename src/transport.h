@@ -35,11 +35,20 @@ kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *
                                      size_t *size_p);
 kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t *size_p);
 
-/* A connection to the worker whose packed address is `address`, with the peer's packed
- * remote keys (one per peer storage) unpacked on it. Creating one does not wait: UCX wires
- * the endpoint up as operations need it. */
+/* One storage of the peer: its packed remote key and where it is in the peer's process. */
+struct transport_remote_mem {
+    kvx_blob_t rkey;
+    uint64_t base;
+    uint64_t size;
+};
+
+/* A connection to the worker whose packed address is `address`, with the peer's storages'
+ * remote keys unpacked on it. A storage that UCX maps into this process (shared memory the
+ * peer allocated through UCX, on this host) is read with memcpy from that mapping, whatever
+ * protocol UCX would pick; transport_conn_describe reports it. Creating one does not wait:
+ * UCX wires the endpoint up as operations need it. */
 kvx_status_t transport_conn_create(struct transport *t, const void *address, size_t size,
-                                   const kvx_blob_t *rkeys, size_t num_rkeys,
+                                   const struct transport_remote_mem *mems, size_t num_mems,
                                    struct transport_conn **conn_p);
 
 /* Closes a connection at once and never waits. With nothing pending, its keys go, then its

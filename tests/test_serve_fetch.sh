@@ -77,6 +77,8 @@ for f in "$src"/layouts/examples/*.json; do
   blocks='0:0-1'
   grep -q '"group": 1' "$f" && blocks='0:0-1;1:1'
   check "pull $name, every byte verified" fetch_verified "$f" "$blocks"
+  check "pull $name: P's kvx-allocated storages are mapped here and copied" \
+    grep -qE 'memcpy\(([0-9]+) of \1 storages mapped\)$' "$tmp/fetch"
   check "pull $name into malloc'd storage" fetch_verified "$f" "$blocks" --malloc
   check "push $name, every byte verified" fetch_verified "$f" "$blocks" --push
   stop_server
@@ -88,7 +90,7 @@ sed 's/"num_blocks": 2048/"num_blocks": 64/; s/"size": 3297116160/"size": 103034
   "$src/layouts/models/deepseek-v4.1.json" >"$tmp/v41.json"
 serve "$tmp/v41.json" --malloc
 check "pull DeepSeek-V4.1-style slab, every group, verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3,5,60;2:7-9'
-check "fetch reports the transport UCX really uses for RMA" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' | grep -qE 'over .*\(([a-z_]+,)*rma_bw'"
+check "fetch reports the transport UCX really uses for RMA, and nothing mapped from malloc'd P" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' >'$tmp/lanes' && grep -qE 'over .*\(([a-z_]+,)*rma_bw' '$tmp/lanes' && ! grep -q memcpy '$tmp/lanes'"
 check "push DeepSeek-V4.1-style slab: P writes, every byte verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3,5,60;2:7-9' --push
 check "push into malloc'd storage, verified" fetch_verified "$tmp/v41.json" '0:40-47;1:0;2:63' --push --malloc
 # P filled with seed 42 (serve above); D verifies against 41: exit status 2, and the verdict

@@ -227,17 +227,17 @@ static uint64_t conn_open(void)
 {
     uint64_t address_size;
     uint64_t rkey_size;
-    uint64_t base  = 0;
-    void *address  = read_blob(left.from_target, &address_size);
-    void *rkey     = read_blob(left.from_target, &rkey_size);
-    bool got_base  = read_all(left.from_target, &base, sizeof(base));
-    kvx_blob_t key = {rkey, rkey_size};
+    uint64_t base                   = 0;
+    void *address                   = read_blob(left.from_target, &address_size);
+    void *rkey                      = read_blob(left.from_target, &rkey_size);
+    bool got_base                   = read_all(left.from_target, &base, sizeof(base));
+    struct transport_remote_mem mem = {{rkey, rkey_size}, base, STORAGE_SIZE};
     kvx_status_t status;
 
     assert_non_null(address);
     assert_non_null(rkey);
     assert_true(got_base);
-    status = transport_conn_create(left.t, address, address_size, &key, 1, &left.conn);
+    status = transport_conn_create(left.t, address, address_size, &mem, 1, &left.conn);
     free(address);
     free(rkey);
     assert_int_equal(status, KVX_OK);
