@@ -222,8 +222,9 @@ static void local_open(const char *tls)
     assert_int_equal(transport_mem_map(left.t, left.local, STORAGE_SIZE, &left.mem), KVX_OK);
 }
 
-/* Connects to the target with what it published; returns the target storage's base. */
-static uint64_t conn_open(void)
+/* Connects to the target with what it published, its storage claimed `size` bytes long;
+ * returns the target storage's base. */
+static uint64_t conn_open_claiming(uint64_t size)
 {
     uint64_t address_size;
     uint64_t rkey_size;
@@ -231,7 +232,7 @@ static uint64_t conn_open(void)
     void *address                   = read_blob(left.from_target, &address_size);
     void *rkey                      = read_blob(left.from_target, &rkey_size);
     bool got_base                   = read_all(left.from_target, &base, sizeof(base));
-    struct transport_remote_mem mem = {{rkey, rkey_size}, base, STORAGE_SIZE};
+    struct transport_remote_mem mem = {{rkey, rkey_size}, base, size};
     kvx_status_t status;
 
     assert_non_null(address);
@@ -242,6 +243,11 @@ static uint64_t conn_open(void)
     free(rkey);
     assert_int_equal(status, KVX_OK);
     return base;
+}
+
+static uint64_t conn_open(void)
+{
+    return conn_open_claiming(STORAGE_SIZE);
 }
 
 static void target_stop(void)
@@ -569,6 +575,30 @@ static void destroying_conn_after_peer_killed_frees_every_op_record(void **state
 }
 
 /* Bad input from a peer is an error, never a crash. */
+/* A target's UCX-allocated storage is mapped here and read with memcpy (the test above
+ * checks its bytes); one whose metadata claims more than UCX mapped is not, and reads of it go
+ * through UCX: a lying peer cannot make a copy fault. */
+static void mapped_storage_is_used_only_where_every_page_is_mapped(void **state)
+{
+    const struct target_params params = {NULL, true};
+    char lanes[256];
+
+    (void)state;
+    for (int lying = 0; lying < 2; lying++) {
+        target_start(&params);
+        local_open(NULL);
+        conn_open_claiming(lying ? (uint64_t)1 << 40 : STORAGE_SIZE);
+        transport_conn_describe(left.conn, lanes, sizeof(lanes));
+        if (lying)
+            assert_null(strstr(lanes, "memcpy"));
+        else
+            assert_non_null(strstr(lanes, "memcpy(1 of 1 storages mapped)"));
+        conn_close();
+        target_kill();
+        local_close();
+    }
+}
+
 static void empty_worker_address_is_refused(void **state)
 {
     struct transport_conn *conn = NULL;
@@ -590,6 +620,8 @@ int main(void)
         cmocka_unit_test_teardown(put_and_flush_towards_stopped_peer_over_tcp_end_within_deadline,
                                   leftovers_clean),
         cmocka_unit_test_teardown(destroying_conn_after_peer_killed_frees_every_op_record,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(mapped_storage_is_used_only_where_every_page_is_mapped,
                                   leftovers_clean),
         cmocka_unit_test_teardown(empty_worker_address_is_refused, leftovers_clean),
     };
