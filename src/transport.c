@@ -5,6 +5,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "prefault.h"
 
 #include <ucp/api/ucp.h>
 
@@ -57,6 +58,7 @@ struct transport_conn {
     uintptr_t *mapped;
     size_t num_rkeys;
     size_t num_mapped;
+    struct prefault *prefault;          /* of the mapped storages; stopped before their keys go */
     struct transport_op *ops;           /* every op record of this connection, released or not */
     struct transport_conn *next_parked; /* in t->parked */
     bool parked;
@@ -286,7 +288,8 @@ kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t 
  * The peer's metadata says how large the storage is, and a peer may lie: msync fails with
  * ENOMEM unless every page of the range is mapped, so a copy from it can never fault. What
  * else of this process a lying size could reach is only ever copied into our own blocks. */
-static uintptr_t mapped_offset(ucp_rkey_h rkey, uint64_t base, uint64_t size)
+static uintptr_t mapped_offset(ucp_rkey_h rkey, uint64_t base, uint64_t size,
+                               struct prefault_range *range)
 {
     long page = sysconf(_SC_PAGESIZE);
     void *first;
@@ -297,10 +300,58 @@ static uintptr_t mapped_offset(ucp_rkey_h rkey, uint64_t base, uint64_t size)
         ucp_rkey_ptr(rkey, base + size - 1, &last) != UCS_OK ||
         (uintptr_t)last - (uintptr_t)first != size - 1)
         return 0;
-    start = (uintptr_t)first & ~((uintptr_t)page - 1);
-    if (msync((void *)start, (uintptr_t)last + 1 - start, MS_ASYNC) != 0)
+    start  = (uintptr_t)first & ~((uintptr_t)page - 1);
+    *range = (struct prefault_range){start, (uintptr_t)last + 1 - start};
+    if (msync((void *)range->start, range->size, MS_ASYNC) != 0)
         return 0;
     return (uintptr_t)first - (uintptr_t)base;
+}
+
+/* A connection record with room for `num_mems` keys, not connected yet. */
+static struct transport_conn *conn_alloc(struct transport *t, size_t num_mems)
+{
+    struct transport_conn *conn = calloc(1, sizeof(*conn));
+
+    if (conn == NULL)
+        return NULL;
+    conn->t      = t;
+    conn->rkeys  = calloc(num_mems + 1, sizeof(*conn->rkeys));
+    conn->mapped = calloc(num_mems + 1, sizeof(*conn->mapped));
+    if (conn->rkeys == NULL || conn->mapped == NULL) {
+        free(conn->rkeys);
+        free(conn->mapped);
+        free(conn);
+        return NULL;
+    }
+    return conn;
+}
+
+/* Unpacks the peer's keys; notes the storages mapped here and starts populating them. */
+static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
+                                     const struct transport_remote_mem *mems, size_t num_mems)
+{
+    struct prefault_range *ranges = calloc(num_mems + 1, sizeof(*ranges)); /* optional */
+
+    for (; conn->num_rkeys < num_mems; conn->num_rkeys++) {
+        const struct transport_remote_mem *mem = &mems[conn->num_rkeys];
+        ucp_rkey_h *rkey                       = &conn->rkeys[conn->num_rkeys];
+        struct prefault_range range;
+        ucs_status_t st = mem->rkey.size > 0 ? ucp_ep_rkey_unpack(conn->ep, mem->rkey.data, rkey)
+                                             : UCS_ERR_INVALID_PARAM;
+
+        if (st != UCS_OK) {
+            free(ranges);
+            return ucs_error("unpacking a remote key", st);
+        }
+        conn->mapped[conn->num_rkeys] = mapped_offset(*rkey, mem->base, mem->size, &range);
+        if (conn->mapped[conn->num_rkeys] != 0 && ranges != NULL)
+            ranges[conn->num_mapped] = range;
+        conn->num_mapped += conn->mapped[conn->num_rkeys] != 0;
+    }
+    if (ranges != NULL)
+        conn->prefault = prefault_start(ranges, conn->num_mapped);
+    free(ranges);
+    return KVX_OK;
 }
 
 kvx_status_t transport_conn_create(struct transport *t, const void *address, size_t size,
@@ -315,24 +366,14 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
         .address    = address,
         .err_mode   = UCP_ERR_HANDLING_MODE_NONE,
     };
-    struct transport_conn *conn = calloc(1, sizeof(*conn));
+    struct transport_conn *conn;
     kvx_status_t status;
     ucs_status_t st;
 
-    if (conn == NULL || (conn->rkeys = calloc(num_mems + 1, sizeof(*conn->rkeys))) == NULL ||
-        (conn->mapped = calloc(num_mems + 1, sizeof(*conn->mapped))) == NULL) {
-        if (conn != NULL)
-            free(conn->rkeys);
-        free(conn);
-        return error_no_memory("a connection");
-    }
-    conn->t = t;
-    if (size == 0) {
-        free(conn->mapped);
-        free(conn->rkeys);
-        free(conn);
+    if (size == 0)
         return error_set(KVX_ERR_INVALID, "transport: empty worker address");
-    }
+    if ((conn = conn_alloc(t, num_mems)) == NULL)
+        return error_no_memory("a connection");
     status = worker_create(t->context, &conn->worker);
     if (status != KVX_OK) {
         free(conn->mapped);
@@ -346,18 +387,10 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
         transport_conn_destroy(conn);
         return ucs_error("connecting to the peer's worker", st);
     }
-    for (; conn->num_rkeys < num_mems; conn->num_rkeys++) {
-        const struct transport_remote_mem *mem = &mems[conn->num_rkeys];
-        ucp_rkey_h *rkey                       = &conn->rkeys[conn->num_rkeys];
-
-        st = mem->rkey.size > 0 ? ucp_ep_rkey_unpack(conn->ep, mem->rkey.data, rkey)
-                                : UCS_ERR_INVALID_PARAM;
-        if (st != UCS_OK) {
-            transport_conn_destroy(conn);
-            return ucs_error("unpacking a remote key", st);
-        }
-        conn->mapped[conn->num_rkeys] = mapped_offset(*rkey, mem->base, mem->size);
-        conn->num_mapped += conn->mapped[conn->num_rkeys] != 0;
+    status = conn_unpack_keys(conn, mems, num_mems);
+    if (status != KVX_OK) {
+        transport_conn_destroy(conn);
+        return status;
     }
     *conn_p = conn;
     return KVX_OK;
@@ -413,6 +446,7 @@ static void conn_settle(struct transport_conn *conn)
 /* Destroys the worker, and with it the endpoint and whatever UCX still had pending. */
 static void conn_free(struct transport_conn *conn)
 {
+    prefault_stop(conn->prefault); /* before the keys, which unmap what it populates */
     for (size_t s = 0; s < conn->num_rkeys; s++)
         ucp_rkey_destroy(conn->rkeys[s]); /* UCX's order: keys before their endpoint */
     for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
@@ -442,6 +476,8 @@ void transport_conn_destroy(struct transport_conn *conn)
      * prefill process that resumes would do. A parked worker is never progressed again, so
      * nothing it still receives reaches our memory; it goes when the transport does, or
      * when more than TRANSPORT_MAX_PARKED are parked (the oldest first). */
+    prefault_stop(conn->prefault); /* a parked connection is never read from again */
+    conn->prefault    = NULL;
     conn->next_parked = t->parked;
     conn->parked      = true;
     t->parked         = conn;

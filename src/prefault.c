@@ -1,0 +1,69 @@
+/* prefault.c: see prefault.h. Populating is only ever an optimisation: every failure leaves
+ * the pages to fault in on first touch, as they would without it. */
+#define _DEFAULT_SOURCE /* madvise and MADV_POPULATE_READ */
+#include "prefault.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* Bytes populated per madvise call: prefault_stop waits for at most one (a few ms). */
+#define PREFAULT_CHUNK ((size_t)64 << 20)
+
+struct prefault {
+    pthread_t thread;
+    atomic_bool stop;
+    size_t num_ranges;
+    struct prefault_range ranges[];
+};
+
+static void *prefault_run(void *arg)
+{
+    struct prefault *p = arg;
+
+#ifdef MADV_POPULATE_READ
+    for (size_t r = 0; r < p->num_ranges; r++) {
+        for (size_t done = 0; done < p->ranges[r].size; done += PREFAULT_CHUNK) {
+            size_t size = p->ranges[r].size - done;
+
+            if (atomic_load(&p->stop))
+                return NULL;
+            if (madvise((void *)(p->ranges[r].start + done),
+                        size < PREFAULT_CHUNK ? size : PREFAULT_CHUNK, MADV_POPULATE_READ) != 0)
+                return NULL; /* EINVAL on an older kernel, or the range changed: stop */
+        }
+    }
+#endif
+    return NULL;
+}
+
+struct prefault *prefault_start(const struct prefault_range *ranges, size_t num_ranges)
+{
+    struct prefault *p;
+
+#ifndef MADV_POPULATE_READ
+    return NULL;
+#endif
+    if (num_ranges == 0 || (p = malloc(sizeof(*p) + num_ranges * sizeof(*ranges))) == NULL)
+        return NULL;
+    atomic_init(&p->stop, false);
+    p->num_ranges = num_ranges;
+    memcpy(p->ranges, ranges, num_ranges * sizeof(*ranges));
+    if (pthread_create(&p->thread, NULL, prefault_run, p) != 0) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void prefault_stop(struct prefault *p)
+{
+    if (p == NULL)
+        return;
+    atomic_store(&p->stop, true);
+    pthread_join(p->thread, NULL);
+    free(p);
+}

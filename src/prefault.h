@@ -1,0 +1,26 @@
+/* prefault.h: fills in this process's page tables for memory a peer shares with it, on a
+ * thread of its own, so that the first copy from a freshly mapped peer storage runs at the
+ * speed of later ones instead of taking a page fault every 4 KiB. */
+#ifndef KVX_SRC_PREFAULT_H
+#define KVX_SRC_PREFAULT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct prefault;
+
+struct prefault_range {
+    uintptr_t start; /* page-aligned */
+    size_t size;     /* bytes */
+};
+
+/* Starts populating `ranges` (copied) for reading, in chunks, oldest range first. Returns
+ * NULL, and nothing runs, when there is nothing to do, the kernel cannot (Linux before 5.14
+ * has no MADV_POPULATE_READ), or no thread could be started: copies then fault as before. */
+struct prefault *prefault_start(const struct prefault_range *ranges, size_t num_ranges);
+
+/* Stops after the chunk in progress (at most PREFAULT_CHUNK bytes) and joins the thread: the
+ * ranges may be unmapped once this returns. NULL-safe. */
+void prefault_stop(struct prefault *p);
+
+#endif
