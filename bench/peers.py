@@ -7,7 +7,6 @@ inside one call (bench/peer_common.py has their contract). Every point moves eve
 of 2 x batch caller-allocated host blocks, verified. Only the standard library is used here:
 the peers' packages live in the interpreter given by --python. Normally run by peers.sh."""
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -126,19 +125,10 @@ def spread(values, digits):
 # --- kvx ---------------------------------------------------------------------------------
 
 def ucx_version_of(binary):
-    """The UCX version `binary` loads: its libucp (as ldd resolves it) asked directly;
-    `kvx --version` does not say, and ucx_info may belong to another UCX."""
-    rc, out, _ = run(["ldd", binary], 30)
-    for line in out.splitlines() if rc == 0 else []:
-        m = re.search(r"libucp\.so\S* => (\S+)", line)
-        if m:
-            try:
-                lib = ctypes.CDLL(m.group(1))
-                lib.ucp_get_version_string.restype = ctypes.c_char_p
-                return lib.ucp_get_version_string().decode()
-            except (OSError, AttributeError):
-                break
-    return "?"
+    """The UCX version `binary` loaded, as `kvx --version` prints it: "kvx 0.1.0 (UCX 1.22.0)"."""
+    rc, out, _ = run([binary, "--version"], 30)
+    m = re.search(r"\(UCX ([0-9.]+)\)", out) if rc == 0 else None
+    return m.group(1) if m else "?"
 
 
 def kvx_points(args, tset, op, push, ucx):
