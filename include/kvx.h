@@ -659,7 +659,8 @@ typedef struct kvx_agent_stats {
     uint64_t transfers;            /* completed */
     uint64_t transfers_failed;     /* failed, cancelled or past their deadline */
     uint64_t bytes;                /* of completed transfers */
-    uint64_t notifications_failed; /* done notifications that could not be sent */
+    uint64_t notifications_failed; /* done notifications that could not be sent (the read
+                                      still succeeded; the peer's hold ends at its lease) */
     uint64_t heartbeats_sent;
     uint64_t heartbeats_missed;           /* heartbeats a peer did not answer in time */
     uint64_t peers_dead;                  /* declared dead: transport error, silence or restart */

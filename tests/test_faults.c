@@ -257,6 +257,7 @@ static struct prefill_config {
     const char *transports; /* NULL: kvx's default */
     uint64_t hold[2];       /* requests held from the start for one consumer each; 0: none */
     bool spare;             /* waits for a byte on `go` before it creates its agent */
+    bool kvx_storage;       /* kvx allocates its storage (mapped by a same-host peer) */
     const char *listen;     /* NULL: a free port */
 } config;
 
@@ -274,16 +275,22 @@ static int run_prefill(int ready, int go)
     alarm(60);
     if (config.spare && (poll(&started, 1, -1) != 1 || read(go, &c, 1) != 1))
         return 9;
-    storage = pattern_storage(config.page * config.blocks);
+    storage = config.kvx_storage ? NULL : pattern_storage(config.page * config.blocks);
     if (config.listen != NULL)
         params.listen = config.listen;
     if (config.transports != NULL) {
         params.field_mask |= KVX_AGENT_PARAM_FIELD_TRANSPORTS;
         params.transports = config.transports;
     }
-    if (storage == NULL ||
+    if ((storage == NULL && !config.kvx_storage) ||
         agent_on_blocks(config.page, config.blocks, storage, params, &agent) != KVX_OK)
         return 10;
+    if (config.kvx_storage) {
+        uint64_t *words = kvx_agent_storage(agent, 0, NULL);
+
+        for (uint64_t i = 0; i < config.page * config.blocks / sizeof(*words); i++)
+            words[i] = pattern_word(i);
+    }
     kvx_token_t tokens[2] = {{{0}}};
 
     for (size_t i = 0; i < 2; i++) {
@@ -1526,6 +1533,43 @@ static void soak_releases_or_expires_every_hold(void **state)
     assert_int_equal(d_stats.peers_dead, 0);
 }
 
+/* Issue 13: a read whose done cannot be queued still succeeds, and is counted. The prefill
+ * process is stopped, so it reads no side channel and the dones pile up until PEER_SEND_HWM
+ * wait; its storage is kvx-allocated, mapped here and copied, so the reads need nothing of
+ * it. Before, the read failed ("notifying peer ...: Resource temporarily unavailable"), which
+ * a fast decode process met with a prefill process that was merely slower. */
+static void reads_succeed_when_their_done_cannot_be_queued(void **state)
+{
+    kvx_agent_params_t params = {.field_mask   = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
+                                 .heartbeat_ms = 600000}; /* P stays alive to us meanwhile */
+    uint64_t ids[]            = {2, 7};
+    kvx_agent_stats_t stats   = {0};
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    uint64_t request_id = 1;
+
+    (void)state;
+    peer = prefill_connect((struct prefill_config){.kvx_storage = true}, &p, params, &agent);
+    read_verified(agent, peer, request_id, ids, 2);
+    prefill_stop(&p);
+    /* the dones fill the socket buffers first, then ZeroMQ's queue */
+    while (stats.notifications_failed == 0 && request_id < 1000000) {
+        read_verified(agent, peer, ++request_id, ids, 2);
+        kvx_agent_stats(agent, &stats, sizeof(stats));
+    }
+    print_message("reads before a done could not be queued: %llu\n",
+                  (unsigned long long)request_id);
+    assert_true(stats.notifications_failed > 0);
+    assert_int_equal(stats.transfers_failed, 0);
+    assert_int_equal(stats.transfers, request_id);
+    prefill_continue(&p);
+    read_verified(agent, peer, ++request_id, ids, 2);
+    peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -1547,6 +1591,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(stuck_push_never_blocks_other_decode_processes, leftovers_clean),
         cmocka_unit_test_teardown(push_beyond_capacity_is_refused_before_any_put, leftovers_clean),
         cmocka_unit_test_teardown(soak_releases_or_expires_every_hold, leftovers_clean),
+        cmocka_unit_test_teardown(reads_succeed_when_their_done_cannot_be_queued, leftovers_clean),
     };
 
     if (argc > 1)
