@@ -218,6 +218,12 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
 
 /* The sweep's layout: per block size i, storage "bench.i" holding 2 x batch blocks and view
  * "layers.i.bench" over all of it in group i, so a request names one size by its group. */
+/* The UCX_TLS list P's push writers use: the option's, else the agent's default. */
+static const char *bench_push_transports(const struct bench_args *a)
+{
+    return a->push_transports != NULL ? a->push_transports : "tcp";
+}
+
 static kvx_status_t sweep_layout_create(const struct bench_args *a, kvx_layout_t **layout_p)
 {
     kvx_layout_t *layout;
@@ -483,6 +489,8 @@ void bench_point_print(const struct bench_client *c, const struct bench_samples 
                "\"idle_prefill\": %s, ",
                a->push ? "push" : "pull", a->use_malloc ? "malloc" : "kvx",
                kvx_peer_transports(c->peer), a->idle_prefill ? "true" : "false");
+        if (a->push) /* what carries a push: P's writers, not D's own lanes above */
+            printf("\"push_transports\": \"%s\", ", bench_push_transports(a));
         if (workload != NULL)
             printf("\"workload\": \"%s\", \"tokens\": %" PRIu64 ", \"blocks\": %" PRIu64 ", ",
                    workload, size, blocks);
@@ -530,9 +538,14 @@ void bench_header_print(const struct bench_client *c, const char *what, int warm
 
     if (a->json)
         return;
-    printf("kvx bench: %s, %s storages on both sides, over %s\n", a->push ? "push" : "pull",
-           a->use_malloc ? "malloc'd (engine-style)" : "kvx-allocated (UCX)",
-           kvx_peer_transports(c->peer));
+    if (a->push)
+        printf("kvx bench: push, %s storages on both sides, P's writers over UCX_TLS=%s\n",
+               a->use_malloc ? "malloc'd (engine-style)" : "kvx-allocated (UCX)",
+               bench_push_transports(a));
+    else
+        printf("kvx bench: pull, %s storages on both sides, over %s\n",
+               a->use_malloc ? "malloc'd (engine-style)" : "kvx-allocated (UCX)",
+               kvx_peer_transports(c->peer));
     printf("%s; %" PRIu64 " timed transfers per point after %d warm-ups; P %s\n", what, a->iters,
            warmups, a->idle_prefill ? "polls in 5 ms steps (--idle-prefill)" : "spins on progress");
     printf("%s %9s %10s %7s %9s %8s %9s %9s %8s %9s %9s\n",
