@@ -1134,12 +1134,20 @@ static PyObject *mod_auth_key_generate(PyObject *module, PyObject *unused)
     return PyBytes_FromStringAndSize((const char *)key, sizeof(key));
 }
 
+static PyObject *mod_ucx_version(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyUnicode_FromString(kvx_ucx_version());
+}
+
 static PyMethodDef module_methods[] = {
     {"layout_load", mod_layout_load, METH_O, "a layout file"},
     {"layout_from_json", mod_layout_from_json, METH_O, "a layout from JSON text or bytes"},
     {"token_generate", mod_token_generate, METH_NOARGS, "a new random hold token"},
     {"auth_key_load", mod_auth_key_load, METH_O, "the secret of a key file"},
     {"auth_key_generate", mod_auth_key_generate, METH_NOARGS, "a new random secret"},
+    {"ucx_version", mod_ucx_version, METH_NOARGS, "the version of the UCX library loaded"},
     {NULL, NULL, 0, NULL},
 };
 

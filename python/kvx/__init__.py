@@ -26,7 +26,7 @@ from ._kvx import (  # noqa: F401  (the error classes are part of the API)
 )
 
 __all__ = ["Layout", "Regions", "RegionInfo", "Agent", "Peer", "Transfer", "ReadStats", "Error",
-           "token_generate", "auth_key_load", "auth_key_generate"]
+           "token_generate", "auth_key_load", "auth_key_generate", "ucx_version"]
 
 RegionInfo = collections.namedtuple(
     "RegionInfo",
@@ -36,6 +36,7 @@ RegionInfo = collections.namedtuple(
 ReadStats = collections.namedtuple("ReadStats", "descriptors posted bytes seconds")
 
 token_generate = _kvx.token_generate
+ucx_version = _kvx.ucx_version  # "1.22.0": what UCX does differs by version (docs/performance.md)
 auth_key_load = _kvx.auth_key_load
 auth_key_generate = _kvx.auth_key_generate
 

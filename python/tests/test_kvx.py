@@ -114,6 +114,11 @@ def test_region_tables_equal_kvx_plan_json():
         assert kvx.Layout.load(path).regions().to_json() == plan.stdout, path
 
 
+def test_ucx_version_is_the_one_kvx_loaded():
+    version = subprocess.run([str(KVX), "--version"], capture_output=True, text=True).stdout
+    assert version.endswith("(UCX %s)\n" % kvx.ucx_version()), version
+
+
 def test_regions_iterate_with_named_fields():
     regions = kvx.Layout.from_dict(SMALL).regions()
     assert len(regions) == 1
