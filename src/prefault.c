@@ -44,9 +44,6 @@ struct prefault *prefault_start(const struct prefault_range *ranges, size_t num_
 {
     struct prefault *p;
 
-#ifndef MADV_POPULATE_READ
-    return NULL;
-#endif
     if (num_ranges == 0 || (p = malloc(sizeof(*p) + num_ranges * sizeof(*ranges))) == NULL)
         return NULL;
     atomic_init(&p->stop, false);

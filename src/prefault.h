@@ -14,9 +14,10 @@ struct prefault_range {
     size_t size;     /* bytes */
 };
 
-/* Starts populating `ranges` (copied) for reading, in chunks, oldest range first. Returns
- * NULL, and nothing runs, when there is nothing to do, the kernel cannot (Linux before 5.14
- * has no MADV_POPULATE_READ), or no thread could be started: copies then fault as before. */
+/* Starts populating `ranges` (copied) for reading, in chunks, first range first. Returns
+ * NULL, and nothing runs, when there is nothing to do or no thread could be started; on a
+ * kernel that cannot (Linux before 5.14 has no MADV_POPULATE_READ) the thread ends at its
+ * first call. Copies then fault as before. */
 struct prefault *prefault_start(const struct prefault_range *ranges, size_t num_ranges);
 
 /* Stops after the chunk in progress (at most PREFAULT_CHUNK bytes) and joins the thread: the
