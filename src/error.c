@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Long enough for a path, two names of KVX_MAX_NAME_LEN and a few numbers. */
 #define ERROR_MSG_MAX 1024
@@ -13,11 +14,13 @@ static _Thread_local char error_msg[ERROR_MSG_MAX];
 
 kvx_status_t error_set(kvx_status_t status, const char *fmt, ...)
 {
+    char text[ERROR_MSG_MAX]; /* the arguments may include kvx_errmsg() itself: a prefix */
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(error_msg, sizeof(error_msg), fmt, ap);
+    vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
+    memcpy(error_msg, text, sizeof(error_msg));
     return status;
 }
 

@@ -1,6 +1,7 @@
 /* test_layout.c: every validation rule of regions.md "View fields" and formats.md, through
  * layout files and through the API: each failure names the path, field and value, and
  * nothing is registered or changed. */
+#include "error.h"
 #include "layouts.h"
 
 #include <setjmp.h>
@@ -232,6 +233,17 @@ static void exact_integers_up_to_2_53_are_read(void **state)
 
 /* The API checks what JSON cannot express (values above 2^63, sums that overflow) and leaves
  * the layout as it was on every failure. */
+/* A message may prefix the one before it (error_set's arguments include kvx_errmsg()): the
+ * result is the prefix and the old message, not the new text overwriting its own source. */
+static void an_error_can_prefix_the_one_before_it(void **state)
+{
+    (void)state;
+    error_set(KVX_ERR_INVALID, "inner reason %d", 42);
+    assert_int_equal(error_set(KVX_ERR_IO, "peer %s: %s", "127.0.0.1:7000", kvx_errmsg()),
+                     KVX_ERR_IO);
+    assert_string_equal(kvx_errmsg(), "peer 127.0.0.1:7000: inner reason 42");
+}
+
 static void api_failures_change_nothing(void **state)
 {
     kvx_storage_params_t storage = {.name = "kv", .size = 4096};
@@ -505,6 +517,7 @@ int main(void)
         cmocka_unit_test(good_layout_takes_defaults),
         cmocka_unit_test(exact_integers_up_to_2_53_are_read),
         cmocka_unit_test(api_failures_change_nothing),
+        cmocka_unit_test(an_error_can_prefix_the_one_before_it),
         cmocka_unit_test(unknown_param_bits_are_rejected),
         cmocka_unit_test(missing_file_is_an_io_error),
         cmocka_unit_test(non_regular_files_fail_without_blocking),
