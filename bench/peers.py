@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from peer_common import capped, ints  # the drivers' own cap and list parsing (numpy optional)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PUSH = "tcp"  # kvx bench's own --push-transports default (docs/security.md)
 MOONCAKE_SET = "tcp"  # Mooncake has no transport here but TCP, so it runs in this set only
@@ -26,10 +28,6 @@ PEERS = ("kvx", "nixl", "mooncake")
 
 def log(*words):
     print("peers:", *words, file=sys.stderr, flush=True)
-
-
-def ints(text):
-    return [int(x) for x in text.split(",") if x]
 
 
 def parse_args(argv=None):
@@ -68,11 +66,6 @@ def nominal_iters(block, args):
         return args.iters
     n = 200 if block <= 65536 else 100 if block <= 1 << 20 else 30
     return max(3, n // 4) if args.quick else n
-
-
-def capped(n, point_bytes, max_bytes):
-    """The drivers' cap (peer_common.capped): no more than max_bytes a repeat, at least 3."""
-    return min(n, max(3, max_bytes // point_bytes))
 
 
 def groups(items, key):
@@ -137,7 +130,7 @@ def kvx_points(args, tset, op, push, ucx):
     count. Yields dicts in the drivers' shape, or point error lines."""
     for batch in args.batches:
         def iters_of(block):
-            return capped(nominal_iters(block, args), block * batch, args.max_bytes_per_run)
+            return capped(nominal_iters(block, args), block * batch, args.max_bytes_per_run, 3)
         for iters, blocks in groups(args.blocks, iters_of):
             cmd = [args.kvx, "bench", "--malloc", "--json", "--mode", MODE[op],
                    "--block-sizes", ",".join(map(str, blocks)), "--batch", str(batch),

@@ -344,6 +344,15 @@ static uintptr_t mapped_offset(ucp_rkey_h rkey, uint64_t base, uint64_t size,
     return (uintptr_t)first - (uintptr_t)base;
 }
 
+/* Frees a connection's record and arrays: all that is left once its worker is gone, or
+ * before it had one. */
+static void conn_unalloc(struct transport_conn *conn)
+{
+    free(conn->rkeys);
+    free(conn->mapped);
+    free(conn);
+}
+
 /* A connection record with room for `num_mems` keys, not connected yet. */
 static struct transport_conn *conn_alloc(struct transport *t, size_t num_mems)
 {
@@ -355,9 +364,7 @@ static struct transport_conn *conn_alloc(struct transport *t, size_t num_mems)
     conn->rkeys  = calloc(num_mems + 1, sizeof(*conn->rkeys));
     conn->mapped = calloc(num_mems + 1, sizeof(*conn->mapped));
     if (conn->rkeys == NULL || conn->mapped == NULL) {
-        free(conn->rkeys);
-        free(conn->mapped);
-        free(conn);
+        conn_unalloc(conn);
         return NULL;
     }
     return conn;
@@ -413,9 +420,7 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
         return error_no_memory("a connection");
     status = worker_create(t->context, &conn->worker);
     if (status != KVX_OK) {
-        free(conn->mapped);
-        free(conn->rkeys);
-        free(conn);
+        conn_unalloc(conn);
         return status;
     }
     st = ucp_ep_create(conn->worker, &params, &conn->ep);
@@ -491,9 +496,7 @@ static void conn_free(struct transport_conn *conn)
     ucp_worker_destroy(conn->worker);
     while (conn->ops != NULL)
         op_free(conn->ops);
-    free(conn->mapped);
-    free(conn->rkeys);
-    free(conn);
+    conn_unalloc(conn);
 }
 
 void transport_conn_destroy(struct transport_conn *conn)
