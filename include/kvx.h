@@ -196,6 +196,14 @@ KVX_API size_t kvx_layout_num_views(const kvx_layout_t *layout);
 /* Bytes of storage `index`; 0 past the last storage. */
 KVX_API uint64_t kvx_layout_storage_size(const kvx_layout_t *layout, size_t index);
 
+/* The memory kind and device of storage `index` (KVX_MEM_DRAM past the last one), and a way
+ * to change them: a program that serves a layout written for GPUs from host memory says so
+ * (kvx serve --memory host). Memory kinds are not part of the compatibility hash: a host
+ * storage may be read into a GPU one. */
+KVX_API kvx_mem_type_t kvx_layout_storage_mem(const kvx_layout_t *layout, size_t index);
+KVX_API kvx_status_t kvx_layout_set_storage_mem(kvx_layout_t *layout, size_t index,
+                                                kvx_mem_type_t mem, int64_t device);
+
 /* Fixed names for enums, as spelled in layout files ("swa_mla", "vram"); NULL if unknown. */
 KVX_API const char *kvx_view_kind_str(kvx_view_kind_t kind);
 KVX_API const char *kvx_mem_type_str(kvx_mem_type_t mem);

@@ -8,6 +8,7 @@
 #include "clock.h"
 #include "error.h"
 #include "gate.h"
+#include "gpu.h"
 #include "hold.h"
 #include "notify.h"
 #include "peer.h"
@@ -55,6 +56,8 @@
 struct kvx_agent {
     struct core core;
     struct transport_mem **mems; /* by storage */
+    struct gpu **gpus;           /* by storage: its device, for "vram" storages; else NULL */
+    void **gpu_owned;            /* by storage: device memory kvx allocated for it, or NULL */
     char *transports;
     char *engine_id;
     void *metadata; /* this agent's packed metadata, served to peers */
@@ -152,7 +155,32 @@ static uint64_t agent_instance(void)
     return instance != 0 ? instance : 1;
 }
 
-/* Maps each storage: the caller's memory, or memory UCX allocates. */
+/* Maps "vram" storage `s` of `size` bytes on its device: the engine's device memory, checked
+ * to be that device's, or device memory kvx allocates. Without CUDA in the build, the driver
+ * or the device, the error names what is missing: never host memory in its place. */
+static kvx_status_t agent_gpu_storage_map(kvx_agent_t *agent, size_t s, void *given, size_t size)
+{
+    const kvx_regions_t *regions = agent->core.regions;
+    kvx_status_t status          = gpu_open(regions->storage_devices[s], &agent->gpus[s]);
+    void *base                   = given;
+
+    if (status == KVX_OK && given != NULL)
+        status = gpu_check_device_memory(agent->gpus[s], given, size);
+    if (status == KVX_OK && given == NULL)
+        status = gpu_alloc(agent->gpus[s], size, &agent->gpu_owned[s]);
+    if (status == KVX_OK && given == NULL)
+        base = agent->gpu_owned[s];
+    if (status == KVX_OK)
+        status = transport_mem_map_gpu(agent->core.transport, base, size, &agent->mems[s]);
+    if (status != KVX_OK)
+        return error_set(status, "storage %s (\"mem\": \"vram\", device %lld): %s",
+                         regions->storage_names[s], (long long)regions->storage_devices[s],
+                         kvx_errmsg());
+    return KVX_OK;
+}
+
+/* Maps each storage: the caller's memory, or memory UCX allocates (device memory for "vram"
+ * storages). */
 static kvx_status_t agent_storages_map(kvx_agent_t *agent, const kvx_agent_params_t *params)
 {
     bool given = params != NULL && (params->field_mask & KVX_AGENT_PARAM_FIELD_STORAGE_BASES);
@@ -162,15 +190,23 @@ static kvx_status_t agent_storages_map(kvx_agent_t *agent, const kvx_agent_param
     agent->core.num_storages = kvx_regions_num_storages(agent->core.regions);
     agent->mems              = calloc(agent->core.num_storages, sizeof(*agent->mems));
     agent->core.bases        = calloc(agent->core.num_storages, sizeof(*agent->core.bases));
-    if (agent->mems == NULL || agent->core.bases == NULL)
+    agent->gpus              = calloc(agent->core.num_storages, sizeof(*agent->gpus));
+    agent->gpu_owned         = calloc(agent->core.num_storages, sizeof(*agent->gpu_owned));
+    if (agent->mems == NULL || agent->core.bases == NULL || agent->gpus == NULL ||
+        agent->gpu_owned == NULL)
         return error_no_memory("the agent's storages");
     for (size_t s = 0; s < agent->core.num_storages; s++) {
         size = agent->core.regions->storage_sizes[s];
         if (size > SIZE_MAX)
             return error_set(KVX_ERR_INVALID, "storage %s: too large for this host",
                              agent->core.regions->storage_names[s]);
-        status = transport_mem_map(agent->core.transport, given ? params->storage_bases[s] : NULL,
-                                   (size_t)size, &agent->mems[s]);
+        if (agent->core.regions->storage_mems[s] == KVX_MEM_VRAM)
+            status = agent_gpu_storage_map(agent, s, given ? params->storage_bases[s] : NULL,
+                                           (size_t)size);
+        else
+            status =
+                transport_mem_map(agent->core.transport, given ? params->storage_bases[s] : NULL,
+                                  (size_t)size, &agent->mems[s]);
         if (status != KVX_OK)
             return status;
         agent->core.bases[s] = transport_mem_address(agent->mems[s]);
@@ -365,6 +401,13 @@ static void agent_free(kvx_agent_t *agent)
     for (size_t s = 0; agent->mems != NULL && s < core->num_storages; s++)
         transport_mem_unmap(core->transport, agent->mems[s]);
     transport_destroy(core->transport);
+    for (size_t s = 0; agent->gpus != NULL && s < core->num_storages; s++) {
+        if (agent->gpus[s] != NULL && agent->gpu_owned != NULL)
+            gpu_free(agent->gpus[s], agent->gpu_owned[s]);
+        gpu_close(agent->gpus[s]);
+    }
+    free(agent->gpus);
+    free(agent->gpu_owned);
     hold_table_free(&agent->holds);
     kvx_regions_destroy(core->regions);
     loop_fini(&core->loop);

@@ -198,6 +198,28 @@ static kvx_status_t check_name(const char *what, size_t index, const char *name)
     return unprintable_fail(field, name, len, bad, why);
 }
 
+kvx_mem_type_t kvx_layout_storage_mem(const kvx_layout_t *layout, size_t index)
+{
+    return layout != NULL && index < layout->num_storages ? layout->storages[index].mem
+                                                          : KVX_MEM_DRAM;
+}
+
+kvx_status_t kvx_layout_set_storage_mem(kvx_layout_t *layout, size_t index, kvx_mem_type_t mem,
+                                        int64_t device)
+{
+    if (layout == NULL || index >= layout->num_storages)
+        return error_set(KVX_ERR_INVALID, "set storage memory: no storage %zu", index);
+    if (kvx_mem_type_str(mem) == NULL)
+        return error_set(KVX_ERR_INVALID, "storages[%zu].mem: %d is not a memory type", index,
+                         (int)mem);
+    if (device < 0)
+        return error_set(KVX_ERR_INVALID, "storages[%zu].device: %" PRId64 " is negative", index,
+                         device);
+    layout->storages[index].mem    = mem;
+    layout->storages[index].device = device;
+    return KVX_OK;
+}
+
 kvx_status_t kvx_layout_add_storage(kvx_layout_t *layout, const kvx_storage_params_t *params)
 {
     const uint64_t known = KVX_STORAGE_PARAM_FIELD_MEM | KVX_STORAGE_PARAM_FIELD_DEVICE;

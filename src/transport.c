@@ -236,15 +236,17 @@ size_t transport_ops_pending(const struct transport *t)
     return t->pending;
 }
 
-kvx_status_t transport_mem_map(struct transport *t, void *address, size_t size,
-                               struct transport_mem **mem_p)
+static kvx_status_t mem_map(struct transport *t, void *address, size_t size, bool gpu,
+                            struct transport_mem **mem_p)
 {
     ucp_mem_map_params_t params = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
-        .address = address,
-        .length  = size,
-        .flags   = address == NULL ? UCP_MEM_MAP_ALLOCATE : 0,
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS |
+                      (gpu ? UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE : 0),
+        .address     = address,
+        .length      = size,
+        .flags       = address == NULL ? UCP_MEM_MAP_ALLOCATE : 0,
+        .memory_type = gpu ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
     };
     ucp_mem_attr_t attr       = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
     struct transport_mem *mem = calloc(1, sizeof(*mem));
@@ -263,6 +265,18 @@ kvx_status_t transport_mem_map(struct transport *t, void *address, size_t size,
     mem->size    = size;
     *mem_p       = mem;
     return KVX_OK;
+}
+
+kvx_status_t transport_mem_map(struct transport *t, void *address, size_t size,
+                               struct transport_mem **mem_p)
+{
+    return mem_map(t, address, size, false, mem_p);
+}
+
+kvx_status_t transport_mem_map_gpu(struct transport *t, void *address, size_t size,
+                                   struct transport_mem **mem_p)
+{
+    return mem_map(t, address, size, true, mem_p);
 }
 
 void transport_mem_unmap(struct transport *t, struct transport_mem *mem)

@@ -26,6 +26,10 @@ void transport_destroy(struct transport *t);
  * when `address` is NULL (so peers on this host can map it through shared memory). */
 kvx_status_t transport_mem_map(struct transport *t, void *address, size_t size,
                                struct transport_mem **mem_p);
+/* Maps `size` bytes of CUDA device memory at `address` (allocated by the caller: src/gpu.h).
+ * UCX moves it only with its CUDA transports (cuda_copy, cuda_ipc) in the context's list. */
+kvx_status_t transport_mem_map_gpu(struct transport *t, void *address, size_t size,
+                                   struct transport_mem **mem_p);
 void transport_mem_unmap(struct transport *t, struct transport_mem *mem);
 void *transport_mem_address(const struct transport_mem *mem);
 

@@ -85,6 +85,8 @@ static kvx_status_t builtin_layout_rescale(const struct builtin_layout *b, uint6
     cJSON_free(text);
     if (status != KVX_OK)
         cli_fail(status);
+    else
+        cli_layout_in_host_memory(*layout_p, "bench");
 
 out:
     cJSON_Delete(root);

@@ -30,6 +30,10 @@ bool cli_auth(const char *file, bool insecure, uint8_t key[KVX_AUTH_KEY_LEN],
               kvx_agent_params_t *params);
 int command_auth_key(int argc, char **argv);
 
+/* Turns the layout's "vram" storages into host memory, and says so on stderr (cli_memory.c):
+ * GPU memory from the command line is issue 14's next step (--memory cuda). */
+void cli_layout_in_host_memory(kvx_layout_t *layout, const char *command);
+
 /* A hold token as 32 lowercase hex digits, and back (printing the error). */
 void cli_token_format(const kvx_token_t *token, char text[2 * KVX_TOKEN_LEN + 1]);
 bool cli_token_parse(const char *option, const char *text, kvx_token_t *token);

@@ -22,7 +22,7 @@
 /* Requests of the batch, in blocks per group (64-token blocks: 1k to 16k tokens). */
 static const uint64_t demo_request_blocks[] = {16, 64, 256, 32, 128, 8, 200, 256};
 
-static kvx_status_t demo_layout_load(const char *path, kvx_layout_t **layout_p)
+static kvx_status_t demo_layout_read(const char *path, kvx_layout_t **layout_p)
 {
     if (path != NULL)
         return kvx_layout_load_file(path, layout_p);
@@ -32,6 +32,15 @@ static kvx_status_t demo_layout_load(const char *path, kvx_layout_t **layout_p)
                                           layout_p);
     }
     return KVX_ERR_INTERNAL;
+}
+
+static kvx_status_t demo_layout_load(const char *path, kvx_layout_t **layout_p)
+{
+    kvx_status_t status = demo_layout_read(path, layout_p);
+
+    if (status == KVX_OK)
+        cli_layout_in_host_memory(*layout_p, "demo");
+    return status;
 }
 
 /* The deployment's secret, set before any process forks: --auth FILE's (or KVX_AUTH_FILE's),

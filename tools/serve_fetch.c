@@ -299,6 +299,7 @@ static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **ag
     status = kvx_layout_load_file(a->layout, &layout);
     if (status != KVX_OK)
         return cli_fail(status);
+    cli_layout_in_host_memory(layout, listen ? "serve" : "fetch");
     if (listen)
         params.field_mask |= KVX_AGENT_PARAM_FIELD_LISTEN;
     if (a->transports != NULL)
