@@ -3,6 +3,8 @@
  * (a GPU machine, KVX_HAVE_CUDA), device memory is allocated, filled, read back and compared,
  * and host memory is told apart from it. */
 #include "gpu.h"
+#include "layouts.h"
+#include "prefill.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -65,11 +67,51 @@ static void a_device_that_is_not_there_is_refused(void **state)
     print_message("device 9999: %s\n", kvx_errmsg());
 }
 
+/* Issue 14: a "vram" storage is never served from host memory in its place. Without a GPU
+ * the agent is refused with the storage's name and what is missing; the same layout with the
+ * storage turned into host memory (what the command line does, and says) makes an agent. */
+static void a_vram_storage_without_a_gpu_is_refused_by_name(void **state)
+{
+    static const char vram[] =
+        "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 65536, 'mem': 'vram', "
+        "'device': 0}], 'views': [{'name': 'layers.0.mla', 'kind': 'mla', 'storage': 'kv', "
+        "'page': 4096, 'stride': 4096, 'num_blocks': 16}]}";
+    kvx_layout_t *layout = NULL;
+    kvx_agent_t *agent   = NULL;
+    struct gpu *gpu      = NULL;
+    kvx_status_t status;
+
+    (void)state;
+    if (gpu_open(0, &gpu) == KVX_OK) { /* a GPU machine: the agent test is elsewhere */
+        gpu_close(gpu);
+        skip();
+    }
+    status = agent_from_quoted(vram, NULL, &agent);
+    print_message("vram storage: %s\n", kvx_errmsg());
+    assert_int_equal(status, KVX_ERR_INVALID);
+    assert_null(agent);
+    assert_non_null(strstr(kvx_errmsg(), "storage kv (\"mem\": \"vram\", device 0)"));
+    assert_int_equal(layout_from_quoted(vram, &layout), KVX_OK);
+    assert_int_equal(kvx_layout_storage_mem(layout, 0), KVX_MEM_VRAM);
+    assert_int_equal(kvx_layout_set_storage_mem(layout, 0, KVX_MEM_DRAM, 0), KVX_OK);
+    assert_int_equal(kvx_layout_set_storage_mem(layout, 1, KVX_MEM_DRAM, 0), KVX_ERR_INVALID);
+    assert_int_equal(kvx_layout_set_storage_mem(layout, 0, KVX_MEM_DRAM, -1), KVX_ERR_INVALID);
+    assert_int_equal(
+        kvx_agent_create(
+            layout,
+            &(kvx_agent_params_t){.field_mask = KVX_AGENT_PARAM_FIELD_INSECURE, .insecure = true},
+            &agent),
+        KVX_OK);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    kvx_layout_destroy(layout);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(device_memory_moves_exact_bytes_or_the_failure_names_what_is_missing),
         cmocka_unit_test(a_device_that_is_not_there_is_refused),
+        cmocka_unit_test(a_vram_storage_without_a_gpu_is_refused_by_name),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
