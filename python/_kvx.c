@@ -268,9 +268,25 @@ static PyObject *layout_storages(LayoutObject *self, PyObject *unused)
     return sizes;
 }
 
+/* Every "vram" storage becomes host memory: the count changed. */
+static PyObject *layout_in_host_memory(LayoutObject *self, PyObject *unused)
+{
+    size_t moved = 0;
+
+    (void)unused;
+    for (size_t s = 0; s < kvx_layout_num_storages(self->layout); s++) {
+        if (kvx_layout_storage_mem(self->layout, s) == KVX_MEM_VRAM &&
+            kvx_layout_set_storage_mem(self->layout, s, KVX_MEM_DRAM, 0) == KVX_OK)
+            moved++;
+    }
+    return PyLong_FromSize_t(moved);
+}
+
 static PyMethodDef layout_methods[] = {
     {"regions", (PyCFunction)layout_regions, METH_NOARGS, "register: the region table"},
     {"storage_sizes", (PyCFunction)layout_storages, METH_NOARGS, "bytes of each storage"},
+    {"in_host_memory", (PyCFunction)layout_in_host_memory, METH_NOARGS,
+     "vram storages become host memory; how many"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -98,6 +98,11 @@ class Layout:
     def storage_sizes(self):
         return self._handle.storage_sizes()
 
+    def in_host_memory(self):
+        """Turns the layout's "vram" storages into host memory and returns how many changed:
+        kvx never registers host buffers for a GPU storage on its own."""
+        return self._handle.in_host_memory()
+
 
 def _buffer_of(obj):
     """Something with the buffer protocol for `obj`: itself, or for a CPU torch.Tensor (which

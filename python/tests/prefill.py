@@ -13,6 +13,7 @@ import patterns
 
 def main():
     layout = kvx.Layout.load(sys.argv[1])
+    layout.in_host_memory()  # served from numpy memory whatever the layout says
     blocks = {int(g): ids for g, ids in json.loads(sys.argv[2]).items()}
     rank, size = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else (0, 1)
     names = layout.regions().storage_names()

@@ -90,6 +90,7 @@ def test_blocks_move_byte_exact(tmp_path, which, push):
     blocks = {0: [1, 5, 6, 7]} if which == "small" else {0: [0, 3, 9], 1: [2], 2: [2]}
     prefill = Prefill(path, blocks)
     layout = kvx.Layout.load(path)
+    layout.in_host_memory()  # the demo layout's storages say "vram"; numpy memory is host
     name = layout.regions().storage_names()[0]
     memory = np.zeros(layout.storage_sizes()[0], dtype=np.uint8)
     with kvx.Agent(layout, {name: memory}) as agent:
