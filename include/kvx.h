@@ -624,9 +624,23 @@ KVX_API kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agen
 KVX_API kvx_status_t kvx_agent_destroy(kvx_agent_t *agent);
 
 /* The region table, and the base address and size of storage `index` (kvx-allocated or the
- * caller's). */
+ * caller's; for a "vram" storage a device address, which the host cannot dereference). */
 KVX_API const kvx_regions_t *kvx_agent_regions(const kvx_agent_t *agent);
 KVX_API void *kvx_agent_storage(const kvx_agent_t *agent, size_t index, uint64_t *size_p);
+
+/* The memory kind of storage `index` (KVX_MEM_DRAM past the last one). */
+KVX_API kvx_mem_type_t kvx_agent_storage_mem(const kvx_agent_t *agent, size_t index);
+
+/* Copies `len` bytes of host memory at `src` into storage `index` from `offset` on, or out of
+ * it into `dst`, whatever the storage's memory kind: memcpy for host memory, the CUDA driver
+ * for GPU memory (a synchronous copy through pageable host memory, docs/gpu.md). What the
+ * command line's fill and --verify use on "vram" storages. Errors: KVX_ERR_OUT_OF_RANGE for
+ * a range past the storage's end or a storage that is not there (nothing copied), KVX_ERR_IO
+ * for a failed device copy. */
+KVX_API kvx_status_t kvx_agent_storage_write(kvx_agent_t *agent, size_t index, uint64_t offset,
+                                             const void *src, size_t len);
+KVX_API kvx_status_t kvx_agent_storage_read(const kvx_agent_t *agent, size_t index, uint64_t offset,
+                                            void *dst, size_t len);
 
 /* The "HOST:PORT" the side channel is bound to, with the real port when the agent was asked
  * to listen on port 0; NULL for an agent that does not listen. */

@@ -551,6 +551,38 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
     return agent_auth(agent, params);
 }
 
+/* Replaces a default transport list with `list`. */
+static kvx_status_t agent_transports_replace(char **transports_p, const char *list)
+{
+    char *copy = strdup(list);
+
+    if (copy == NULL)
+        return error_no_memory("a transport list");
+    free(*transports_p);
+    *transports_p = copy;
+    return KVX_OK;
+}
+
+/* An agent with GPU storages adds UCX's CUDA transports to each default list it keeps: UCX
+ * moves device memory only with them. A list the caller gave is the caller's (docs/gpu.md). */
+static kvx_status_t agent_transports_for_gpu(kvx_agent_t *agent, const kvx_agent_params_t *params)
+{
+    uint64_t mask       = params != NULL ? params->field_mask : 0;
+    kvx_status_t status = KVX_OK;
+    bool gpu            = false;
+
+    for (size_t s = 0; s < kvx_regions_num_storages(agent->core.regions); s++)
+        gpu |= agent->core.regions->storage_mems[s] == KVX_MEM_VRAM;
+    if (gpu && !((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports != NULL))
+        status = agent_transports_replace(&agent->transports,
+                                          TRANSPORT_DEFAULT_TLS "," TRANSPORT_GPU_TLS);
+    if (status == KVX_OK && gpu &&
+        !((mask & KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS) && params->push_transports != NULL))
+        status = agent_transports_replace(&agent->push_transports, PUSH_DEFAULT_TLS ",cuda_copy");
+    agent->core.transports = agent->transports;
+    return status;
+}
+
 kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params_t *params,
                               kvx_agent_t **agent_p)
 {
@@ -574,6 +606,7 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
     if ((status = loop_init(&core->loop)) != KVX_OK || (status = agent_settings(agent, params)) ||
         (status = core->zmq != NULL ? KVX_OK : error_no_memory("a ZeroMQ context")) != KVX_OK ||
         (status = kvx_regions_register(layout, &core->regions)) != KVX_OK ||
+        (status = agent_transports_for_gpu(agent, params)) != KVX_OK ||
         (status = transport_create(agent->transports, false, &core->transport)) != KVX_OK ||
         (status = agent_storages_map(agent, params)) != KVX_OK ||
         (status = transport_am_set_handler(core->transport, CORE_AM_PUSH_PROOF, agent_on_proof,
@@ -609,6 +642,58 @@ void *kvx_agent_storage(const kvx_agent_t *agent, size_t index, uint64_t *size_p
     if (size_p != NULL)
         *size_p = agent->core.regions->storage_sizes[index];
     return agent->core.bases[index];
+}
+
+kvx_mem_type_t kvx_agent_storage_mem(const kvx_agent_t *agent, size_t index)
+{
+    return index < agent->core.num_storages ? agent->core.regions->storage_mems[index]
+                                            : KVX_MEM_DRAM;
+}
+
+/* Where [offset, offset + len) of storage `index` is, when it is all inside the storage. */
+static kvx_status_t agent_storage_range(const kvx_agent_t *agent, size_t index, uint64_t offset,
+                                        size_t len, char **at_p)
+{
+    const kvx_regions_t *regions = agent->core.regions;
+
+    if (index >= agent->core.num_storages)
+        return error_set(KVX_ERR_OUT_OF_RANGE, "storage %zu: the agent has %zu", index,
+                         agent->core.num_storages);
+    if (offset > regions->storage_sizes[index] || len > regions->storage_sizes[index] - offset)
+        return error_set(KVX_ERR_OUT_OF_RANGE,
+                         "storage %s: %zu bytes from offset %" PRIu64 " pass its end (%" PRIu64
+                         " bytes)",
+                         regions->storage_names[index], len, offset, regions->storage_sizes[index]);
+    *at_p = (char *)agent->core.bases[index] + offset;
+    return KVX_OK;
+}
+
+kvx_status_t kvx_agent_storage_write(kvx_agent_t *agent, size_t index, uint64_t offset,
+                                     const void *src, size_t len)
+{
+    char *at            = NULL;
+    kvx_status_t status = agent_storage_range(agent, index, offset, len, &at);
+
+    if (status != KVX_OK)
+        return status;
+    if (agent->gpus[index] != NULL)
+        return gpu_copy(agent->gpus[index], at, src, len);
+    memcpy(at, src, len);
+    return KVX_OK;
+}
+
+kvx_status_t kvx_agent_storage_read(const kvx_agent_t *agent, size_t index, uint64_t offset,
+                                    void *dst, size_t len)
+{
+    char *at            = NULL;
+    kvx_status_t status = agent_storage_range(agent, index, offset, len, &at);
+
+    if (status != KVX_OK)
+        return status;
+    if (agent->gpus[index] != NULL)
+        return gpu_copy(agent->gpus[index], dst, at, len);
+    memcpy(dst, at, len);
+    return KVX_OK;
 }
 
 void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_t size)

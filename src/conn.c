@@ -53,7 +53,8 @@ static kvx_status_t conn_transport_open(struct transport *t, struct conn *c)
     for (size_t s = 0; s < info.num_registrations; s++) {
         kvx_metadata_registration(c->metadata, s, &reg);
         c->remote_bases[s] = reg.base;
-        mems[s]            = (struct transport_remote_mem){reg.remote_key, reg.base, reg.size};
+        mems[s]            = (struct transport_remote_mem){reg.remote_key, reg.base, reg.size,
+                                                           reg.mem == KVX_MEM_VRAM};
     }
     status = transport_conn_create(t, info.transport_address.data, info.transport_address.size,
                                    mems, info.num_registrations, &c->transport);

@@ -201,9 +201,11 @@ void gpu_free(struct gpu *gpu, void *ptr)
 
 kvx_status_t gpu_copy(struct gpu *gpu, void *dst, const void *src, size_t size)
 {
-    CUresult result =
-        gpu->driver.memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, size);
+    /* The caller's thread may not be the one that opened the device (a Python thread). */
+    CUresult result = gpu->driver.ctx_set_current(gpu->context);
 
+    if (result == CUDA_SUCCESS)
+        result = gpu->driver.memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, size);
     return result == CUDA_SUCCESS ? KVX_OK : gpu_fail(&gpu->driver, "copying", result);
 }
 

@@ -1,8 +1,8 @@
 /* gpu.h: GPU memory through the CUDA driver, loaded at run time (dlopen of libcuda.so.1), so
  * that one build runs on machines with and without a GPU: without one, every call fails with
  * a message naming what is missing, and nothing crashes. Built only with -DKVX_CUDA=ON
- * (KVX_HAVE_CUDA); otherwise every call says the build has no CUDA. Groundwork of issue 14:
- * the agent does not use it yet. */
+ * (KVX_HAVE_CUDA); otherwise every call says the build has no CUDA. The agent's "vram"
+ * storages live here (docs/gpu.md). */
 #ifndef KVX_SRC_GPU_H
 #define KVX_SRC_GPU_H
 

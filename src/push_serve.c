@@ -413,7 +413,8 @@ static kvx_status_t job_put(struct push_job *job, const struct push_request *req
     kvx_request_t request            = {req->groups, req->num_groups,
                              req->has_remote ? req->groups + req->num_groups : NULL,
                              req->has_remote ? req->num_groups : 0, NULL};
-    struct transport_targets targets = {s->core->bases, conn->remote_bases, true};
+    struct transport_targets targets = {s->core->bases, s->core->regions->storage_mems,
+                                        conn->remote_bases, true};
     kvx_status_t status              = kvx_peer_plan_request(conn->plan, &request, s->pairs);
 
     if (status == KVX_OK)

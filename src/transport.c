@@ -276,6 +276,17 @@ kvx_status_t transport_mem_map(struct transport *t, void *address, size_t size,
 kvx_status_t transport_mem_map_gpu(struct transport *t, void *address, size_t size,
                                    struct transport_mem **mem_p)
 {
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    ucs_status_t st         = ucp_context_query(t->context, &attr);
+
+    if (st != UCS_OK)
+        return ucs_error("querying the context's memory types", st);
+    /* Without it UCX would treat device pointers as host memory and fault in a copy. */
+    if (!(attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)))
+        return error_set(KVX_ERR_INVALID,
+                         "UCX %s moves no CUDA memory here: it needs UCX built with CUDA (make "
+                         "UCX=wheel) and " TRANSPORT_GPU_TLS " in the transports",
+                         ucp_get_version_string());
     return mem_map(t, address, size, true, mem_p);
 }
 
@@ -401,7 +412,8 @@ static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
             free(ranges);
             return ucs_error("unpacking a remote key", st);
         }
-        conn->mapped[conn->num_rkeys] = mapped_offset(*rkey, mem->base, mem->size, &range);
+        conn->mapped[conn->num_rkeys] =
+            mem->device ? 0 : mapped_offset(*rkey, mem->base, mem->size, &range);
         if (conn->mapped[conn->num_rkeys] != 0 && ranges != NULL)
             ranges[conn->num_mapped] = range;
         conn->num_mapped += conn->mapped[conn->num_rkeys] != 0;
@@ -642,7 +654,7 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
 
         /* Reads from a storage mapped here are copies, done in place. Writes never are: a
          * peer's mapping proves nothing about whose memory it is (docs/security.md). */
-        if (!put && conn->mapped[rs] != 0) {
+        if (!put && conn->mapped[rs] != 0 && targets->local_mems[ls] != KVX_MEM_VRAM) {
             memcpy(local, (const void *)(uintptr_t)(conn->mapped[rs] + remote), p->len);
             continue;
         }

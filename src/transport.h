@@ -14,6 +14,10 @@ struct transport_op;   /* completion counting of one batch of operations on one 
 
 /* Default transports on one host: shared memory, cross-memory attach, TCP for wire-up. */
 #define TRANSPORT_DEFAULT_TLS "sm,cma,tcp"
+/* What an agent with GPU storages adds to its default lists: UCX's CUDA copy engine (staging
+ * and host <-> device) and CUDA IPC (device to device between processes of one host). Across
+ * hosts GPUDirect RDMA is the RDMA transports' own ("rc", "dc"), listed by the user. */
+#define TRANSPORT_GPU_TLS "cuda_copy,cuda_ipc"
 
 /* Creates a context with RMA and active messages and its main worker. `tls` is a UCX_TLS list
  * (NULL: TRANSPORT_DEFAULT_TLS); `one_rail` keeps every operation of a connection on one lane
@@ -27,7 +31,8 @@ void transport_destroy(struct transport *t);
 kvx_status_t transport_mem_map(struct transport *t, void *address, size_t size,
                                struct transport_mem **mem_p);
 /* Maps `size` bytes of CUDA device memory at `address` (allocated by the caller: src/gpu.h).
- * UCX moves it only with its CUDA transports (cuda_copy, cuda_ipc) in the context's list. */
+ * UCX moves it only with its CUDA transports (TRANSPORT_GPU_TLS) in the context's list; a UCX
+ * built without CUDA support is refused by name. */
 kvx_status_t transport_mem_map_gpu(struct transport *t, void *address, size_t size,
                                    struct transport_mem **mem_p);
 void transport_mem_unmap(struct transport *t, struct transport_mem *mem);
@@ -44,6 +49,7 @@ struct transport_remote_mem {
     kvx_blob_t rkey;
     uint64_t base;
     uint64_t size;
+    bool device; /* GPU memory of the peer: never copied from a mapping here */
 };
 
 /* A connection to the worker whose packed address is `address`, with the peer's storages'
@@ -79,6 +85,7 @@ void transport_op_release(struct transport_op *op);
  * remote base addresses by remote storage index (the keys are the connection's). */
 struct transport_targets {
     void *const *local_bases;
+    const kvx_mem_type_t *local_mems; /* by local storage index: host memory takes memcpy */
     const uint64_t *remote_bases;
     bool mirrored; /* the pairs are the peer's plan: their remote side is ours (push) */
 };

@@ -11,6 +11,7 @@
 #include "error.h"
 #include "peer.h"
 #include "push_request.h"
+#include "regions.h"
 #include "stats.h"
 
 #include <inttypes.h>
@@ -515,7 +516,8 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
     for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++) {
         struct xfer_leg *leg             = &x->legs[r];
         struct conn *conn                = peer_conn(leg->peer);
-        struct transport_targets targets = {core->bases, conn->remote_bases, false};
+        struct transport_targets targets = {core->bases, core->regions->storage_mems,
+                                            conn->remote_bases, false};
         const kvx_pair_t *pairs          = NULL;
         size_t count                     = 0;
 

@@ -232,7 +232,7 @@ static uint64_t conn_open_claiming(uint64_t size)
     void *address                   = read_blob(left.from_target, &address_size);
     void *rkey                      = read_blob(left.from_target, &rkey_size);
     bool got_base                   = read_all(left.from_target, &base, sizeof(base));
-    struct transport_remote_mem mem = {{rkey, rkey_size}, base, size};
+    struct transport_remote_mem mem = {{rkey, rkey_size}, base, size, false};
     kvx_status_t status;
 
     assert_non_null(address);
@@ -350,7 +350,8 @@ static struct transport_op *rma_batch_try(struct done *d, bool put, const uint32
 {
     void *local_bases[1]             = {left.local};
     uint64_t remote_bases[1]         = {remote_base};
-    struct transport_targets targets = {local_bases, remote_bases, false};
+    kvx_mem_type_t local_mems[1]     = {KVX_MEM_DRAM};
+    struct transport_targets targets = {local_bases, local_mems, remote_bases, false};
     kvx_pair_t pairs[NUM_BLOCKS];
     struct transport_op *op;
 
@@ -386,6 +387,7 @@ static void gets_and_puts_move_exact_bytes_and_notify_the_main_worker(void **sta
     const struct target_params params = {NULL, true};
     void *local_bases[1];
     uint64_t remote_bases[1];
+    kvx_mem_type_t local_mems[1] = {KVX_MEM_DRAM};
     struct transport_targets targets;
     kvx_pair_t pairs[NUM_GETS];
     struct transport_op *op;
@@ -400,7 +402,7 @@ static void gets_and_puts_move_exact_bytes_and_notify_the_main_worker(void **sta
     local_open(NULL);
     remote_bases[0] = conn_open();
     local_bases[0]  = left.local;
-    targets         = (struct transport_targets){local_bases, remote_bases, false};
+    targets         = (struct transport_targets){local_bases, local_mems, remote_bases, false};
 
     /* Pull: scattered blocks, then every byte compared, and the rest untouched. */
     for (size_t i = 0; i < NUM_GETS; i++)

@@ -27,7 +27,8 @@
 
 static const char usage_bench[] =
     "usage: kvx bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--batch N]\n"
-    "                 [--iters N] [--contiguous] [--transports LIST] [--malloc] [--json]\n"
+    "                 [--iters N] [--contiguous] [--transports LIST] [--json]\n"
+    "                 [--malloc | --memory host|cuda]\n"
     "                 [--idle-prefill] [--peer HOST:PORT | --listen HOST:PORT] [--auth FILE]\n"
     "       kvx bench --workload [--layouts NAME,...] [--tokens 1K,8K,32K] [options above]\n"
     "\n"
@@ -58,6 +59,9 @@ static const char usage_bench[] =
     "                       for this run (--peer and --listen need the same file on both)\n"
     "  --malloc             register memory from aligned_alloc, as an engine's own cache,\n"
     "                       on both sides instead of memory UCX allocates\n"
+    "  --memory host|cuda   host memory (default), or GPU memory on both sides (device 0\n"
+    "                       and the layout's devices; transports add cuda_copy,cuda_ipc);\n"
+    "                       bench/gpu.sh runs it beside ucx_perftest -m cuda\n"
     "  --json               one JSON object per point\n"
     "  --idle-prefill       P waits for work in kvx_agent_progress's 5 ms polls, as kvx\n"
     "                       serve does, instead of spinning on kvx_agent_progress(agent, 0)\n"
@@ -176,7 +180,10 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
             a->auth = value;
         else if (strcmp(arg, "--push-transports") == 0)
             a->push_transports = value;
-        else if (strcmp(arg, "--layouts") == 0) {
+        else if (strcmp(arg, "--memory") == 0) {
+            if (!cli_memory_parse(value, &a->memory))
+                return EXIT_BAD_INPUT;
+        } else if (strcmp(arg, "--layouts") == 0) {
             if (!layout_list_parse(arg, value, a))
                 return EXIT_BAD_INPUT;
         } else if (strcmp(arg, "--batch") == 0) {
@@ -211,18 +218,33 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
     if (a->workload && (a->peer != NULL || a->listen != NULL) && a->num_layouts != 1)
         return cli_usage_error("bench: --workload with --peer or --listen takes one --layouts",
                                usage_bench);
+    if (a->use_malloc && a->memory == CLI_MEMORY_CUDA)
+        return cli_usage_error("bench: --malloc registers host memory; --memory cuda has kvx "
+                               "allocate GPU memory: give one",
+                               usage_bench);
     if (a->iters == 0)
         a->iters = a->workload ? BENCH_REQUEST_ITERS : BENCH_SWEEP_ITERS;
     return -1;
 }
 
-/* The sweep's layout: per block size i, storage "bench.i" holding 2 x batch blocks and view
- * "layers.i.bench" over all of it in group i, so a request names one size by its group. */
 /* The UCX_TLS list P's push writers use: the option's, else the agent's default. */
 static const char *bench_push_transports(const struct bench_args *a)
 {
-    return a->push_transports != NULL ? a->push_transports : "tcp";
+    if (a->push_transports != NULL)
+        return a->push_transports;
+    return a->memory == CLI_MEMORY_CUDA ? "tcp,cuda_copy" : "tcp";
 }
+
+/* What the storages are, for the header. */
+static const char *bench_storage_kind(const struct bench_args *a)
+{
+    if (a->memory == CLI_MEMORY_CUDA)
+        return "GPU (kvx-allocated, cuMemAlloc)";
+    return a->use_malloc ? "malloc'd (engine-style)" : "kvx-allocated (UCX)";
+}
+
+/* The sweep's layout: per block size i, storage "bench.i" holding 2 x batch blocks and view
+ * "layers.i.bench" over all of it in group i, so a request names one size by its group. */
 
 static kvx_status_t sweep_layout_create(const struct bench_args *a, kvx_layout_t **layout_p)
 {
@@ -264,6 +286,7 @@ static kvx_status_t sweep_layout_create(const struct bench_args *a, kvx_layout_t
         cli_fail(status);
         return status;
     }
+    cli_layout_memory(layout, a->memory, "bench");
     *layout_p = layout;
     return KVX_OK;
 }
@@ -323,7 +346,13 @@ static kvx_status_t bench_agent_create(const struct bench_args *a, const kvx_lay
         cli_fail(status);
         return status;
     }
-    storages_zero(*agent_p);
+    status = storages_zero(*agent_p);
+    if (status != KVX_OK) {
+        kvx_agent_destroy(*agent_p);
+        *agent_p = NULL;
+        storages_free(bases, n);
+        return status;
+    }
     *bases_p = bases;
     return KVX_OK;
 }
@@ -487,7 +516,10 @@ void bench_point_print(const struct bench_client *c, const struct bench_samples 
     if (a->json) {
         printf("{\"kvx_bench\": 1, \"mode\": \"%s\", \"storage\": \"%s\", \"transports\": \"%s\", "
                "\"idle_prefill\": %s, ",
-               a->push ? "push" : "pull", a->use_malloc ? "malloc" : "kvx",
+               a->push ? "push" : "pull",
+               a->memory == CLI_MEMORY_CUDA ? "cuda"
+               : a->use_malloc              ? "malloc"
+                                            : "kvx",
                kvx_peer_transports(c->peer), a->idle_prefill ? "true" : "false");
         if (a->push) /* what carries a push: P's writers, not D's own lanes above */
             printf("\"push_transports\": \"%s\", ", bench_push_transports(a));
@@ -540,11 +572,9 @@ void bench_header_print(const struct bench_client *c, const char *what, int warm
         return;
     if (a->push)
         printf("kvx bench: push, %s storages on both sides, P's writers over UCX_TLS=%s\n",
-               a->use_malloc ? "malloc'd (engine-style)" : "kvx-allocated (UCX)",
-               bench_push_transports(a));
+               bench_storage_kind(a), bench_push_transports(a));
     else
-        printf("kvx bench: pull, %s storages on both sides, over %s\n",
-               a->use_malloc ? "malloc'd (engine-style)" : "kvx-allocated (UCX)",
+        printf("kvx bench: pull, %s storages on both sides, over %s\n", bench_storage_kind(a),
                kvx_peer_transports(c->peer));
     printf("%s; %" PRIu64 " timed transfers per point after %d warm-ups; P %s\n", what, a->iters,
            warmups, a->idle_prefill ? "polls in 5 ms steps (--idle-prefill)" : "spins on progress");

@@ -4,6 +4,7 @@
 #ifndef KVX_TOOLS_BENCH_H
 #define KVX_TOOLS_BENCH_H
 
+#include "cli.h"
 #include "kvx.h"
 
 #define BENCH_MAX_POINTS  16 /* block sizes or token counts in one list */
@@ -16,7 +17,8 @@ struct bench_args {
     bool json;
     bool contiguous;
     bool workload;
-    bool idle_prefill; /* P waits in kvx_agent_progress's polls, as kvx serve, not spinning */
+    bool idle_prefill;      /* P waits in kvx_agent_progress's polls, as kvx serve, not spinning */
+    enum cli_memory memory; /* --memory: host (default) or GPU storages */
     uint64_t sizes[BENCH_MAX_POINTS]; /* bytes per block (sweep) or tokens (workload) */
     size_t num_sizes;
     uint64_t batch; /* blocks per transfer */
@@ -24,7 +26,7 @@ struct bench_args {
     const char *transports;
     const char *peer;
     const char *listen;
-    const char *push_transports;        /* P's push writers; default the library's (tcp) */
+    const char *push_transports;            /* P's push writers; default the library's (tcp) */
     const char *auth;                       /* --auth FILE; else KVX_AUTH_FILE's, else made */
     uint8_t key[KVX_AUTH_KEY_LEN];          /* both agents' secret, set before the fork */
     const char *layouts[BENCH_MAX_LAYOUTS]; /* into layout_text */

@@ -85,8 +85,6 @@ static kvx_status_t builtin_layout_rescale(const struct builtin_layout *b, uint6
     cJSON_free(text);
     if (status != KVX_OK)
         cli_fail(status);
-    else
-        cli_layout_in_host_memory(*layout_p, "bench");
 
 out:
     cJSON_Delete(root);
@@ -118,8 +116,10 @@ kvx_status_t workload_layout_create(const struct bench_args *a, const char *name
             capacity = blocks > capacity ? blocks : capacity;
         }
         status = builtin_layout_rescale(b, capacity, layout_p);
-        if (status == KVX_OK)
+        if (status == KVX_OK) {
+            cli_layout_memory(*layout_p, a->memory, "bench");
             *capacity_p = capacity;
+        }
         return status;
     }
     fprintf(stderr, "kvx: error: --layouts: no built-in layout %s (see kvx demo --tables)\n", name);

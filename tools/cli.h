@@ -30,9 +30,12 @@ bool cli_auth(const char *file, bool insecure, uint8_t key[KVX_AUTH_KEY_LEN],
               kvx_agent_params_t *params);
 int command_auth_key(int argc, char **argv);
 
-/* Turns the layout's "vram" storages into host memory, and says so on stderr (cli_memory.c):
- * GPU memory from the command line is issue 14's next step (--memory cuda). */
-void cli_layout_in_host_memory(kvx_layout_t *layout, const char *command);
+/* --memory host|cuda (cli_memory.c): every storage of the layout in host memory, saying on
+ * stderr how many were written for a GPU, or every storage in GPU memory (a "vram" storage on
+ * its device, a host one on device 0). The commands' own memory; --malloc takes host memory. */
+enum cli_memory { CLI_MEMORY_HOST, CLI_MEMORY_CUDA };
+bool cli_memory_parse(const char *text, enum cli_memory *memory);
+void cli_layout_memory(kvx_layout_t *layout, enum cli_memory memory, const char *command);
 
 /* A hold token as 32 lowercase hex digits, and back (printing the error). */
 void cli_token_format(const kvx_token_t *token, char text[2 * KVX_TOKEN_LEN + 1]);
@@ -41,7 +44,8 @@ bool cli_token_parse(const char *option, const char *text, kvx_token_t *token);
 /* kvx demo's transfer run (demo.c): NULL for the built-in layout; the auth key file (NULL:
  * KVX_AUTH_FILE's, else a secret of its own); TP sizes of the prefill and decode sides, 1..8
  * each. */
-int demo_run(const char *layout_path, const char *auth_file, uint32_t p_tp, uint32_t d_tp);
+int demo_run(const char *layout_path, const char *auth_file, enum cli_memory memory, uint32_t p_tp,
+             uint32_t d_tp);
 
 /* kvx serve and kvx fetch (serve_fetch.c). */
 int command_serve(int argc, char **argv);

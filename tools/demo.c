@@ -3,7 +3,6 @@
  * Orchestration and output only; the agent does the work. */
 #include "builtin_layouts.h"
 #include "cli.h"
-#include "pattern.h"
 #include "plan_print.h"
 #include "verify.h"
 
@@ -34,12 +33,13 @@ static kvx_status_t demo_layout_read(const char *path, kvx_layout_t **layout_p)
     return KVX_ERR_INTERNAL;
 }
 
-static kvx_status_t demo_layout_load(const char *path, kvx_layout_t **layout_p)
+static kvx_status_t demo_layout_load(const char *path, enum cli_memory memory,
+                                     kvx_layout_t **layout_p)
 {
     kvx_status_t status = demo_layout_read(path, layout_p);
 
     if (status == KVX_OK)
-        cli_layout_in_host_memory(*layout_p, "demo");
+        cli_layout_memory(*layout_p, memory, "demo");
     return status;
 }
 
@@ -73,16 +73,13 @@ static int demo_prefill(const kvx_layout_t *layout, int ready, uint32_t rank, ui
         (void)!write(ready, &port, sizeof(port));
         return cli_fail(status);
     }
-    port = (uint32_t)strtoul(strrchr(kvx_agent_listen_address(agent), ':') + 1, NULL, 10);
-    for (size_t s = 0;; s++) {
-        uint64_t size;
-        void *base = kvx_agent_storage(agent, s, &size);
-
-        if (base == NULL)
-            break;
-        pattern_fill(base, size, DEMO_SEED, rank, s);
-    }
+    if (storages_fill(agent, DEMO_SEED, rank) == KVX_OK)
+        port = (uint32_t)strtoul(strrchr(kvx_agent_listen_address(agent), ':') + 1, NULL, 10);
     (void)!write(ready, &port, sizeof(port));
+    if (port == 0) {
+        kvx_agent_destroy(agent);
+        return EXIT_INTERNAL;
+    }
     for (;;) {
         struct timespec poll = {0, 0};
         siginfo_t info;
@@ -131,7 +128,8 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
         kvx_read_stats_t stats;
         kvx_status_t status;
 
-        storages_zero(agent); /* so a verified request proves its own bytes, and only those */
+        if (storages_zero(agent) != KVX_OK) /* a verified request proves its own bytes only */
+            return false;
         demo_request_fill(groups, num_groups, ids, blocks, capacity, &rng);
         request = (kvx_request_t){groups, num_groups, NULL, 0, NULL};
         status  = push ? kvx_write(agent, peers, num_peers, i + 1, &request, &stats)
@@ -226,10 +224,11 @@ out:
     return ret;
 }
 
-int demo_run(const char *layout_path, const char *auth_file, uint32_t p_tp, uint32_t d_tp)
+int demo_run(const char *layout_path, const char *auth_file, enum cli_memory memory, uint32_t p_tp,
+             uint32_t d_tp)
 {
     kvx_layout_t *layout = NULL;
-    kvx_status_t status  = demo_layout_load(layout_path, &layout);
+    kvx_status_t status  = demo_layout_load(layout_path, memory, &layout);
     pid_t prefill[DEMO_MAX_TP];
     pid_t decode[DEMO_MAX_TP];
     uint32_t ports[DEMO_MAX_TP];

@@ -75,7 +75,8 @@ static const char usage_compat[] =
     "Exit status 0 when compatible, 2 when not.\n";
 
 static const char usage_demo[] =
-    "usage: kvx demo [--layout FILE] [--p-tp N] [--d-tp N] [--auth FILE] [--tables]\n"
+    "usage: kvx demo [--layout FILE] [--p-tp N] [--d-tp N] [--auth FILE]\n"
+    "                [--memory host|cuda] [--tables]\n"
     "\n"
     "The main job on a built-in default: starts a prefill process and a decode process on\n"
     "loopback with the DeepSeek-V4.1-style layout (layouts/models/deepseek-v4.1-demo.json,\n"
@@ -88,6 +89,8 @@ static const char usage_demo[] =
     "  --d-tp N        N decode ranks (processes), 1..8; default 1\n"
     "  --auth FILE     the side channel's secret (default KVX_AUTH_FILE's, else one made\n"
     "                  for this run)\n"
+    "  --memory host|cuda  the storages in host memory (default: the layout's \"vram\"\n"
+    "                  storages too, said on stderr) or on the GPU (docs/gpu.md)\n"
     "  --tables        print the region tables of the built-in model layouts instead\n";
 
 /* Memory and internal errors are kvx's own failures (1); the rest are the input's (2). */
@@ -448,10 +451,11 @@ static int print_builtin_tables(void)
 
 static int command_demo(int argc, char **argv)
 {
-    const char *layout = NULL;
-    const char *auth   = NULL;
-    uint64_t p_tp      = 1;
-    uint64_t d_tp      = 1;
+    const char *layout     = NULL;
+    const char *auth       = NULL;
+    uint64_t p_tp          = 1;
+    uint64_t d_tp          = 1;
+    enum cli_memory memory = CLI_MEMORY_HOST;
 
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) {
@@ -464,7 +468,10 @@ static int command_demo(int argc, char **argv)
             layout = argv[++i];
         else if (strcmp(argv[i], "--auth") == 0 && i + 1 < argc)
             auth = argv[++i];
-        else if (strcmp(argv[i], "--p-tp") == 0 && i + 1 < argc) {
+        else if (strcmp(argv[i], "--memory") == 0 && i + 1 < argc) {
+            if (!cli_memory_parse(argv[++i], &memory))
+                return EXIT_BAD_INPUT;
+        } else if (strcmp(argv[i], "--p-tp") == 0 && i + 1 < argc) {
             if (!cli_parse_number("--p-tp", argv[++i], 8, &p_tp) || p_tp < 1)
                 return EXIT_BAD_INPUT;
         } else if (strcmp(argv[i], "--d-tp") == 0 && i + 1 < argc) {
@@ -473,7 +480,7 @@ static int command_demo(int argc, char **argv)
         } else
             return cli_usage_error("demo: unknown argument", usage_demo);
     }
-    return demo_run(layout, auth, (uint32_t)p_tp, (uint32_t)d_tp);
+    return demo_run(layout, auth, memory, (uint32_t)p_tp, (uint32_t)d_tp);
 }
 
 /* kvx help [COMMAND]: a command's own usage (serve, fetch and bench print theirs on --help),

@@ -20,18 +20,22 @@ uint8_t pattern_byte(uint64_t seed, uint32_t rank, size_t storage, uint64_t offs
     return (uint8_t)(pattern_word(seed, rank, storage, offset / 8) >> (8 * (offset % 8)));
 }
 
-void pattern_fill(void *base, uint64_t size, uint64_t seed, uint32_t rank, size_t storage)
+void pattern_fill(void *base, uint64_t size, uint64_t seed, uint32_t rank, size_t storage,
+                  uint64_t offset)
 {
     uint8_t *p = base;
-    uint64_t o = 0;
+    uint64_t i = 0;
 
-    for (; o + 8 <= size; o += 8) {
-        uint64_t w = pattern_word(seed, rank, storage, o / 8);
+    /* Byte by byte to the next word boundary, then word by word, then the tail. */
+    for (; i < size && (offset + i) % 8 != 0; i++)
+        p[i] = pattern_byte(seed, rank, storage, offset + i);
+    for (; i + 8 <= size; i += 8) {
+        uint64_t w = pattern_word(seed, rank, storage, (offset + i) / 8);
 
-        memcpy(p + o, &w, 8); /* little-endian hosts: byte i of w is byte o + i */
+        memcpy(p + i, &w, 8); /* little-endian hosts: byte j of w is byte offset + i + j */
     }
-    for (; o < size; o++)
-        p[o] = pattern_byte(seed, rank, storage, o);
+    for (; i < size; i++)
+        p[i] = pattern_byte(seed, rank, storage, offset + i);
 }
 
 uint64_t pattern_check(const void *actual, uint64_t len, uint64_t seed, uint32_t rank,

@@ -7,8 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Fills `size` bytes at `base`: rank `rank`'s storage `storage` from offset 0. */
-void pattern_fill(void *base, uint64_t size, uint64_t seed, uint32_t rank, size_t storage);
+/* Fills `size` bytes at `base`: rank `rank`'s storage `storage` from byte `offset` on. */
+void pattern_fill(void *base, uint64_t size, uint64_t seed, uint32_t rank, size_t storage,
+                  uint64_t offset);
 
 /* The pattern's byte at `offset` of rank `rank`'s storage `storage`: what a check expected. */
 uint8_t pattern_byte(uint64_t seed, uint32_t rank, size_t storage, uint64_t offset);

@@ -3,7 +3,6 @@
  * Argument handling and output only; the agent does the work. */
 #include "block_ids.h"
 #include "cli.h"
-#include "pattern.h"
 #include "metrics_http.h"
 #include "stats_json.h"
 #include "verify.h"
@@ -32,7 +31,11 @@ static const char usage_serve[] =
     "                      KVX_AUTH_FILE names. Only peers with it are answered\n"
     "  --insecure          no secret: plain side channel, on a loopback address only\n"
     "  --fill SEED         the pattern's seed; default 1\n"
-    "  --transports LIST   UCX transports; default sm,cma,tcp\n"
+    "  --transports LIST   UCX transports; default sm,cma,tcp (and cuda_copy,cuda_ipc\n"
+    "                      with --memory cuda)\n"
+    "  --memory host|cuda  where the storages live: host memory (default; a layout's\n"
+    "                      \"vram\" storages too, said on stderr) or GPU memory kvx\n"
+    "                      allocates (filled through a host staging buffer: docs/gpu.md)\n"
     "  --timeout MS        transfer deadline; default 10000\n"
     "  --lease MS          how long held blocks wait for their done or a heartbeat;\n"
     "                      default 30000\n"
@@ -49,7 +52,8 @@ static const char usage_serve[] =
 static const char usage_fetch[] =
     "usage: kvx fetch LAYOUT --peer HOST:PORT[,HOST:PORT...] --blocks 'G:IDS;G:IDS'\n"
     "                 (--auth FILE | --insecure) [--remote-blocks IDS] [--tp-rank R --tp-size N]\n"
-    "                 [--verify [--fill SEED]] [--push] [--transports LIST] [--malloc]\n"
+    "                 [--verify [--fill SEED]] [--push] [--transports LIST]\n"
+    "                 [--malloc | --memory host|cuda]\n"
     "                 [--timeout MS] [--request ID [--token HEX]]\n"
     "                 [--want] [--heartbeat MS] [--wait-before-read MS] [--json] [--verbose]\n"
     "\n"
@@ -65,6 +69,8 @@ static const char usage_fetch[] =
     "  --push              ask the prefill ranks to write the blocks in (push mode) instead\n"
     "                      of reading them\n"
     "  --fill SEED         the seed kvx serve used; default 1\n"
+    "  --memory host|cuda  where the storages live, as kvx serve's; --verify reads GPU\n"
+    "                      storages back into host memory to check them\n"
     "  --timeout MS        handshake and transfer deadline; default 10000\n"
     "  --request ID        the request id read (and notified done); default 1. A prefill\n"
     "                      rank that holds ID (kvx serve --hold) releases it on the done\n"
@@ -96,6 +102,7 @@ struct agent_args {
     const char *blocks;
     const char *remote_blocks;
     const char *transports;
+    enum cli_memory memory;
     uint64_t tp_rank;
     uint64_t tp_size;
     uint64_t seed;
@@ -232,7 +239,13 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             text = &a->auth;
         else if (strcmp(arg, "--token") == 0)
             text = &a->token;
-        else if (strcmp(arg, "--hold") == 0) {
+        else if (strcmp(arg, "--memory") == 0) {
+            if (i + 1 >= argc || !cli_memory_parse(argv[i + 1], &a->memory))
+                return i + 1 >= argc ? cli_usage_error("--memory needs a value", usage)
+                                     : EXIT_BAD_INPUT;
+            i++;
+            continue;
+        } else if (strcmp(arg, "--hold") == 0) {
             if (a->num_holds == HOLDS_MAX)
                 return cli_usage_error("more than 64 --hold options", usage);
             text = &a->holds[a->num_holds++];
@@ -253,6 +266,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
         return cli_usage_error("LAYOUT is required", usage);
     if (a->token != NULL && !cli_token_parse("--token", a->token, &a->token_value))
         return EXIT_BAD_INPUT;
+    if (a->use_malloc && a->memory == CLI_MEMORY_CUDA)
+        return cli_usage_error("--malloc registers host memory of the command's own; with "
+                               "--memory cuda kvx allocates the GPU memory",
+                               usage);
     return -1;
 }
 
@@ -299,7 +316,7 @@ static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **ag
     status = kvx_layout_load_file(a->layout, &layout);
     if (status != KVX_OK)
         return cli_fail(status);
-    cli_layout_in_host_memory(layout, listen ? "serve" : "fetch");
+    cli_layout_memory(layout, a->memory, listen ? "serve" : "fetch");
     if (listen)
         params.field_mask |= KVX_AGENT_PARAM_FIELD_LISTEN;
     if (a->transports != NULL)
@@ -448,13 +465,15 @@ int command_serve(int argc, char **argv)
         ret = EXIT_BAD_INPUT;
         goto out;
     }
+    if (storages_fill(agent, a.seed, (uint32_t)a.tp_rank) != KVX_OK) {
+        ret = EXIT_INTERNAL;
+        goto out;
+    }
     for (size_t s = 0;; s++) {
         uint64_t size;
-        void *base = kvx_agent_storage(agent, s, &size);
 
-        if (base == NULL)
+        if (kvx_agent_storage(agent, s, &size) == NULL)
             break;
-        pattern_fill(base, size, a.seed, (uint32_t)a.tp_rank, s);
         bytes += size;
     }
     kvx_agent_set_release_callback(agent, on_release, NULL);
@@ -618,7 +637,10 @@ int command_fetch(int argc, char **argv)
     ret = agent_start(&a, false, &agent, &storages, &num_storages);
     if (ret >= 0)
         goto out;
-    storages_zero(agent); /* a clean slate: what was not transferred stays zero */
+    if (storages_zero(agent) != KVX_OK) { /* a clean slate: what was not moved stays zero */
+        ret = EXIT_INTERNAL;
+        goto out;
+    }
     for (const char *p = a.peers; *p != '\0' && num_peers < KVX_MAX_TP;) {
         size_t len = strcspn(p, ",");
         char address[256];
