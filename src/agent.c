@@ -155,20 +155,38 @@ static uint64_t agent_instance(void)
     return instance != 0 ? instance : 1;
 }
 
-/* Maps "vram" storage `s` of `size` bytes on its device: the engine's device memory, checked
- * to be that device's, or device memory kvx allocates. Without CUDA in the build, the driver
- * or the device, the error names what is missing: never host memory in its place. */
+/* Opens the device of every "vram" storage, before anything else is set up: without CUDA in
+ * the build, the driver or the device, the error names the storage and what is missing. */
+static kvx_status_t agent_gpus_open(kvx_agent_t *agent)
+{
+    const kvx_regions_t *regions = agent->core.regions;
+    size_t n                     = kvx_regions_num_storages(regions);
+
+    agent->gpus      = calloc(n + 1, sizeof(*agent->gpus));
+    agent->gpu_owned = calloc(n + 1, sizeof(*agent->gpu_owned));
+    if (agent->gpus == NULL || agent->gpu_owned == NULL)
+        return error_no_memory("the agent's GPUs");
+    for (size_t s = 0; s < n; s++) {
+        if (regions->storage_mems[s] == KVX_MEM_VRAM &&
+            gpu_open(regions->storage_devices[s], &agent->gpus[s]) != KVX_OK)
+            return error_set(KVX_ERR_INVALID, "storage %s (\"mem\": \"vram\", device %lld): %s",
+                             regions->storage_names[s], (long long)regions->storage_devices[s],
+                             kvx_errmsg());
+    }
+    return KVX_OK;
+}
+
+/* Maps GPU storage `s` of `size` bytes: the engine's device memory, checked to be its
+ * device's, or device memory kvx allocates. Never host memory in its place. */
 static kvx_status_t agent_gpu_storage_map(kvx_agent_t *agent, size_t s, void *given, size_t size)
 {
     const kvx_regions_t *regions = agent->core.regions;
-    kvx_status_t status          = gpu_open(regions->storage_devices[s], &agent->gpus[s]);
+    kvx_status_t status          = KVX_OK;
     void *base                   = given;
 
-    if (status == KVX_OK && given != NULL)
+    if (given != NULL)
         status = gpu_check_device_memory(agent->gpus[s], given, size);
-    if (status == KVX_OK && given == NULL)
-        status = gpu_alloc(agent->gpus[s], size, &agent->gpu_owned[s]);
-    if (status == KVX_OK && given == NULL)
+    else if ((status = gpu_alloc(agent->gpus[s], size, &agent->gpu_owned[s])) == KVX_OK)
         base = agent->gpu_owned[s];
     if (status == KVX_OK)
         status = transport_mem_map_gpu(agent->core.transport, base, size, &agent->mems[s]);
@@ -190,17 +208,14 @@ static kvx_status_t agent_storages_map(kvx_agent_t *agent, const kvx_agent_param
     agent->core.num_storages = kvx_regions_num_storages(agent->core.regions);
     agent->mems              = calloc(agent->core.num_storages, sizeof(*agent->mems));
     agent->core.bases        = calloc(agent->core.num_storages, sizeof(*agent->core.bases));
-    agent->gpus              = calloc(agent->core.num_storages, sizeof(*agent->gpus));
-    agent->gpu_owned         = calloc(agent->core.num_storages, sizeof(*agent->gpu_owned));
-    if (agent->mems == NULL || agent->core.bases == NULL || agent->gpus == NULL ||
-        agent->gpu_owned == NULL)
+    if (agent->mems == NULL || agent->core.bases == NULL)
         return error_no_memory("the agent's storages");
     for (size_t s = 0; s < agent->core.num_storages; s++) {
         size = agent->core.regions->storage_sizes[s];
         if (size > SIZE_MAX)
             return error_set(KVX_ERR_INVALID, "storage %s: too large for this host",
                              agent->core.regions->storage_names[s]);
-        if (agent->core.regions->storage_mems[s] == KVX_MEM_VRAM)
+        if (agent->gpus[s] != NULL)
             status = agent_gpu_storage_map(agent, s, given ? params->storage_bases[s] : NULL,
                                            (size_t)size);
         else
@@ -401,8 +416,9 @@ static void agent_free(kvx_agent_t *agent)
     for (size_t s = 0; agent->mems != NULL && s < core->num_storages; s++)
         transport_mem_unmap(core->transport, agent->mems[s]);
     transport_destroy(core->transport);
-    for (size_t s = 0; agent->gpus != NULL && s < core->num_storages; s++) {
-        if (agent->gpus[s] != NULL && agent->gpu_owned != NULL)
+    /* Opened before the storages were counted: a create that failed between has some. */
+    for (size_t s = 0; agent->gpus != NULL && s < kvx_regions_num_storages(core->regions); s++) {
+        if (agent->gpus[s] != NULL)
             gpu_free(agent->gpus[s], agent->gpu_owned[s]);
         gpu_close(agent->gpus[s]);
     }
@@ -572,7 +588,7 @@ static kvx_status_t agent_transports_for_gpu(kvx_agent_t *agent, const kvx_agent
     bool gpu            = false;
 
     for (size_t s = 0; s < kvx_regions_num_storages(agent->core.regions); s++)
-        gpu |= agent->core.regions->storage_mems[s] == KVX_MEM_VRAM;
+        gpu |= agent->gpus[s] != NULL;
     if (gpu && !((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports != NULL))
         status = agent_transports_replace(&agent->transports,
                                           TRANSPORT_DEFAULT_TLS "," TRANSPORT_GPU_TLS);
@@ -606,6 +622,7 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
     if ((status = loop_init(&core->loop)) != KVX_OK || (status = agent_settings(agent, params)) ||
         (status = core->zmq != NULL ? KVX_OK : error_no_memory("a ZeroMQ context")) != KVX_OK ||
         (status = kvx_regions_register(layout, &core->regions)) != KVX_OK ||
+        (status = agent_gpus_open(agent)) != KVX_OK ||
         (status = agent_transports_for_gpu(agent, params)) != KVX_OK ||
         (status = transport_create(agent->transports, false, &core->transport)) != KVX_OK ||
         (status = agent_storages_map(agent, params)) != KVX_OK ||

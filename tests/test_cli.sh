@@ -183,4 +183,18 @@ check "bench: bad size suffix exits 2" \
   status_and_one_error_line 2 '--block-sizes: "4X" is not a list' bench --block-sizes 4X
 check "bench: bad size suffix: exactly one stderr line" test "$(wc -l <"$tmp/stderr")" -eq 1
 
+# --memory (docs/gpu.md): host or cuda, and GPU memory is kvx's to allocate, never --malloc's.
+v41=$src/layouts/models/deepseek-v4.1-demo.json
+for command in "serve $v41 --listen 127.0.0.1:0 --insecure" "fetch $v41 --peer 127.0.0.1:1 --blocks 0:1" bench demo; do
+  # shellcheck disable=SC2086 # the command's words
+  check "${command%% *} --memory gpu exits 2 naming the two kinds" \
+    status_and_one_error_line 2 '--memory: "gpu" is neither host nor cuda' $command --memory gpu
+done
+check "serve --malloc --memory cuda exits 2: GPU memory is kvx's to allocate" \
+  status_and_one_error_line 2 "--malloc registers host memory" serve "$v41" --listen 127.0.0.1:0 --insecure --malloc --memory cuda
+check "bench --malloc --memory cuda exits 2" \
+  status_and_one_error_line 2 "bench: --malloc registers host memory" bench --malloc --memory cuda
+check "serve on a vram layout says it keeps the storages in host memory" \
+  bash -c "timeout 10 '$kvx' serve '$v41' --listen 127.0.0.1:0 --insecure --hold 1=0:999999 2>&1 | grep -q 'kvx serve: 1 of the layout.s storages say \"vram\"; this run keeps them in host memory'"
+
 checks_done

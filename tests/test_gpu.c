@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,12 +107,74 @@ static void a_vram_storage_without_a_gpu_is_refused_by_name(void **state)
     kvx_layout_destroy(layout);
 }
 
+/* Writes a pattern into 4 KiB of storage 0 of `agent` at 8 KiB, reads it back through the
+ * agent, and checks the bounds: a range past the end or a storage that is not there is
+ * refused and changes nothing. */
+static void storage_round_trip(kvx_agent_t *agent)
+{
+    uint8_t in[4096];
+    uint8_t out[4096];
+    uint8_t before[16];
+    uint8_t after[16];
+
+    for (size_t i = 0; i < sizeof(in); i++)
+        in[i] = (uint8_t)(i * 7 + 3);
+    assert_int_equal(kvx_agent_storage_write(agent, 0, 8192, in, sizeof(in)), KVX_OK);
+    assert_int_equal(kvx_agent_storage_read(agent, 0, 8192, out, sizeof(out)), KVX_OK);
+    assert_memory_equal(in, out, sizeof(in));
+    assert_int_equal(kvx_agent_storage_read(agent, 0, 65536 - 16, before, 16), KVX_OK);
+    assert_int_equal(kvx_agent_storage_write(agent, 0, 65536 - 8, in, 16), KVX_ERR_OUT_OF_RANGE);
+    assert_non_null(strstr(kvx_errmsg(), "pass its end (65536 bytes)"));
+    assert_int_equal(kvx_agent_storage_write(agent, 0, UINT64_MAX, in, 16), KVX_ERR_OUT_OF_RANGE);
+    assert_int_equal(kvx_agent_storage_read(agent, 0, 65536 - 16, after, 16), KVX_OK);
+    assert_memory_equal(before, after, 16);
+    assert_int_equal(kvx_agent_storage_write(agent, 1, 0, in, 16), KVX_ERR_OUT_OF_RANGE);
+    assert_int_equal(kvx_agent_storage_read(agent, 1, 0, out, 16), KVX_ERR_OUT_OF_RANGE);
+}
+
+/* What the command line fills and checks storages with: host memory here, and device memory
+ * where there is a GPU (a "vram" storage kvx allocated, read back byte-exact). */
+static void storages_are_written_and_read_through_the_agent(void **state)
+{
+    static const char layout[] =
+        "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 65536, 'mem': '%s'}], "
+        "'views': [{'name': 'layers.0.mla', 'kind': 'mla', 'storage': 'kv', 'page': 4096, "
+        "'stride': 4096, 'num_blocks': 16}]}";
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_INSECURE, .insecure = true};
+    kvx_agent_t *agent        = NULL;
+    struct gpu *gpu           = NULL;
+    kvx_status_t status;
+    char text[512];
+
+    (void)state;
+    snprintf(text, sizeof(text), layout, "dram");
+    assert_int_equal(agent_from_quoted(text, &params, &agent), KVX_OK);
+    assert_int_equal(kvx_agent_storage_mem(agent, 0), KVX_MEM_DRAM);
+    storage_round_trip(agent);
+    assert_memory_equal((uint8_t *)kvx_agent_storage(agent, 0, NULL) + 8192 + 1, "\x0a", 1);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    if (gpu_open(0, &gpu) != KVX_OK) {
+        print_message("no GPU here: the vram round trip is not run (%s)\n", kvx_errmsg());
+        return;
+    }
+    gpu_close(gpu);
+    snprintf(text, sizeof(text), layout, "vram");
+    status = agent_from_quoted(text, &params, &agent);
+    if (status != KVX_OK)
+        print_message("an agent on GPU memory: %s\n", kvx_errmsg());
+    assert_int_equal(status, KVX_OK);
+    assert_int_equal(kvx_agent_storage_mem(agent, 0), KVX_MEM_VRAM);
+    storage_round_trip(agent);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(device_memory_moves_exact_bytes_or_the_failure_names_what_is_missing),
         cmocka_unit_test(a_device_that_is_not_there_is_refused),
         cmocka_unit_test(a_vram_storage_without_a_gpu_is_refused_by_name),
+        cmocka_unit_test(storages_are_written_and_read_through_the_agent),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

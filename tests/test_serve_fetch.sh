@@ -202,6 +202,28 @@ stop_server
 check "serve --metrics with a bad address: status 2 and one error line" \
   bash -c "'$kvx' serve '$tmp/v41.json' --listen 127.0.0.1:0 --metrics nowhere >/dev/null 2>'$tmp/err'; [[ \$? -eq 2 ]] && grep -q 'kvx: error: --metrics: \"nowhere\" is not IPV4:PORT' '$tmp/err'"
 
+# GPU memory (docs/gpu.md). A probe serve with --memory cuda: without a GPU (or CUDA in this
+# build, or the driver) it exits 2 at once, naming the storage and what is missing, and
+# nothing is served; with one it serves, and D moves VRAM to VRAM, VRAM to host and host to
+# VRAM, pulled and pushed, every byte verified (read back through host memory).
+"$kvx" serve "$tmp/v41.json" --listen 127.0.0.1:0 --memory cuda --hold 1=0:999999 >"$tmp/gpu" 2>&1
+if grep -Eq 'no CUDA support|needs the NVIDIA driver|no CUDA device' "$tmp/gpu"; then
+  echo "no GPU here: $(grep -m1 'kvx: error' "$tmp/gpu")"
+  check "serve --memory cuda without a GPU: one error naming the storage and what is missing" \
+    grep -Eqx 'kvx: error: storage kv_cache \("mem": "vram", device 0\): .*(no CUDA support|NVIDIA driver|no CUDA device).*' "$tmp/gpu"
+else
+  serve "$tmp/v41.json" --memory cuda
+  check "GPU: pull VRAM to VRAM, verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3,5,60;2:7-9' --memory cuda
+  check "GPU: pull VRAM to host, verified" fetch_verified "$tmp/v41.json" '0:1-9;1:0;2:63'
+  check "GPU: push VRAM to VRAM, verified" fetch_verified "$tmp/v41.json" '0:40-47;1:0;2:63' --memory cuda --push
+  check "GPU: push VRAM to host, verified" fetch_verified "$tmp/v41.json" '0:2,4;1:9;2:1' --push
+  stop_server
+  serve "$tmp/v41.json"
+  check "GPU: pull host to VRAM, verified" fetch_verified "$tmp/v41.json" '0:0-31;1:3;2:7' --memory cuda
+  check "GPU: push host to VRAM, verified" fetch_verified "$tmp/v41.json" '0:5-9;1:3;2:7' --memory cuda --push
+  stop_server
+fi
+
 # kvx demo (what make demo runs): two processes, a batch of requests, every byte verified.
 check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && tail -n 1 '$tmp/demo' | grep -qx verified && [[ \$(grep -c ', verified\$' '$tmp/demo') -eq 16 ]]"
 

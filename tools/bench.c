@@ -730,7 +730,8 @@ int bench_main(int argc, char **argv)
             return EXIT_BAD_INPUT;
         ret = bench_layout_run(&a, layout, NULL, 2 * a.batch, true);
         kvx_layout_destroy(layout);
-        bench_footer_print(&a);
+        if (ret <= 0)
+            bench_footer_print(&a);
         return ret;
     }
     for (size_t l = 0; l < a.num_layouts && ret <= 0; l++) {
@@ -741,6 +742,7 @@ int bench_main(int argc, char **argv)
         ret = bench_layout_run(&a, layout, a.layouts[l], capacity, l == 0);
         kvx_layout_destroy(layout);
     }
-    bench_footer_print(&a);
+    if (ret <= 0)
+        bench_footer_print(&a);
     return ret < 0 ? 0 : ret;
 }
