@@ -282,9 +282,24 @@ static PyObject *layout_in_host_memory(LayoutObject *self, PyObject *unused)
     return PyLong_FromSize_t(moved);
 }
 
+/* Each storage's memory kind, as the layout format spells it ("dram", "vram"). */
+static PyObject *layout_storage_mems(LayoutObject *self, PyObject *unused)
+{
+    size_t n       = kvx_layout_num_storages(self->layout);
+    PyObject *mems = PyList_New((Py_ssize_t)n);
+
+    (void)unused;
+    for (size_t s = 0; mems != NULL && s < n; s++)
+        PyList_SET_ITEM(
+            mems, (Py_ssize_t)s,
+            PyUnicode_FromString(kvx_mem_type_str(kvx_layout_storage_mem(self->layout, s))));
+    return mems;
+}
+
 static PyMethodDef layout_methods[] = {
     {"regions", (PyCFunction)layout_regions, METH_NOARGS, "register: the region table"},
     {"storage_sizes", (PyCFunction)layout_storages, METH_NOARGS, "bytes of each storage"},
+    {"storage_mems", (PyCFunction)layout_storage_mems, METH_NOARGS, "memory kind of each storage"},
     {"in_host_memory", (PyCFunction)layout_in_host_memory, METH_NOARGS,
      "vram storages become host memory; how many"},
     {NULL, NULL, 0, NULL},
@@ -500,21 +515,34 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
             PyObject *item = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)s);
             uint64_t size  = kvx_layout_storage_size(layout->layout, s);
 
+            unsigned long long address;
+            unsigned long long bytes;
+
             if (item == Py_None)
                 continue;
-            if (PyObject_GetBuffer(item, &self->memory[s], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) !=
-                0) {
+            /* (address, bytes): memory the package found through __cuda_array_interface__
+             * or DLPack (python/kvx/__init__.py keeps its owner alive). */
+            if (PyTuple_Check(item)) {
+                if (!PyArg_ParseTuple(item, "KK", &address, &bytes)) {
+                    Py_DECREF(seq);
+                    goto fail;
+                }
+            } else if (PyObject_GetBuffer(item, &self->memory[s],
+                                          PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) == 0) {
+                address = (uintptr_t)self->memory[s].buf;
+                bytes   = (unsigned long long)self->memory[s].len;
+            } else {
                 Py_DECREF(seq);
                 goto fail;
             }
-            if ((uint64_t)self->memory[s].len < size) {
+            if (bytes < size || address == 0) {
                 PyErr_Format(PyExc_ValueError,
-                             "memory: storage %zu needs %llu bytes, its buffer has %zd", s,
-                             (unsigned long long)size, self->memory[s].len);
+                             "memory: storage %zu needs %llu bytes, its memory has %llu", s,
+                             (unsigned long long)size, bytes);
                 Py_DECREF(seq);
                 goto fail;
             }
-            bases[s]   = self->memory[s].buf;
+            bases[s]   = (void *)(uintptr_t)address;
             any_memory = true;
         }
         Py_DECREF(seq);
@@ -715,7 +743,69 @@ static PyObject *agent_storage(AgentObject *self, PyObject *arg)
         PyErr_SetString(PyExc_IndexError, "storage index out of range");
         return NULL;
     }
+    if (kvx_agent_storage_mem(agent, (size_t)index) == KVX_MEM_VRAM) {
+        PyErr_Format(PyExc_ValueError,
+                     "storage %zd is GPU memory, which the host cannot address: copy with "
+                     "read_storage and write_storage",
+                     index);
+        return NULL;
+    }
     return PyMemoryView_FromMemory(base, (Py_ssize_t)size, PyBUF_WRITE);
+}
+
+/* read_storage(index, offset, nbytes) -> bytes, whatever the storage's memory kind. */
+static PyObject *agent_read_storage(AgentObject *self, PyObject *args)
+{
+    kvx_agent_t *agent = agent_get(self);
+    Py_ssize_t index;
+    unsigned long long offset;
+    Py_ssize_t nbytes;
+    PyObject *out;
+    kvx_status_t status;
+
+    if (agent == NULL || !PyArg_ParseTuple(args, "nKn", &index, &offset, &nbytes))
+        return NULL;
+    if (index < 0 || nbytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "read_storage: a negative index or size");
+        return NULL;
+    }
+    out = PyBytes_FromStringAndSize(NULL, nbytes);
+    if (out == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = kvx_agent_storage_read(agent, (size_t)index, offset, PyBytes_AS_STRING(out),
+                                    (size_t)nbytes);
+    Py_END_ALLOW_THREADS
+    if (status != KVX_OK) {
+        Py_DECREF(out);
+        return raise_status(status, NULL);
+    }
+    return out;
+}
+
+/* write_storage(index, offset, data): data is any buffer of host memory. */
+static PyObject *agent_write_storage(AgentObject *self, PyObject *args)
+{
+    kvx_agent_t *agent = agent_get(self);
+    Py_ssize_t index;
+    unsigned long long offset;
+    Py_buffer data;
+    kvx_status_t status;
+
+    if (agent == NULL || !PyArg_ParseTuple(args, "nKy*", &index, &offset, &data))
+        return NULL;
+    if (index < 0) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "write_storage: a negative index");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    status = kvx_agent_storage_write(agent, (size_t)index, offset, data.buf, (size_t)data.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    Py_RETURN_NONE;
 }
 
 /* token bytes (KVX_TOKEN_LEN) into *token; -1 with an exception otherwise. */
@@ -817,6 +907,10 @@ static PyMethodDef agent_methods[] = {
     {"fileno", (PyCFunction)agent_fileno, METH_NOARGS, "the descriptor to wait on"},
     {"stats", (PyCFunction)agent_stats, METH_NOARGS, "the counters, as a dict"},
     {"storage", (PyCFunction)agent_storage, METH_O, "storage INDEX as a writable memoryview"},
+    {"read_storage", (PyCFunction)agent_read_storage, METH_VARARGS,
+     "read_storage(index, offset, nbytes) -> bytes"},
+    {"write_storage", (PyCFunction)agent_write_storage, METH_VARARGS,
+     "write_storage(index, offset, data)"},
     {"hold", (PyCFunction)agent_hold, METH_VARARGS, "hold(request_id, blocks, consumers, token)"},
     {"connect", (PyCFunction)agent_connect, METH_O, "connect to a prefill agent at HOST:PORT"},
     {NULL, NULL, 0, NULL},
@@ -1157,7 +1251,55 @@ static PyObject *mod_ucx_version(PyObject *module, PyObject *unused)
     return PyUnicode_FromString(kvx_ucx_version());
 }
 
+/* DLPack's tensor (dlpack.h, its ABI stable since v0.6), spelled out here: the first member of
+ * the DLManagedTensor a "dltensor" capsule holds. */
+struct dlpack_tensor {
+    void *data;
+    int32_t device_type; /* kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3, ... */
+    int32_t device_id;
+    int32_t ndim;
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+    int64_t *shape;
+    int64_t *strides; /* in elements; NULL: C-contiguous */
+    uint64_t byte_offset;
+};
+
+/* dlpack_memory(capsule) -> (address, bytes, device_type, device_id) of a C-contiguous
+ * tensor, read from the capsule in place: the capsule and its producer stay the owners. */
+static PyObject *mod_dlpack_memory(PyObject *module, PyObject *capsule)
+{
+    const struct dlpack_tensor *t = PyCapsule_GetPointer(capsule, "dltensor");
+    uint64_t bytes;
+    uint64_t expected = 1; /* the stride of dimension d if C-contiguous, in elements */
+
+    (void)module;
+    if (t == NULL)
+        return NULL;
+    if (t->bits == 0 || t->bits % 8 != 0 || t->lanes != 1 || t->ndim < 0 ||
+        (t->ndim > 0 && t->shape == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "DLPack: elements of whole bytes and one lane only");
+        return NULL;
+    }
+    bytes = t->bits / 8;
+    for (int32_t d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] < 0 || __builtin_mul_overflow(bytes, (uint64_t)t->shape[d], &bytes)) {
+            PyErr_SetString(PyExc_ValueError, "DLPack: a shape out of range");
+            return NULL;
+        }
+        if (t->strides != NULL && t->shape[d] > 1 && (uint64_t)t->strides[d] != expected) {
+            PyErr_SetString(PyExc_ValueError, "DLPack: the tensor is not C-contiguous");
+            return NULL;
+        }
+        expected *= (uint64_t)t->shape[d];
+    }
+    return Py_BuildValue("KKii", (unsigned long long)((uintptr_t)t->data + t->byte_offset),
+                         (unsigned long long)bytes, (int)t->device_type, (int)t->device_id);
+}
+
 static PyMethodDef module_methods[] = {
+    {"dlpack_memory", mod_dlpack_memory, METH_O, "(address, bytes, device_type, device_id)"},
     {"layout_load", mod_layout_load, METH_O, "a layout file"},
     {"layout_from_json", mod_layout_from_json, METH_O, "a layout from JSON text or bytes"},
     {"token_generate", mod_token_generate, METH_NOARGS, "a new random hold token"},

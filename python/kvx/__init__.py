@@ -98,22 +98,62 @@ class Layout:
     def storage_sizes(self):
         return self._handle.storage_sizes()
 
+    def storage_mems(self):
+        """Each storage's memory kind: "dram" (host) or "vram" (GPU)."""
+        return self._handle.storage_mems()
+
     def in_host_memory(self):
         """Turns the layout's "vram" storages into host memory and returns how many changed:
         kvx never registers host buffers for a GPU storage on its own."""
         return self._handle.in_host_memory()
 
 
-def _buffer_of(obj):
-    """Something with the buffer protocol for `obj`: itself, or for a CPU torch.Tensor (which
-    has none) the numpy array that shares its memory."""
+_DLPACK_CPU, _DLPACK_CUDA = 1, 2  # DLPack's device types kDLCPU and kDLCUDA
+
+
+def _cuda_array_memory(obj):
+    """(address, bytes) of an object with __cuda_array_interface__ (CuPy, Numba, a CUDA
+    torch.Tensor): writable and C-contiguous, or an error saying which it is not."""
+    cai = obj.__cuda_array_interface__
+    address, readonly = cai["data"]
+    if readonly:
+        raise BufferError("__cuda_array_interface__: the array is read-only")
+    itemsize = int(cai["typestr"][2:])
+    shape = tuple(cai["shape"])
+    count = 1
+    for n in shape:
+        count *= n
+    strides = cai.get("strides")
+    if strides is not None:
+        expected = itemsize
+        for n, stride in reversed(list(zip(shape, strides))):
+            if n > 1 and stride != expected:
+                raise ValueError("__cuda_array_interface__: the array is not C-contiguous")
+            expected *= n
+    return address, count * itemsize
+
+
+def _memory_of(obj):
+    """What kvx registers for `obj`, and the memory kind it is: ("vram", (address, bytes)) for
+    CUDA memory (__cuda_array_interface__, or DLPack on a CUDA device), ("dram", buffer) for
+    anything with the buffer protocol (or a CPU torch.Tensor's numpy view), ("dram",
+    (address, bytes)) for a CPU DLPack tensor without one."""
+    if hasattr(obj, "__cuda_array_interface__"):
+        return "vram", _cuda_array_memory(obj)
     try:
         memoryview(obj)
-        return obj
+        return "dram", obj
     except TypeError:
-        if hasattr(obj, "numpy"):
-            return obj.numpy()
-        raise
+        pass
+    if hasattr(obj, "__dlpack__"):
+        address, size, device_type, _ = _kvx.dlpack_memory(obj.__dlpack__())
+        if device_type not in (_DLPACK_CPU, _DLPACK_CUDA):
+            raise ValueError("DLPack: device type %d is neither CPU nor CUDA" % device_type)
+        return ("vram" if device_type == _DLPACK_CUDA else "dram"), (address, size)
+    if hasattr(obj, "numpy"):
+        return "dram", obj.numpy()
+    raise TypeError("memory: %s has neither the buffer protocol, __cuda_array_interface__ nor "
+                    "DLPack" % type(obj).__name__)
 
 
 def _groups(blocks):
@@ -270,9 +310,11 @@ class Peer:
 class Agent:
     """One worker's storages, region table, transport and side channel.
 
-    memory maps storage names to writable buffers the engine owns (bytearray, numpy arrays,
-    memoryview, CPU torch tensors), registered in place; without it kvx allocates every
-    storage (agent.storage(name)). The C agent is made on first use: call listen() first on
+    memory maps storage names to writable memory the engine owns, registered in place: host
+    buffers (bytearray, numpy arrays, memoryview, CPU torch tensors) for "dram" storages, and
+    for "vram" storages GPU memory through __cuda_array_interface__ or DLPack (a CUDA
+    torch.Tensor, CuPy; docs/gpu.md). Without it kvx allocates every storage
+    (agent.storage(name)). The C agent is made on first use: call listen() first on
     a prefill agent. auth is a key file's path or the secret's bytes (default: the file
     KVX_AUTH_FILE names); insecure=True allows no secret, on loopback only."""
 
@@ -298,17 +340,29 @@ class Agent:
         unknown = set(memory) - set(self._names)
         if unknown:
             raise ValueError("memory: no storage named %s" % ", ".join(sorted(unknown)))
-        memory = {name: _buffer_of(buf) for name, buf in memory.items()}
+        self._owners = dict(memory)  # what the registered addresses belong to, kept alive
+        memory = {name: _memory_of(obj) for name, obj in memory.items()}
         # checked now, before any agent exists: the C layer checks again when it registers
-        for name, size in zip(self._names, self._layout.storage_sizes()):
-            if name in memory:
-                view = memoryview(memory[name])
+        for name, size, mem in zip(self._names, self._layout.storage_sizes(),
+                                   self._layout.storage_mems()):
+            if name not in memory:
+                continue
+            kind, registered = memory[name]
+            if kind != mem:
+                raise ValueError(
+                    "memory: storage %s is \"%s\" in the layout, its memory is %s" % (
+                        name, mem, "GPU memory" if kind == "vram" else "host memory")
+                    + (" (layout.in_host_memory() makes it host memory)" if mem == "vram" else ""))
+            nbytes = registered[1] if isinstance(registered, tuple) else None
+            if nbytes is None:
+                view = memoryview(registered)
                 if view.readonly:
                     raise BufferError("memory: storage %s: the buffer is read-only" % name)
-                if view.nbytes < size:
-                    raise ValueError("memory: storage %s needs %d bytes, its buffer has %d"
-                                     % (name, size, view.nbytes))
-        return [memory.get(name) for name in self._names]
+                nbytes = view.nbytes
+            if nbytes < size:
+                raise ValueError("memory: storage %s needs %d bytes, its memory has %d"
+                                 % (name, size, nbytes))
+        return [memory[name][1] if name in memory else None for name in self._names]
 
     @staticmethod
     def _auth_key(auth):
@@ -357,9 +411,19 @@ class Agent:
         return self._agent().stats()
 
     def storage(self, name):
-        """Storage `name` (or its index) as a writable memoryview."""
-        index = self._names.index(name) if isinstance(name, str) else name
-        return self._agent().storage(index)
+        """Storage `name` (or its index) as a writable memoryview; host storages only."""
+        return self._agent().storage(self._index(name))
+
+    def read_storage(self, name, offset, nbytes):
+        """`nbytes` bytes of storage `name` (or its index) from `offset`, host or GPU."""
+        return self._agent().read_storage(self._index(name), offset, nbytes)
+
+    def write_storage(self, name, offset, data):
+        """Copies `data` (host memory) into storage `name` (or its index) at `offset`."""
+        self._agent().write_storage(self._index(name), offset, data)
+
+    def _index(self, name):
+        return self._names.index(name) if isinstance(name, str) else name
 
     def hold(self, request_id, blocks, *, consumers=1, token=None):
         """Prefill side: holds the blocks until `consumers` ranks reported done or the lease

@@ -254,3 +254,86 @@ def test_a_cpu_torch_tensor_is_registered_in_place(tmp_path):
         check_bytes(cache.numpy(), path, {0: [1]})
         peer.close()
     assert prefill.finish()["stats"]["released"] == 1
+
+
+class CudaArray:
+    """An object that says it is CUDA memory (__cuda_array_interface__, as CuPy arrays and CUDA
+    torch tensors do) over a numpy array's host memory: enough to follow the path to the
+    registration, which must refuse it (no GPU here; on a GPU machine: not device memory)."""
+
+    def __init__(self, array, readonly=False, strides=None):
+        self.array = array
+        self.__cuda_array_interface__ = {"data": (array.ctypes.data, readonly),
+                                         "shape": array.shape, "typestr": array.dtype.str,
+                                         "strides": strides, "version": 3}
+
+
+class DLPackOnly:
+    """A tensor known only through DLPack (no buffer protocol), over a numpy array."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+VRAM = dict(SMALL, storages=[{"name": "kv", "size": 65536, "mem": "vram", "device": 0}])
+
+
+def test_cuda_memory_for_a_vram_storage_is_refused_by_name_unless_it_is_device_memory():
+    """GPU memory from Python reaches the registration, which checks it with the CUDA driver:
+    host memory claiming to be CUDA's is refused, naming the storage (and, without a GPU,
+    what is missing)."""
+    layout = kvx.Layout.from_dict(VRAM)
+    assert layout.storage_mems() == ["vram"]
+    agent = kvx.Agent(layout, {"kv": CudaArray(np.zeros(65536, np.uint8))}, insecure=True)
+    with pytest.raises(kvx.InvalidError, match=r'storage kv \("mem": "vram", device 0\): '):
+        agent.stats()
+
+
+def test_memory_of_the_wrong_kind_is_refused_before_any_agent():
+    with pytest.raises(ValueError, match=r'storage kv is "dram" in the layout, its memory is '
+                                         r'GPU memory'):
+        kvx.Agent(kvx.Layout.from_dict(SMALL), {"kv": CudaArray(np.zeros(65536, np.uint8))},
+                  insecure=True)
+    with pytest.raises(ValueError, match=r'storage kv is "vram" in the layout, its memory is '
+                                         r'host memory \(layout.in_host_memory\(\)'):
+        kvx.Agent(kvx.Layout.from_dict(VRAM), {"kv": np.zeros(65536, np.uint8)}, insecure=True)
+
+
+def test_cuda_array_interface_memory_must_be_writable_contiguous_and_large_enough():
+    layout = kvx.Layout.from_dict(VRAM)
+    with pytest.raises(BufferError, match="read-only"):
+        kvx.Agent(layout, {"kv": CudaArray(np.zeros(65536, np.uint8), readonly=True)},
+                  insecure=True)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        kvx.Agent(layout, {"kv": CudaArray(np.zeros((256, 256), np.uint8), strides=(1, 256))},
+                  insecure=True)
+    with pytest.raises(ValueError, match="needs 65536 bytes, its memory has 32768"):
+        kvx.Agent(layout, {"kv": CudaArray(np.zeros(16384, np.float16))}, insecure=True)
+
+
+def test_a_dlpack_tensor_is_registered_in_place(tmp_path):
+    """A tensor known only through DLPack: registered at its own address, so a pull lands
+    in it, and read_storage/write_storage reach the same bytes."""
+    path = write_layout(tmp_path, SMALL)
+    prefill = Prefill(path, {0: [1]})
+    cache = np.zeros(65536, np.uint8)
+    with kvx.Agent(kvx.Layout.load(path), {"kv": DLPackOnly(cache)}) as agent:
+        peer = agent.connect(prefill.address)
+        peer.read({0: [1]}, request_id=7, token=prefill.token)
+        check_bytes(cache, path, {0: [1]})
+        agent.write_storage("kv", 100, b"abc")
+        assert bytes(cache[100:103]) == b"abc"
+        assert agent.read_storage("kv", 4096, 16) == cache[4096:4112].tobytes()
+        with pytest.raises(kvx.OutOfRangeError, match="pass its end"):
+            agent.read_storage("kv", 65536 - 8, 16)
+        peer.close()
+    assert prefill.finish()["stats"]["released"] == 1
+    strided = DLPackOnly(np.zeros((256, 512), np.uint8)[:, ::2])
+    with pytest.raises(ValueError, match="DLPack: the tensor is not C-contiguous"):
+        kvx.Agent(kvx.Layout.load(path), {"kv": strided}, insecure=True)
