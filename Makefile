@@ -6,9 +6,9 @@ CMAKE_FLAGS ?=
 # --ucx-wheel) instead of the system's; UCX=PREFIX against a UCX installed there.
 UCX ?= system
 ifeq ($(UCX),wheel)
-CMAKE_FLAGS += -DKVX_UCX_ROOT=$(shell scripts/install-deps --ucx-wheel)
+override CMAKE_FLAGS += -DKVX_UCX_ROOT=$(shell scripts/install-deps --ucx-wheel)
 else ifneq ($(UCX),system)
-CMAKE_FLAGS += -DKVX_UCX_ROOT=$(UCX)
+override CMAKE_FLAGS += -DKVX_UCX_ROOT=$(UCX)
 endif
 
 .PHONY: all build test demo bench clean deps format
