@@ -6,7 +6,7 @@
 # usage: bench/gpu.sh [BUILD_DIR] [--memory cuda|host] [--json]
 #   env: SIZES (64K,1M,16M), BATCH (16), ITERS (50 kvx transfers a point), RUNS (3),
 #        PERFTEST (the ucx_perftest of the UCX kvx runs on; default the one on PATH)
-# Loopback only: UCX_NET_DEVICES=lo. Every ucx_perftest server is stopped on exit.
+# Loopback only: UCX_NET_DEVICES=lo.
 set -euo pipefail
 build=build
 memory=cuda
@@ -31,40 +31,18 @@ tls=sm,cma,tcp
 [ "$memory" = cuda ] && tls=sm,cma,tcp,cuda_copy,cuda_ipc # what kvx's agents default to
 export UCX_NET_DEVICES=lo                                 # never another interface
 tmp=$(mktemp -d)
-servers=()
-cleanup() {
-  for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+trap 'rm -rf "$tmp"' EXIT
 [ -x "$kvx" ] || { echo "gpu.sh: error: $kvx is not built" >&2; exit 2; }
 [ -n "$perftest_bin" ] && [ -x "$perftest_bin" ] ||
   { echo "gpu.sh: error: no ucx_perftest (set PERFTEST)" >&2; exit 2; }
 
-# perftest TEST SIZE RUN: one ucx_perftest server and client on a free port, both buffers
-# in $memory; appends {"perftest": ...} to the results.
+# perftest TEST SIZE RUN: both buffers in $memory; appends {"perftest": ...} to the results.
+source "$(dirname "$0")/perftest.sh"
 perftest() {
-  local test=$1 size=$2 run=$3 n line port pid=
-  n=$(((1 << 30) / size)) # about 1 GiB a test
-  [ "$n" -gt 5000 ] && n=5000
-  [ "$n" -lt 50 ] && n=50
-  for _ in $(seq 20); do # a port is free when a server stays up on it
-    port=$((20000 + RANDOM % 40000))
-    UCX_TLS=$tls "$perftest_bin" -p "$port" >"$tmp/server" 2>&1 &
-    pid=$!
-    servers+=("$pid")
-    sleep 0.3
-    kill -0 "$pid" 2>/dev/null && break
-    pid=
-  done
-  [ -n "$pid" ] || { echo "gpu.sh: error: no free port for ucx_perftest" >&2; exit 1; }
-  line=$(UCX_TLS=$tls timeout 300 "$perftest_bin" 127.0.0.1 -p "$port" -t "$test" -s "$size" \
-    -n "$n" -w $((n / 10 + 1)) -m "$memory,$memory" -f 2>"$tmp/client.err" |
-    awk '$1 ~ /^[0-9]+$/ && NF >= 8' | tail -n 1) || true
-  wait "$pid" 2>/dev/null || true
+  local test=$1 size=$2 run=$3 line
+  line=$(perftest_row "$perftest_bin" "$tls" "$test" "$size" "$memory,$memory")
   if [ -z "$line" ]; then
-    echo "gpu.sh: ucx_perftest $test -s $size -m $memory gave nothing: $(head -c 300 "$tmp/client.err")" >&2
+    echo "gpu.sh: ucx_perftest $test -s $size -m $memory gave nothing: $(head -c 300 "$tmp/perftest.err")" >&2
     echo "{\"perftest\": \"$test\", \"block_size\": $size, \"run\": $run, \"gbps\": null}" >>"$tmp/results"
     return
   fi

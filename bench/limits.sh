@@ -5,7 +5,7 @@
 # usage: bench/limits.sh [BUILD_DIR] [--json]
 #   env: SIZES (4K,64K,1M,16M), BATCH (16), ITERS (30 kvx transfers per point),
 #        TLS_LIST ("sm,cma,tcp cma,tcp": the ucx_perftest transports; add posix,tcp)
-# Loopback only: UCX_NET_DEVICES=lo. Every ucx_perftest server is stopped on exit.
+# Loopback only: UCX_NET_DEVICES=lo.
 set -euo pipefail
 build=${1:-build}
 json=${2:-}
@@ -16,40 +16,20 @@ kvx=$build/kvx
 probe=$build/bench/limits_probe
 export UCX_NET_DEVICES=lo # never another interface
 tmp=$(mktemp -d)
-servers=()
-cleanup() {
-  for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+trap 'rm -rf "$tmp"' EXIT
 for tool in "$kvx" "$probe"; do
   [ -x "$tool" ] || { echo "limits.sh: error: $tool is not built (cmake --build $build)" >&2; exit 2; }
 done
 command -v ucx_perftest >/dev/null ||
   { echo "limits.sh: error: ucx_perftest not found (Debian package ucx-utils)" >&2; exit 2; }
 
-# perftest TLS TEST SIZE: one ucx_perftest server and client on a free port; appends
-# {"perftest": ...} with bandwidth (GB/s), message rate and median latency to results.
+# perftest TLS TEST SIZE: appends {"perftest": ...} with bandwidth (GB/s), message rate and
+# median latency to results.
+source "$(dirname "$0")/perftest.sh"
 perftest() {
-  local tls=$1 test=$2 size=$3 n line port pid=
-  n=$(((1 << 28) / size)) # about 256 MiB a test: seconds even where a get costs 1 ms
-  [ "$n" -gt 5000 ] && n=5000
-  [ "$n" -lt 100 ] && n=100
-  for _ in $(seq 20); do # a port is free when a server stays up on it
-    port=$((20000 + RANDOM % 40000))
-    UCX_TLS=$tls ucx_perftest -p "$port" >"$tmp/server" 2>&1 &
-    pid=$!
-    servers+=("$pid")
-    sleep 0.3
-    kill -0 "$pid" 2>/dev/null && break
-    pid=
-  done
-  [ -n "$pid" ] || { echo "limits.sh: error: no free port for ucx_perftest" >&2; exit 1; }
-  line=$(UCX_TLS=$tls timeout 300 ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" \
-    -n "$n" -w $((n / 10 + 1)) -m host -f 2>/dev/null | awk '$1 ~ /^[0-9]+$/ && NF >= 8' | tail -n 1)
-  wait "$pid" 2>/dev/null || true
-  [ -n "$line" ] || { echo "limits.sh: error: ucx_perftest $test -s $size over $tls gave nothing" >&2; exit 1; }
+  local tls=$1 test=$2 size=$3 line
+  line=$(perftest_row ucx_perftest "$tls" "$test" "$size" host)
+  [ -n "$line" ] || { echo "limits.sh: error: ucx_perftest $test -s $size over $tls gave nothing: $(cat "$tmp/perftest.err")" >&2; exit 1; }
   # -f columns: iterations, latency p50/avg/overall (us), bandwidth avg/overall (MiB/s), rate.
   echo "$line" | awk -v tls="$tls" -v test="$test" -v size="$size" '{
     printf "{\"perftest\": \"%s\", \"tls\": \"%s\", \"block_size\": %d, \"gbps\": %.4f, ", test, tls, size, $6 * 1048576 / 1e9
