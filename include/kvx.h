@@ -908,8 +908,8 @@ typedef struct kvx_verify_result {
  * now, running the agent's loop until every answer came or the agent's timeout passed, and
  * returns KVX_OK, KVX_ERR_MISMATCH or the failure; a pull's prefill side may have reused its
  * blocks after the done by then, so verify before completion where that matters. The peers
- * must still be up. Errors: KVX_ERR_INVALID for a failed or cancelled transfer, or one whose
- * callback is running; KVX_ERR_OUT_OF_RANGE for a local storage not in host memory. */
+ * must still be up, and the transfer must not be destroyed while this runs. Errors:
+ * KVX_ERR_INVALID for a failed or cancelled transfer, or one being verified already. */
 KVX_API kvx_status_t kvx_xfer_verify(kvx_xfer_t *xfer);
 
 /* The transfer's last verification; result_p->requested is false if it had none. */

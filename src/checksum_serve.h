@@ -1,6 +1,6 @@
 /* checksum_serve.h: checksums of this agent's own memory for verification: the prefill side's
  * answer to VERB_CHECKSUM, and the decode side's checksums of what landed. Every range is
- * checked to lie inside one of our DRAM storages before a byte of it is read. */
+ * checked to lie inside one of our storages before a byte of it is read. */
 #ifndef KVX_SRC_CHECKSUM_SERVE_H
 #define KVX_SRC_CHECKSUM_SERVE_H
 
@@ -8,9 +8,9 @@
 #include "core.h"
 #include "sidechan.h"
 
-/* KVX_OK when `range` lies inside storage range->storage of this agent and that storage is in
- * host memory (a CPU hash of device memory would fault); otherwise KVX_ERR_OUT_OF_RANGE
- * naming the range and the storage. `side` names whose memory it is, in the message. */
+/* KVX_OK when `range` lies inside storage range->storage of this agent; otherwise
+ * KVX_ERR_OUT_OF_RANGE naming the range and the storage. `side` names whose memory it is, in
+ * the message. */
 kvx_status_t checksum_range_check(const struct core *core, const struct checksum_range *range,
                                   const char *side);
 
