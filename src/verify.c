@@ -240,14 +240,19 @@ static kvx_status_t region_split(struct verify *v, const kvx_regions_t *remote, 
     return status;
 }
 
-/* Splits one pair: first by the region the previous pair was in (the plan emits a region's
- * blocks in a row), else by every region of its storage. Bytes that no block covers once
- * exactly (never, for pairs a plan made) are compared as one segment of no region. */
+/* Splits one pair by the first region whose blocks hold all of it: the region the previous
+ * pair was in (the plan emits a region's blocks in a row), else each region of its storage in
+ * table order (regions whose blocks share bytes, as example 2's do, name the first). A pair
+ * that no one region holds (coalesced across regions) is split by all of them; bytes that no
+ * block holds exactly once (never, for pairs a plan made) are compared as one segment of no
+ * region. */
 static kvx_status_t pair_split(struct verify *v, const kvx_regions_t *remote, const kvx_pair_t *p,
                                uint32_t *last_p)
 {
     const kvx_regions_t *t = v->core->regions;
     size_t mark            = v->num_segments;
+    size_t first           = 0;
+    size_t end             = 0;
     uint64_t covered       = 0;
     uint64_t part          = 0;
     kvx_status_t status    = KVX_OK;
@@ -255,16 +260,21 @@ static kvx_status_t pair_split(struct verify *v, const kvx_regions_t *remote, co
     if (p->local_storage >= t->num_storages)
         return error_set(KVX_ERR_INTERNAL, "verify: a pair names local storage %" PRIu32,
                          p->local_storage);
+    first = v->storage_start[p->local_storage];
+    end   = v->storage_start[p->local_storage + 1];
     if (*last_p != NO_REGION && t->regions[*last_p].storage == p->local_storage)
         status = region_split(v, remote, p, *last_p, &covered);
+    for (size_t i = first; i < end && status == KVX_OK && covered != p->len; i++) {
+        v->num_segments = mark;
+        status          = region_split(v, remote, p, v->by_storage[i], &covered);
+        if (covered == p->len)
+            *last_p = v->by_storage[i];
+    }
     if (status == KVX_OK && covered != p->len) {
         v->num_segments = mark;
         covered         = 0;
-        for (size_t i = v->storage_start[p->local_storage];
-             i < v->storage_start[p->local_storage + 1] && status == KVX_OK; i++) {
+        for (size_t i = first; i < end && status == KVX_OK; i++) {
             status = region_split(v, remote, p, v->by_storage[i], &part);
-            if (part > 0)
-                *last_p = v->by_storage[i];
             covered += part;
         }
     }

@@ -250,7 +250,8 @@ static void corrupted_byte_is_named(kvx_agent_t *agent, kvx_xfer_t *xfer, const 
         kvx_region_info_t info;
 
         assert_int_equal(m->range.local_storage, pair->local_storage);
-        assert_true(m->range.local_offset <= offset && offset < m->range.local_offset + m->range.len);
+        assert_true(m->range.local_offset <= offset &&
+                    offset < m->range.local_offset + m->range.len);
         assert_true(m->region != SIZE_MAX);
         assert_int_equal(kvx_regions_get(t, m->region, &info), KVX_OK);
         assert_int_equal(info.storage, pair->local_storage);
