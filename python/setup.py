@@ -13,7 +13,7 @@ from setuptools.command.build_ext import build_ext
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 UCX_ROOT = os.environ.get("KVX_UCX_ROOT")
-PACKAGES = ["libcjson", "libprotobuf-c", "libcrypto", "libzmq"] + ([] if UCX_ROOT else ["ucx"])
+PACKAGES = ["libcjson", "libprotobuf-c", "libcrypto", "libxxhash", "libzmq"] + ([] if UCX_ROOT else ["ucx"])
 
 
 def pkg_config(flag):
