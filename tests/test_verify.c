@@ -219,7 +219,9 @@ static void storages_zero(kvx_agent_t *agent)
     for (size_t s = 0; s < kvx_regions_num_storages(kvx_agent_regions(agent)); s++) {
         uint64_t size;
 
-        memset(kvx_agent_storage(agent, s, &size), 0, size);
+        void *base = kvx_agent_storage(agent, s, &size); /* sets size: before the memset */
+
+        memset(base, 0, size);
     }
 }
 
