@@ -59,7 +59,9 @@ static int prefill(int ready, int stop)
     char address[64]        = {0};
     struct pollfd stop_poll = {.fd = stop, .events = POLLIN};
 
-    random_fill(kvx_agent_storage(agent, 0, &size), size);
+    uint8_t *base = kvx_agent_storage(agent, 0, &size); /* sets size first */
+
+    random_fill(base, size);
     snprintf(address, sizeof(address), "%s", kvx_agent_listen_address(agent));
     if (write(ready, address, sizeof(address)) != (ssize_t)sizeof(address))
         return 1;
