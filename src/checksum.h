@@ -14,7 +14,7 @@
 #define CHECKSUM_MAGIC 0x4b565843u /* "KVXC" */
 /* Ranges in one request: the answer, 8 bytes each, fits a kept socket's SIDECHAN_MAX_REPLY. */
 #define CHECKSUM_MAX_RANGES 256
-/* Bytes one request may ask to hash, all ranges together: about 5 ms of XXH3 on one core here
+/* Bytes one request may ask to hash, all ranges together: about 11 ms of XXH3 on one core here
  * (docs/performance.md), the longest a request may hold the prefill agent's loop. */
 #define CHECKSUM_MAX_BYTES        (64u << 20)
 #define CHECKSUM_RANGE_SIZE       20 /* storage: 4, offset: 8, length: 8 */
