@@ -40,6 +40,7 @@ typedef enum kvx_status {
     KVX_ERR_IO           = -3,   /* a file could not be read, or a peer failed */
     KVX_ERR_CANCELED     = -4,   /* a transfer was cancelled before it completed */
     KVX_ERR_BUSY         = -5,   /* the object still has dependants (peers, transfers) */
+    KVX_ERR_MISMATCH     = -6,   /* verification: bytes differ between the two sides */
     KVX_ERR_PEER_DOWN    = -100, /* the peer is down (dead, restarted, closed): reconnect it */
     KVX_ERR_PEER_TIMEOUT = -101, /* the peer did not answer or complete within the deadline */
     KVX_ERR_PEER_REFUSED = -102, /* the peer answered with a refusal (its message follows) */
@@ -571,6 +572,7 @@ enum {
     KVX_AGENT_PARAM_FIELD_MAX_MESSAGE     = 1u << 14,
     KVX_AGENT_PARAM_FIELD_MAX_PUSHES      = 1u << 15,
     KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS = 1u << 16,
+    KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN   = 1u << 17,
 };
 
 typedef struct kvx_agent_params {
@@ -610,6 +612,9 @@ typedef struct kvx_agent_params {
     const char *push_transports; /* _PUSH_TRANSPORTS: listener: the UCX_TLS list its push
                                    writers use: one transport that carries both the proof and
                                    the data to the requester's own process; default "tcp" */
+    uint32_t verify_one_in;      /* _VERIFY_ONE_IN: decode side: verify every Nth transfer
+                                    posted (the 1st, the N+1st, ...) as kvx_xfer_verify on a
+                                    transfer in progress does; 0 (default): none */
 } kvx_agent_params_t;
 
 /* Registers `layout`, creates the transport, maps every storage once (the caller's memory or
@@ -707,6 +712,16 @@ typedef struct kvx_agent_stats {
     uint64_t peers_refused;   /* connections refused past max_peers */
     uint64_t tokens_refused;  /* dones and heartbeats for a held request with a wrong token */
     uint64_t peers_connected; /* side-channel connections open now (gauge) */
+    /* verification (kvx_xfer_verify, verify_one_in) */
+    uint64_t transfers_verified;  /* decode side: verifications that compared every segment */
+    uint64_t verify_mismatches;   /* decode side: segments whose checksums differed */
+    uint64_t verify_failed;       /* decode side: verifications that could not finish (a
+                                     refusal, a deadline, a peer down) */
+    uint64_t verify_bytes_hashed; /* either side: bytes this agent hashed */
+    uint64_t verify_ns;           /* either side: nanoseconds this agent spent hashing */
+    uint64_t verify_served;       /* prefill side: checksum requests answered */
+    uint64_t verify_refused;      /* prefill side: checksum requests refused (malformed, or a
+                                     range outside our storages) */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):
@@ -872,6 +887,55 @@ KVX_API kvx_status_t kvx_write_post(kvx_agent_t *agent, kvx_peer_t *const *peers
 KVX_API kvx_status_t kvx_write(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                                uint64_t request_id, const kvx_request_t *request,
                                kvx_read_stats_t *stats_p);
+
+/* Verification (docs/agent.md, "Verification"): the decode side asks each prefill rank a
+ * transfer read from (pull) or was written by (push) for the XXH3-64 checksums of exactly the
+ * byte ranges of its memory that were the source, one per (region, block) segment of the
+ * transfer's pairs, and compares them with the checksums of what landed in its own memory. */
+#define KVX_VERIFY_MAX_REPORTED 64 /* mismatches a result lists; all are counted */
+
+typedef struct kvx_verify_mismatch {
+    size_t region;           /* index in the local table; SIZE_MAX: bytes in no region */
+    const char *region_name; /* its name (its first view's); "" for no region */
+    size_t num_views;        /* the region's member views (layout indices), whose names */
+    const uint32_t *views;   /* kvx_regions_view_name gives */
+    uint64_t block;          /* the region's local block (UINT64_MAX: no region) */
+    uint64_t descriptor;     /* its local descriptor id */
+    uint32_t remote_rank;    /* the prefill rank that holds the source */
+    uint64_t remote_block;   /* that rank's block of the same region (UINT64_MAX: none) */
+    kvx_pair_t range;        /* the bytes compared: local and remote storage and offset */
+    uint64_t local_checksum;
+    uint64_t remote_checksum;
+} kvx_verify_mismatch_t;
+
+typedef struct kvx_verify_result {
+    bool requested;      /* the transfer was verified, or is being verified */
+    kvx_status_t status; /* KVX_INPROGRESS, KVX_OK (all equal), KVX_ERR_MISMATCH, or why the
+                            verification could not finish (refused, timeout, peer down) */
+    uint64_t segments;   /* (region, block) segments compared */
+    uint64_t bytes;      /* bytes hashed on each side */
+    uint64_t mismatches; /* segments whose checksums differ */
+    double seconds;      /* from the first checksum request to the last answer */
+    size_t num_reported; /* the first min(mismatches, KVX_VERIFY_MAX_REPORTED) of them: */
+    const kvx_verify_mismatch_t *reported; /* valid until the transfer is verified again or
+                                              destroyed */
+} kvx_verify_result_t;
+
+/* Verifies a transfer. On a transfer in progress (pull or push): marks it to be verified
+ * before it completes: a pull compares once every get completed and before its `done`
+ * notifications (so the prefill side still holds the blocks unchanged), a push once every
+ * rank answered; the transfer then completes with KVX_OK, or fails with KVX_ERR_MISMATCH
+ * (kvx_xfer_error names the first segment that differs: region, block, views, both sides) or
+ * with the verification's failure; returns KVX_OK at once. On a completed transfer: verifies
+ * now, running the agent's loop until every answer came or the agent's timeout passed, and
+ * returns KVX_OK, KVX_ERR_MISMATCH or the failure; a pull's prefill side may have reused its
+ * blocks after the done by then, so verify before completion where that matters. The peers
+ * must still be up, and the transfer must not be destroyed while this runs. Errors:
+ * KVX_ERR_INVALID for a failed or cancelled transfer, or one being verified already. */
+KVX_API kvx_status_t kvx_xfer_verify(kvx_xfer_t *xfer);
+
+/* The transfer's last verification; result_p->requested is false if it had none. */
+KVX_API void kvx_xfer_verify_result(const kvx_xfer_t *xfer, kvx_verify_result_t *result_p);
 
 /* The pairs of the agent's last successful kvx_read (remote storage indices are the peers'),
  * valid until its next read: what a caller checks the transferred bytes against. */

@@ -17,7 +17,8 @@ ROOT = HERE.parent
 UCX_ROOT = os.environ.get("KVX_UCX_ROOT")
 CUDA = os.environ.get("KVX_CUDA", "")
 CUDA_ROOT = CUDA if CUDA.startswith("/") else "/usr/local/cuda"
-PACKAGES = ["libcjson", "libprotobuf-c", "libcrypto", "libzmq"] + ([] if UCX_ROOT else ["ucx"])
+PACKAGES = ["libcjson", "libprotobuf-c", "libcrypto", "libxxhash", "libzmq"] + (
+    [] if UCX_ROOT else ["ucx"])
 
 
 def pkg_config(flag):

@@ -5,6 +5,7 @@
  * hold, loop, transport). Parses no layouts. */
 #include "core.h"
 
+#include "checksum_serve.h"
 #include "clock.h"
 #include "error.h"
 #include "gate.h"
@@ -166,6 +167,7 @@ static kvx_status_t agent_gpus_open(kvx_agent_t *agent)
     agent->gpu_owned = calloc(n + 1, sizeof(*agent->gpu_owned));
     if (agent->gpus == NULL || agent->gpu_owned == NULL)
         return error_no_memory("the agent's GPUs");
+    agent->core.gpus = agent->gpus; /* verification hashes GPU storages through them */
     for (size_t s = 0; s < n; s++) {
         if (regions->storage_mems[s] == KVX_MEM_VRAM &&
             gpu_open(regions->storage_devices[s], &agent->gpus[s]) != KVX_OK)
@@ -354,6 +356,13 @@ static void serve_push_proof(void *arg, const struct sidechan_request *request)
     push_prove(((kvx_agent_t *)arg)->pushes, request);
 }
 
+static void serve_checksum(void *arg, const struct sidechan_request *request)
+{
+    kvx_agent_t *agent = arg;
+
+    checksum_serve(&agent->core, agent->side, request);
+}
+
 /* The side channel's verbs, one table: what a listening agent answers, and only to peers its
  * gate let through. */
 static const struct sidechan_verb agent_verbs[] = {
@@ -363,6 +372,7 @@ static const struct sidechan_verb agent_verbs[] = {
     {VERB_PUSH_REGISTER, true, serve_push_register},
     {VERB_PUSH_PROOF, true, serve_push_proof},
     {VERB_PUSH, true, serve_push},
+    {VERB_CHECKSUM, true, serve_checksum},
 };
 
 const char *kvx_agent_listen_address(const kvx_agent_t *agent)
@@ -516,7 +526,8 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
                            KVX_AGENT_PARAM_FIELD_PEER_TTL_MS | KVX_AGENT_PARAM_FIELD_AUTH_KEY |
                            KVX_AGENT_PARAM_FIELD_INSECURE | KVX_AGENT_PARAM_FIELD_MAX_PEERS |
                            KVX_AGENT_PARAM_FIELD_MAX_MESSAGE | KVX_AGENT_PARAM_FIELD_MAX_PUSHES |
-                           KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS;
+                           KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS |
+                           KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN;
     uint64_t mask     = params != NULL ? params->field_mask : 0;
     struct core *core = &agent->core;
 
@@ -549,7 +560,8 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
                                                                     : AGENT_DEFAULT_MAX_MESSAGE;
     agent->max_pushes =
         (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSHES) ? params->max_pushes : AGENT_DEFAULT_MAX_PUSHES;
-    agent->insecure = (mask & KVX_AGENT_PARAM_FIELD_INSECURE) && params->insecure;
+    agent->insecure     = (mask & KVX_AGENT_PARAM_FIELD_INSECURE) && params->insecure;
+    core->verify_one_in = (mask & KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN) ? params->verify_one_in : 0;
     if (agent->engine_id == NULL || agent->transports == NULL || agent->push_transports == NULL)
         return error_no_memory("an agent");
     if (agent->max_peers == 0 || agent->max_pushes == 0 || agent->max_message < 4096)
@@ -929,6 +941,26 @@ kvx_status_t kvx_xfer_wait(kvx_xfer_t *xfer)
     if (kvx_xfer_status(xfer) != KVX_OK)
         error_set(kvx_xfer_status(xfer), "%s", kvx_xfer_error(xfer));
     return kvx_xfer_status(xfer);
+}
+
+static bool verify_done(const void *xfer)
+{
+    return xfer_verify_ended(xfer);
+}
+
+kvx_status_t kvx_xfer_verify(kvx_xfer_t *xfer)
+{
+    bool wait = false;
+    kvx_status_t status;
+
+    if (xfer == NULL)
+        return error_set(KVX_ERR_INVALID, "verify: no transfer");
+    status = xfer_verify_post(xfer, &wait);
+    if (status != KVX_OK || !wait)
+        return status;
+    /* The verification's deadline (the agent's timeout) bounds this. */
+    agent_run(xfer_core(xfer)->agent, UINT64_MAX, verify_done, xfer);
+    return xfer_verify_finish(xfer);
 }
 
 kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address, kvx_peer_t **peer_p)

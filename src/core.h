@@ -19,6 +19,7 @@
 #define VERB_PUSH_REGISTER "kvx-push-register 3" /* body: the requester's push metadata */
 #define VERB_PUSH_PROOF    "kvx-push-proof 3"    /* body: the proof its worker received */
 #define VERB_PUSH          "kvx-push 3"          /* body: a push request (push_request.h) */
+#define VERB_CHECKSUM      "kvx-checksum 3"      /* body: ranges to hash (checksum.h) */
 #define REPLY_PUSHED       "kvx-done"
 #define REPLY_REGISTERED   "kvx-registered" /* then " " and the writer's proof id, 16 hex */
 #define REPLY_ERROR        "kvx-error "     /* then the message */
@@ -32,14 +33,16 @@ struct core {
     struct transport *transport;
     const char *transports; /* the UCX_TLS list given to the transport */
     void *zmq;
-    void **bases; /* by storage */
+    void **bases;      /* by storage */
+    struct gpu **gpus; /* by storage: the device of a GPU storage (gpu.h), else NULL */
     size_t num_storages;
     uint32_t tp_rank;
     uint32_t tp_size;
     uint32_t timeout_ms;
     uint32_t heartbeat_ms;
     uint32_t peer_ttl_ms;
-    uint64_t instance; /* random per agent: a restart at the same address answers another */
+    uint32_t verify_one_in; /* decode side: verify every Nth transfer posted; 0: none */
+    uint64_t instance;      /* random per agent: a restart at the same address answers another */
     const char *engine_id;
     struct auth_keys keys; /* the side channel's, or insecure */
     struct loop loop;

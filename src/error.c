@@ -51,6 +51,8 @@ const char *kvx_status_str(kvx_status_t status)
         return "canceled";
     case KVX_ERR_BUSY:
         return "busy: still in use";
+    case KVX_ERR_MISMATCH:
+        return "verification mismatch";
     case KVX_ERR_PEER_DOWN:
         return "peer down";
     case KVX_ERR_PEER_TIMEOUT:

@@ -156,6 +156,26 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
             s->peers_refused);
     counter(&t, l, "tokens_refused_total", "Dones and heartbeats with a wrong hold token.",
             s->tokens_refused);
+    counter(&t, l, "transfers_verified_total",
+            "Transfers whose checksums were compared with the prefill side's.",
+            s->transfers_verified);
+    counter(&t, l, "verify_mismatches_total",
+            "Verified (region, block) segments whose checksums differed.", s->verify_mismatches);
+    counter(&t, l, "verify_failed_total",
+            "Verifications that could not finish: refused, timed out, peer down.",
+            s->verify_failed);
+    counter(&t, l, "verify_hashed_bytes_total", "Bytes this agent hashed for verification.",
+            s->verify_bytes_hashed);
+    text_printf(&t,
+                "# HELP kvx_verify_hash_seconds_total Time this agent spent hashing for "
+                "verification.\n# TYPE kvx_verify_hash_seconds_total counter\n"
+                "kvx_verify_hash_seconds_total{%s} %.9f\n",
+                l, (double)s->verify_ns * 1e-9);
+    counter(&t, l, "verify_served_total", "Checksum requests answered (prefill side).",
+            s->verify_served);
+    counter(&t, l, "verify_refused_total",
+            "Checksum requests refused: malformed, or a range outside the storages.",
+            s->verify_refused);
     text_printf(&t,
                 "# HELP kvx_ops_orphaned Operation records closed connections are still owed.\n"
                 "# TYPE kvx_ops_orphaned gauge\nkvx_ops_orphaned{%s} %" PRIu64 "\n"

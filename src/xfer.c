@@ -13,6 +13,7 @@
 #include "push_request.h"
 #include "regions.h"
 #include "stats.h"
+#include "verify.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -44,11 +45,17 @@ struct kvx_xfer {
     bool has_token;
     struct loop_timer deadline;
     struct loop_event completion;
-    kvx_group_ids_t *groups; /* the local ids, reported when the transfer fails */
+    kvx_group_ids_t *groups; /* the local ids, then (when has_remote) the remote ones */
     size_t num_groups;
+    size_t num_remote_groups;
+    bool has_remote;
     size_t groups_capacity;
     uint64_t *ids; /* the groups' ids, one after another */
     size_t ids_capacity;
+    struct verify *verify;          /* kept with the object for reuse; NULL until first needed */
+    bool verify_wanted;             /* verify before completing (kvx_xfer_verify, verify_one_in) */
+    bool verify_requested;          /* this transfer was verified, or is being verified */
+    struct kvx_xfer *checking_next; /* in set->checking while verified after completing */
     kvx_read_stats_t stats;
     double start; /* seconds, clock_seconds() */
     kvx_status_t status;
@@ -72,6 +79,11 @@ struct xfer_set {
     kvx_xfer_t *ready;
     kvx_xfer_t *pool;
     size_t pooled;
+    kvx_pairs_t *verify_pairs; /* a verification's request planned again: the last pairs of
+                                  kvx_agent_last_pairs stay the last read's */
+    kvx_pairs_t *verify_alt;
+    kvx_xfer_t *checking; /* completed transfers being verified (kvx_xfer_verify) */
+    uint64_t posted;      /* transfers posted: verify_one_in samples by this count */
 };
 
 static void xfer_deadline_fire(struct loop_timer *timer);
@@ -88,6 +100,10 @@ kvx_status_t xfer_set_create(struct core *core, struct xfer_set **set_p)
     status    = kvx_pairs_create(&set->pairs);
     if (status == KVX_OK)
         status = kvx_pairs_create(&set->alt);
+    if (status == KVX_OK)
+        status = kvx_pairs_create(&set->verify_pairs);
+    if (status == KVX_OK)
+        status = kvx_pairs_create(&set->verify_alt);
     if (status != KVX_OK) {
         xfer_set_destroy(set);
         return status;
@@ -101,6 +117,7 @@ static void xfer_release(kvx_xfer_t *x)
     free(x->legs);
     free(x->groups);
     free(x->ids);
+    verify_destroy(x->verify);
     free(x);
 }
 
@@ -116,6 +133,8 @@ void xfer_set_destroy(struct xfer_set *set)
     }
     kvx_pairs_destroy(set->pairs);
     kvx_pairs_destroy(set->alt);
+    kvx_pairs_destroy(set->verify_pairs);
+    kvx_pairs_destroy(set->verify_alt);
     free(set);
 }
 
@@ -159,6 +178,7 @@ static kvx_xfer_t *xfer_get(struct xfer_set *set, bool push, uint64_t request_id
                       .groups_capacity = x->groups_capacity,
                       .ids             = x->ids,
                       .ids_capacity    = x->ids_capacity,
+                      .verify          = x->verify,
                       .push            = push,
                       .request_id      = request_id,
                       .callback        = callback,
@@ -266,6 +286,8 @@ static void xfer_finish(kvx_xfer_t *x, kvx_status_t status)
     in_flight_unlink(x);
     ready_unlink(x);
     loop_timer_stop(&core->loop, &x->deadline);
+    if (x->verify != NULL && verify_started(x->verify) && !verify_ended(x->verify))
+        verify_fail(x->verify, status, "%s", x->error);
     for (size_t i = 0; i < x->num_legs; i++) {
         struct xfer_leg *leg = &x->legs[i];
 
@@ -320,6 +342,12 @@ size_t xfers_fail_down_peers(struct xfer_set *set)
     kvx_peer_t *peer;
 
     while ((peer = peer_down_next(set->core)) != NULL) {
+        for (kvx_xfer_t *x = set->checking; x != NULL; x = x->checking_next) {
+            if (verify_uses(x->verify, peer))
+                verify_fail(x->verify, peer_down_status(peer), "verify %s %" PRIu64 ": peer %s %s",
+                            x->push ? "write" : "read", x->request_id, peer_address(peer),
+                            kvx_peer_down_reason(peer));
+        }
         for (kvx_xfer_t *x = set->in_flight, *next; x != NULL; x = next) {
             next = x->next; /* failing x unlinks only x */
             if (xfer_uses(x, peer))
@@ -349,8 +377,25 @@ void xfers_cancel_peer(struct xfer_set *set, kvx_peer_t *peer)
 static void xfer_deadline_fire(struct loop_timer *timer)
 {
     kvx_xfer_t *x  = (kvx_xfer_t *)((char *)timer - offsetof(kvx_xfer_t, deadline));
+    uint32_t ms    = x->set->core->timeout_ms;
     size_t pending = 0;
     size_t posted  = 0;
+
+    if (x->verify != NULL && verify_started(x->verify) && !verify_ended(x->verify)) {
+        if (x->status != KVX_INPROGRESS) /* a completed transfer's (kvx_xfer_verify) */
+            verify_fail(x->verify, KVX_ERR_PEER_TIMEOUT,
+                        "verify %s %" PRIu64 ": %zu of %zu segments not answered within %" PRIu32
+                        " ms",
+                        x->push ? "write" : "read", x->request_id, verify_unanswered(x->verify),
+                        verify_num_segments(x->verify), ms);
+        else
+            xfer_fail(x, KVX_ERR_PEER_TIMEOUT,
+                      "%s %" PRIu64 ": verify: %zu of %zu segments not answered within %" PRIu32
+                      " ms",
+                      x->push ? "write" : "read", x->request_id, verify_unanswered(x->verify),
+                      verify_num_segments(x->verify), ms);
+        return;
+    }
 
     for (size_t i = 0; i < x->num_legs; i++) {
         pending += x->legs[i].op != NULL ? transport_op_pending(x->legs[i].op) : 0;
@@ -368,26 +413,33 @@ static void xfer_deadline_fire(struct loop_timer *timer)
                   x->request_id, pending, posted, x->set->core->timeout_ms);
 }
 
-/* Copies the request's local ids, to report them if the transfer fails. */
+/* Copies the request's local ids, to report them if the transfer fails, and its remote ids,
+ * so that a verification can plan the request again. */
 static kvx_status_t xfer_groups_copy(kvx_xfer_t *x, const kvx_request_t *request)
 {
-    size_t total = 0;
+    size_t num_remote = request->remote != NULL ? request->num_remote_groups : 0;
+    size_t total      = 0;
 
     for (size_t g = 0; g < request->num_local_groups; g++)
         total += request->local[g].count;
-    if (!buffer_reserve((void **)&x->groups, &x->groups_capacity, request->num_local_groups + 1,
-                        sizeof(*x->groups)) ||
+    for (size_t g = 0; g < num_remote; g++)
+        total += request->remote[g].count;
+    if (!buffer_reserve((void **)&x->groups, &x->groups_capacity,
+                        request->num_local_groups + num_remote + 1, sizeof(*x->groups)) ||
         !buffer_reserve((void **)&x->ids, &x->ids_capacity, total + 1, sizeof(*x->ids)))
         return error_no_memory("a transfer");
-    x->num_groups = request->num_local_groups;
-    total         = 0;
-    for (size_t g = 0; g < x->num_groups; g++) {
-        size_t n = request->local[g].count;
+    x->num_groups        = request->num_local_groups;
+    x->num_remote_groups = num_remote;
+    x->has_remote        = request->remote != NULL;
+    total                = 0;
+    for (size_t g = 0; g < x->num_groups + num_remote; g++) {
+        const kvx_group_ids_t *in =
+            g < x->num_groups ? &request->local[g] : &request->remote[g - x->num_groups];
 
-        if (n > 0)
-            memcpy(x->ids + total, request->local[g].ids, n * sizeof(*x->ids));
-        x->groups[g] = (kvx_group_ids_t){x->ids + total, n};
-        total += n;
+        if (in->count > 0)
+            memcpy(x->ids + total, in->ids, in->count * sizeof(*x->ids));
+        x->groups[g] = (kvx_group_ids_t){x->ids + total, in->count};
+        total += in->count;
     }
     return KVX_OK;
 }
@@ -471,20 +523,20 @@ static kvx_status_t xfer_prepare(kvx_xfer_t *x, kvx_peer_t *const *peers, size_t
 /* The pairs of read `r` of `x`: the first plan's when the rank's table is the first one's
  * (equal digests), else the request planned again against that rank's own table. */
 static kvx_status_t read_pairs(kvx_xfer_t *x, const kvx_request_t *request,
-                               const struct conn *first, size_t r, const kvx_pair_t **pairs_p,
-                               size_t *count_p)
+                               const struct conn *first, size_t r, kvx_pairs_t *planned,
+                               kvx_pairs_t *alt, const kvx_pair_t **pairs_p, size_t *count_p)
 {
     struct conn *conn = peer_conn(x->legs[r].peer);
     uint32_t rank;
     kvx_status_t status;
 
     if (memcmp(conn->table_digest, first->table_digest, CONN_DIGEST_LEN) == 0) {
-        *pairs_p = kvx_pairs_read(x->set->pairs, r, NULL, count_p);
+        *pairs_p = kvx_pairs_read(planned, r, NULL, count_p);
         return KVX_OK;
     }
-    status = kvx_peer_plan_request(conn->plan, request, x->set->alt);
-    for (size_t i = 0; status == KVX_OK && i < kvx_pairs_num_reads(x->set->alt); i++) {
-        const kvx_pair_t *pairs = kvx_pairs_read(x->set->alt, i, &rank, count_p);
+    status = kvx_peer_plan_request(conn->plan, request, alt);
+    for (size_t i = 0; status == KVX_OK && i < kvx_pairs_num_reads(alt); i++) {
+        const kvx_pair_t *pairs = kvx_pairs_read(alt, i, &rank, count_p);
 
         if (rank == conn->tp_rank) {
             *pairs_p = pairs;
@@ -495,6 +547,14 @@ static kvx_status_t read_pairs(kvx_xfer_t *x, const kvx_request_t *request,
                ? status
                : error_set(KVX_ERR_INTERNAL, "read: rank %" PRIu32 "'s own plan does not read it",
                            conn->tp_rank);
+}
+
+/* verify_one_in: the 1st, the N+1st, ... transfer posted is verified. */
+static bool xfer_sampled(struct xfer_set *set)
+{
+    uint32_t n = set->core->verify_one_in;
+
+    return n > 0 && set->posted++ % n == 0;
 }
 
 kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size_t num_peers,
@@ -521,7 +581,7 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
         const kvx_pair_t *pairs          = NULL;
         size_t count                     = 0;
 
-        status = read_pairs(x, request, first, r, &pairs, &count);
+        status = read_pairs(x, request, first, r, set->pairs, set->alt, &pairs, &count);
         if (status == KVX_OK)
             status = transport_op_create(conn->transport, xfer_op_finished, x, &leg->op);
         if (status == KVX_OK)
@@ -549,7 +609,8 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
         return error_set(status, "%s", what);
     }
     in_flight_link(x);
-    x->ops_left = x->num_reads + 1; /* + 1: nothing moves on before every op is armed */
+    x->verify_wanted = xfer_sampled(set);
+    x->ops_left      = x->num_reads + 1; /* + 1: nothing moves on before every op is armed */
     for (size_t r = 0; r < x->num_reads; r++)
         transport_op_arm(x->legs[r].op);
     xfer_op_finished(x, NULL);
@@ -559,6 +620,120 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
     loop_wake(&core->loop);
     *xfer_p = x;
     return KVX_OK;
+}
+
+/* Ends `x` with `status` and a message without taking its peers down: their transport did
+ * not fail (a mismatch, a refused or impossible verification). */
+__attribute__((format(printf, 3, 4))) static void xfer_end(kvx_xfer_t *x, kvx_status_t status,
+                                                           const char *format, ...)
+{
+    va_list args;
+
+    va_start(args, format);
+    vsnprintf(x->error, sizeof(x->error), format, args);
+    va_end(args);
+    xfer_finish(x, status);
+}
+
+static void pull_notify(kvx_xfer_t *x);
+
+/* After a verification that ended while `x` was in flight: complete it (a pull sends its
+ * dones first) or fail it with the verification's status. */
+static void xfer_after_verify(kvx_xfer_t *x)
+{
+    kvx_status_t status = verify_status(x->verify);
+
+    if (status != KVX_OK)
+        xfer_end(x, status, "%s %" PRIu64 ": %s", x->push ? "write" : "read", x->request_id,
+                 verify_error(x->verify));
+    else if (x->push)
+        xfer_finish(x, KVX_OK);
+    else
+        pull_notify(x);
+}
+
+/* The verification's end (verify.h): moves an in-flight transfer on; for a completed one
+ * (kvx_xfer_verify) only its deadline stops. */
+static void xfer_verified(void *arg)
+{
+    kvx_xfer_t *x = arg;
+
+    if (x->status == KVX_INPROGRESS)
+        xfer_after_verify(x);
+    else
+        loop_timer_stop(&x->set->core->loop, &x->deadline);
+}
+
+/* Plans the transfer's request again (into the set's verification buffers), splits each read
+ * rank's pairs into segments and sends the first checksum requests, with the deadline
+ * restarted for the verification. On failure nothing is pending. */
+static kvx_status_t xfer_verify_begin(kvx_xfer_t *x)
+{
+    struct xfer_set *set  = x->set;
+    struct core *core     = set->core;
+    kvx_request_t request = {x->groups, x->num_groups,
+                             x->has_remote ? x->groups + x->num_groups : NULL, x->num_remote_groups,
+                             NULL};
+    struct conn *first    = NULL;
+    kvx_status_t status   = KVX_OK;
+
+    if (x->verify == NULL && (status = verify_create(core, xfer_verified, x, &x->verify)) != KVX_OK)
+        return status;
+    verify_reset(x->verify);
+    x->verify_requested = true;
+    for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++) {
+        struct conn *conn       = peer_conn(x->legs[r].peer);
+        const kvx_pair_t *pairs = NULL;
+        size_t count            = 0;
+
+        if (conn == NULL) {
+            status =
+                error_set(peer_down_status(x->legs[r].peer), "verify: peer %s is down (%s)",
+                          peer_address(x->legs[r].peer), kvx_peer_down_reason(x->legs[r].peer));
+            break;
+        }
+        if (r == 0) {
+            first  = conn;
+            status = kvx_peer_plan_request(first->plan, &request, set->verify_pairs);
+        }
+        if (status == KVX_OK)
+            status = read_pairs(x, &request, first, r, set->verify_pairs, set->verify_alt, &pairs,
+                                &count);
+        if (status == KVX_OK)
+            status = verify_add(x->verify, x->legs[r].peer, pairs, count);
+    }
+    if (status == KVX_OK)
+        status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
+    if (status == KVX_OK)
+        status = verify_start(x->verify);
+    if (status != KVX_OK || verify_ended(x->verify))
+        loop_timer_stop(&core->loop, &x->deadline);
+    if (status != KVX_OK && !verify_ended(x->verify))
+        verify_fail(x->verify, status, "%s", kvx_errmsg());
+    return status;
+}
+
+/* Every operation or answer of `x` is in: verify first when asked, else complete. */
+static void xfer_settle(kvx_xfer_t *x)
+{
+    if (x->verify_wanted) {
+        x->verify_wanted    = false;
+        kvx_status_t status = xfer_verify_begin(x);
+
+        if (status != KVX_OK) {
+            xfer_end(x, status, "%s %" PRIu64 ": %s", x->push ? "write" : "read", x->request_id,
+                     kvx_errmsg());
+            return;
+        }
+        if (!verify_ended(x->verify))
+            return; /* xfer_verified moves it on */
+        xfer_after_verify(x);
+        return;
+    }
+    if (x->push)
+        xfer_finish(x, KVX_OK);
+    else
+        pull_notify(x);
 }
 
 /* Every get completed: the data is here, so each rank read from or only notified gets its
@@ -578,6 +753,12 @@ static void pull_complete(kvx_xfer_t *x)
         xfer_fail(x, KVX_ERR_PEER_DOWN, "read %" PRIu64 ": %s", x->request_id, kvx_errmsg());
         return;
     }
+    xfer_settle(x);
+}
+
+/* A pull whose data is here (and verified, if asked): the dones, then completion. */
+static void pull_notify(kvx_xfer_t *x)
+{
     for (size_t i = 0; i < x->num_legs; i++) {
         if (peer_send_done(x->legs[i].peer, x->request_id, x->has_token ? &x->token : NULL) !=
             KVX_OK)
@@ -620,7 +801,7 @@ static void push_reply(void *arg, const char *reply, size_t size)
         return;
     }
     if (--x->ops_left == 0)
-        xfer_finish(x, KVX_OK);
+        xfer_settle(x);
 }
 
 kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t metadata_size,
@@ -667,7 +848,8 @@ kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t m
         return status;
     }
     in_flight_link(x);
-    x->ops_left = x->num_reads;
+    x->verify_wanted = xfer_sampled(set);
+    x->ops_left      = x->num_reads;
     if (x->ops_left == 0)
         xfer_finish(x, KVX_OK);
     for (size_t i = 0; i < x->num_legs; i++)
@@ -739,4 +921,60 @@ void kvx_xfer_destroy(kvx_xfer_t *xfer)
         xfer->destroyed = true; /* its callback still runs, from progress; then it goes */
     else
         xfer_recycle(xfer);
+}
+
+kvx_status_t xfer_verify_post(kvx_xfer_t *xfer, bool *wait_p)
+{
+    struct xfer_set *set = xfer->set;
+    kvx_status_t status;
+
+    *wait_p = false;
+    if (xfer->status == KVX_INPROGRESS) {
+        xfer->verify_wanted = true; /* xfer_settle starts it */
+        return KVX_OK;
+    }
+    if (xfer->status != KVX_OK)
+        return error_set(KVX_ERR_INVALID, "verify: %s %" PRIu64 " did not complete: %s",
+                         xfer->push ? "write" : "read", xfer->request_id, xfer->error);
+    if (xfer->verify != NULL && verify_started(xfer->verify) && !verify_ended(xfer->verify))
+        return error_set(KVX_ERR_INVALID, "verify: %s %" PRIu64 " is being verified already",
+                         xfer->push ? "write" : "read", xfer->request_id);
+    status = xfer_verify_begin(xfer);
+    if (status != KVX_OK)
+        return status;
+    xfer->checking_next = set->checking;
+    set->checking       = xfer;
+    *wait_p             = true;
+    return KVX_OK;
+}
+
+bool xfer_verify_ended(const kvx_xfer_t *xfer)
+{
+    return verify_ended(xfer->verify);
+}
+
+kvx_status_t xfer_verify_finish(kvx_xfer_t *xfer)
+{
+    kvx_xfer_t **link = &xfer->set->checking;
+    kvx_status_t status;
+
+    while (*link != NULL && *link != xfer)
+        link = &(*link)->checking_next;
+    if (*link == xfer)
+        *link = xfer->checking_next;
+    loop_timer_stop(&xfer->set->core->loop, &xfer->deadline);
+    status = verify_status(xfer->verify);
+    if (status != KVX_OK)
+        return error_set(status, "%s", verify_error(xfer->verify));
+    return KVX_OK;
+}
+
+void kvx_xfer_verify_result(const kvx_xfer_t *xfer, kvx_verify_result_t *result_p)
+{
+    if (xfer->verify == NULL || !xfer->verify_requested) {
+        *result_p =
+            (kvx_verify_result_t){.requested = xfer->verify_wanted, .status = KVX_INPROGRESS};
+        return;
+    }
+    verify_result(xfer->verify, result_p);
 }

@@ -36,6 +36,13 @@ size_t xfers_fail_down_peers(struct xfer_set *set);
  * peer is being destroyed or reconnected). */
 void xfers_cancel_peer(struct xfer_set *set, kvx_peer_t *peer);
 
+/* kvx_xfer_verify: on a transfer in flight, asks that it verify before completing
+ * (*wait_p false); on a completed one, starts verifying it now (*wait_p true: the caller runs
+ * the loop until xfer_verify_ended, then calls xfer_verify_finish for the status). */
+kvx_status_t xfer_verify_post(kvx_xfer_t *xfer, bool *wait_p);
+bool xfer_verify_ended(const kvx_xfer_t *xfer);
+kvx_status_t xfer_verify_finish(kvx_xfer_t *xfer);
+
 /* True once the transfer's callback ran (its completion left the queue). */
 bool xfer_settled(const kvx_xfer_t *xfer);
 struct core *xfer_core(const kvx_xfer_t *xfer);

@@ -1,0 +1,529 @@
+/* test_verify.c: verification between real processes on loopback, over random prefill memory:
+ * verified pulls and pushes on the example and (shrunk) model layouts; one byte of the
+ * destination changed after a transfer is found and named by region, block and view; a
+ * prefill agent refuses checksum requests for ranges outside its storages and malformed ones,
+ * hashing nothing; verify_one_in samples exactly one transfer in N, counted in the stats and
+ * the Prometheus text. */
+#include "auth.h"
+#include "checksum.h"
+#include "core.h"
+#include "layouts.h"
+#include "prefill.h"
+#include "prng.h"
+#include "sidechan.h"
+
+#include <cjson/cJSON.h>
+#include <xxhash.h>
+#include <zmq.h>
+
+#include <inttypes.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#define SHRUNK_BLOCKS 4 /* blocks per view of a model layout in these tests */
+
+/* What the prefill child serves: set before each fork, inherited by the child. */
+static char *served_layout;
+static size_t served_size;
+static uint64_t fill_seed;
+
+/* A model layout with at most SHRUNK_BLOCKS blocks per view and storages cut to what their
+ * views still reach, so two processes can hold it, in host memory; the caller frees it. */
+static char *layout_shrunk(const char *path, size_t *size_p)
+{
+    size_t size;
+    char *text   = source_file_read(path, &size);
+    cJSON *root  = text != NULL ? cJSON_ParseWithLength(text, size) : NULL;
+    cJSON *views = cJSON_GetObjectItem(root, "views");
+    cJSON *storage;
+    cJSON *view;
+    char *out;
+
+    assert_non_null(root);
+    cJSON_ArrayForEach(storage, cJSON_GetObjectItem(root, "storages"))
+    {
+        const char *name = cJSON_GetObjectItem(storage, "name")->valuestring;
+        double need      = 0;
+
+        cJSON_ArrayForEach(view, views)
+        {
+            double blocks = cJSON_GetObjectItem(view, "num_blocks")->valuedouble;
+            cJSON *offset = cJSON_GetObjectItem(view, "offset");
+            double end;
+
+            if (blocks > SHRUNK_BLOCKS)
+                blocks = SHRUNK_BLOCKS;
+            end = (offset != NULL ? offset->valuedouble : 0) +
+                  (blocks - 1) * cJSON_GetObjectItem(view, "stride")->valuedouble +
+                  cJSON_GetObjectItem(view, "page")->valuedouble;
+            if (strcmp(cJSON_GetObjectItem(view, "storage")->valuestring, name) == 0 && end > need)
+                need = end;
+        }
+        if (need > 0)
+            cJSON_SetNumberValue(cJSON_GetObjectItem(storage, "size"), need);
+        /* Written for GPUs; host memory here (test_gpu and docs/gpu.md for GPU storages). */
+        cJSON_DeleteItemFromObject(storage, "mem");
+        cJSON_DeleteItemFromObject(storage, "device");
+    }
+    cJSON_ArrayForEach(view, views)
+    {
+        cJSON *blocks = cJSON_GetObjectItem(view, "num_blocks");
+
+        if (blocks->valuedouble > SHRUNK_BLOCKS)
+            cJSON_SetNumberValue(blocks, SHRUNK_BLOCKS);
+    }
+    out = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    free(text);
+    *size_p = strlen(out);
+    return out;
+}
+
+static kvx_status_t agent_from_json(const kvx_agent_params_t *params, kvx_agent_t **agent_p)
+{
+    kvx_agent_params_t p = params != NULL ? *params : (kvx_agent_params_t){0};
+    kvx_layout_t *layout;
+    kvx_status_t status = kvx_layout_load_buffer(served_layout, served_size, &layout);
+
+    p.field_mask |= KVX_AGENT_PARAM_FIELD_AUTH_KEY;
+    p.auth_key = test_auth_key;
+    if (status == KVX_OK)
+        status = kvx_agent_create(layout, &p, agent_p);
+    kvx_layout_destroy(layout);
+    return status;
+}
+
+/* Storage s's random bytes, the same on every call for one seed. */
+static void random_fill(uint8_t *bytes, uint64_t size, uint64_t seed, size_t s)
+{
+    struct prng prng;
+
+    prng_init(&prng, seed ^ (0x9e3779b97f4a7c15u * (s + 1)));
+    for (uint64_t i = 0; i < size; i += 8) {
+        uint64_t word = prng_next(&prng);
+
+        memcpy(bytes + i, &word, size - i < 8 ? size - i : 8);
+    }
+}
+
+/* The prefill process: random memory, serves until told to stop, then reports its stats. */
+static int run_prefill(int ready, int go)
+{
+    const kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN,
+                                       .listen     = "127.0.0.1:0"};
+    kvx_agent_t *agent;
+    kvx_agent_stats_t stats;
+    struct pollfd stop = {.fd = go, .events = POLLIN};
+
+    alarm(300);
+    if (agent_from_json(&params, &agent) != KVX_OK)
+        return 10;
+    for (size_t s = 0; s < kvx_regions_num_storages(kvx_agent_regions(agent)); s++) {
+        uint64_t size;
+        void *base = kvx_agent_storage(agent, s, &size);
+
+        random_fill(base, size, fill_seed, s);
+    }
+    report_serving(ready, agent);
+    while (poll(&stop, 1, 0) == 0)
+        kvx_agent_progress(agent, 10);
+    kvx_agent_stats(agent, &stats, sizeof(stats));
+    (void)!write(ready, &stats, sizeof(stats));
+    return kvx_agent_destroy(agent) == KVX_OK ? 0 : 11;
+}
+
+struct prefill {
+    pid_t pid;
+    int ready;
+    int stop;
+    char address[ADDRESS_SIZE];
+};
+
+/* Starts the prefill process on `layout` (owned by the caller); before any agent here. */
+static void prefill_start(struct prefill *p, char *layout, size_t size)
+{
+    int go[2];
+
+    served_layout = layout;
+    served_size   = size;
+    fill_seed     = prng_seed_from_env(0x5eedf00d);
+    assert_int_equal(pipe(go), 0);
+    p->pid = start_prefill(run_prefill, go[0], p->address, &p->ready);
+    close(go[0]);
+    p->stop = go[1];
+}
+
+/* Stops it and returns its stats; it must exit 0. */
+static kvx_agent_stats_t prefill_end(struct prefill *p)
+{
+    kvx_agent_stats_t stats;
+    int status;
+
+    assert_int_equal(write(p->stop, "q", 1), 1);
+    assert_int_equal(read(p->ready, &stats, sizeof(stats)), sizeof(stats));
+    assert_int_equal(waitpid(p->pid, &status, 0), p->pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(p->ready);
+    close(p->stop);
+    return stats;
+}
+
+/* A request for the first blocks every region holds (up to 3, highest first), in every
+ * group of the table. */
+struct request {
+    uint64_t ids[3];
+    kvx_group_ids_t groups[64];
+    kvx_request_t request;
+};
+
+static void request_make(const kvx_regions_t *t, struct request *r)
+{
+    uint64_t capacity = UINT64_MAX;
+    int64_t max_group = 0;
+    size_t n;
+
+    for (size_t i = 0; i < kvx_regions_count(t); i++) {
+        kvx_region_info_t info;
+
+        assert_int_equal(kvx_regions_get(t, i, &info), KVX_OK);
+        capacity  = info.num_blocks < capacity ? info.num_blocks : capacity;
+        max_group = info.group > max_group ? info.group : max_group;
+    }
+    assert_true(max_group < 64);
+    n = capacity < 3 ? (size_t)capacity : 3;
+    for (size_t i = 0; i < n; i++)
+        r->ids[i] = n - 1 - i;
+    for (int64_t g = 0; g <= max_group; g++)
+        r->groups[g] = (kvx_group_ids_t){r->ids, n};
+    r->request = (kvx_request_t){r->groups, (size_t)max_group + 1, NULL, 0, NULL};
+}
+
+static kvx_agent_t *decode_agent(uint32_t verify_one_in)
+{
+    kvx_agent_params_t params = {.field_mask    = KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN,
+                                 .verify_one_in = verify_one_in};
+    kvx_agent_t *agent;
+
+    assert_int_equal(agent_from_json(&params, &agent), KVX_OK);
+    return agent;
+}
+
+static void storages_zero(kvx_agent_t *agent)
+{
+    for (size_t s = 0; s < kvx_regions_num_storages(kvx_agent_regions(agent)); s++) {
+        uint64_t size;
+
+        void *base = kvx_agent_storage(agent, s, &size); /* sets size: before the memset */
+
+        memset(base, 0, size);
+    }
+}
+
+/* One byte of the destination changes after the transfer: verifying finds it and names the
+ * region and block that hold it, with the region's views; restored, it verifies again. */
+static void corrupted_byte_is_named(kvx_agent_t *agent, kvx_xfer_t *xfer, const char *what)
+{
+    const kvx_regions_t *t = kvx_agent_regions(agent);
+    size_t count;
+    const kvx_pair_t *pairs = kvx_pairs_read(kvx_agent_last_pairs(agent), 0, NULL, &count);
+    const kvx_pair_t *pair;
+    uint64_t offset;
+    uint8_t *byte;
+    kvx_verify_result_t result;
+
+    assert_true(count > 0);
+    pair   = &pairs[count / 2];
+    offset = pair->local_offset + pair->len / 2;
+    byte   = (uint8_t *)kvx_agent_storage(agent, pair->local_storage, NULL) + offset;
+    *byte ^= 0x5a;
+    assert_int_equal(kvx_xfer_verify(xfer), KVX_ERR_MISMATCH);
+    assert_non_null(strstr(kvx_errmsg(), "differ"));
+    kvx_xfer_verify_result(xfer, &result);
+    assert_int_equal(result.status, KVX_ERR_MISMATCH);
+    assert_true(result.mismatches >= 1 && result.num_reported == result.mismatches);
+    for (size_t i = 0; i < result.num_reported; i++) {
+        const kvx_verify_mismatch_t *m = &result.reported[i];
+        kvx_region_info_t info;
+
+        assert_int_equal(m->range.local_storage, pair->local_storage);
+        assert_true(m->range.local_offset <= offset &&
+                    offset < m->range.local_offset + m->range.len);
+        assert_true(m->region != SIZE_MAX);
+        assert_int_equal(kvx_regions_get(t, m->region, &info), KVX_OK);
+        assert_int_equal(info.storage, pair->local_storage);
+        assert_true(offset >= info.offset + m->block * info.stride &&
+                    offset < info.offset + m->block * info.stride + info.block_len);
+        assert_int_equal(m->descriptor, info.first_descriptor + m->block);
+        assert_string_equal(m->region_name, info.name);
+        assert_int_equal(m->num_views, info.num_members);
+        assert_int_equal(m->remote_block, m->block); /* the same table on both sides */
+        assert_true(m->local_checksum != m->remote_checksum);
+        if (i == 0) {
+            char named[400];
+
+            snprintf(named, sizeof(named), "region %zu (%s) block %" PRIu64, m->region, info.name,
+                     m->block);
+            assert_non_null(strstr(kvx_errmsg(), named));
+            assert_non_null(strstr(kvx_errmsg(), kvx_regions_view_name(t, m->views[0])));
+        }
+    }
+    *byte ^= 0x5a;
+    if (kvx_xfer_verify(xfer) != KVX_OK)
+        fail_msg("%s: restored, it still fails: %s", what, kvx_errmsg());
+}
+
+static void verified_pull_and_push(char *layout, size_t size, const char *name)
+{
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_xfer_t *xfer;
+    struct request r;
+    kvx_verify_result_t result;
+    kvx_read_stats_t stats;
+    kvx_agent_stats_t served;
+
+    prefill_start(&p, layout, size);
+    agent = decode_agent(0);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    request_make(kvx_agent_regions(agent), &r);
+    for (int push = 0; push < 2; push++) {
+        storages_zero(agent);
+        assert_int_equal((push ? kvx_write_post : kvx_read_post)(agent, &peer, 1, 1, &r.request,
+                                                                 NULL, NULL, &xfer),
+                         KVX_OK);
+        assert_int_equal(kvx_xfer_verify(xfer), KVX_OK); /* before it completes */
+        if (kvx_xfer_wait(xfer) != KVX_OK)
+            fail_msg("%s %s: %s", name, push ? "push" : "pull", kvx_errmsg());
+        kvx_xfer_stats(xfer, &stats);
+        kvx_xfer_verify_result(xfer, &result);
+        assert_true(result.requested);
+        assert_int_equal(result.status, KVX_OK);
+        assert_int_equal(result.bytes, stats.bytes);
+        assert_true(result.segments >= stats.posted && result.segments > 0);
+        assert_int_equal(result.mismatches, 0);
+        corrupted_byte_is_named(agent, xfer, name);
+        kvx_xfer_destroy(xfer);
+    }
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    served = prefill_end(&p);
+    assert_true(served.verify_served >= 6);
+    assert_int_equal(served.verify_refused, 0);
+}
+
+static void verified_pulls_and_pushes_on_the_example_layouts(void **state)
+{
+    static const char *const examples[] = {
+        "layouts/examples/example1-packed-mla-slab.json",
+        "layouts/examples/example2-shared-base.json",
+        "layouts/examples/example3-aliased-groups.json",
+        "layouts/examples/example4-exact-aliases.json",
+        "layouts/examples/example6-wider-after-narrower.json",
+        "layouts/examples/example7-capacities.json",
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(examples) / sizeof(examples[0]); i++) {
+        size_t size;
+        char *layout = source_file_read(examples[i], &size);
+
+        assert_non_null(layout);
+        verified_pull_and_push(layout, size, examples[i]);
+        free(layout);
+    }
+}
+
+static void verified_pulls_and_pushes_on_the_model_layouts(void **state)
+{
+    static const char *const models[] = {
+        "layouts/models/llama3-8b.json",
+        "layouts/models/deepseek-v3-mla.json",
+        "layouts/models/deepseek-v4.1-demo.json",
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+        size_t size;
+        char *layout = layout_shrunk(models[i], &size);
+
+        verified_pull_and_push(layout, size, models[i]);
+        free(layout);
+    }
+}
+
+/* One checksum request on an authenticated connection of its own: the answer (freed by the
+ * caller) and its size. */
+static char *checksum_ask(struct sidechan_client *client, const void *body, size_t size,
+                          size_t *answer_size_p)
+{
+    static uint64_t next_id = 100;
+    uint64_t id             = ++next_id;
+    uint64_t got;
+    char *reply = NULL;
+
+    assert_int_equal(sidechan_client_send(client, VERB_CHECKSUM, id, body, size), KVX_OK);
+    while (sidechan_client_wait(client, 10000)) {
+        if (sidechan_client_recv(client, &got, &reply, answer_size_p) && got == id)
+            return reply;
+        free(reply);
+    }
+    fail_msg("no answer to a checksum request");
+    return NULL;
+}
+
+/* A request a prefill agent must refuse, and what the refusal must say. */
+static const struct refused_case {
+    const char *rule;
+    uint32_t storage;
+    uint64_t offset;
+    uint64_t len;
+    uint32_t count; /* ranges the header claims; 0: as many as encoded (1) */
+    const char *message;
+} refused_cases[] = {
+    {"storage_not_registered", 7, 0, 16, 0, "not registered"},
+    {"range_past_the_storage_end", 0, 32768 - 8, 16, 0, "outside storage"},
+    {"range_after_the_storage", 0, 1u << 30, 1, 0, "outside storage"},
+    {"offset_plus_length_overflows", 0, UINT64_MAX - 2, 8, 0, "each >= 1"},
+    {"empty_range", 0, 0, 0, 0, "each >= 1"},
+    {"more_bytes_than_a_request_may_hash", 0, 0, (64u << 20) + 1, 0, "at most"},
+    {"header_claims_more_ranges_than_sent", 0, 0, 8, 2, "bytes for 2 ranges"},
+    {"more_ranges_than_allowed", 0, 0, 8, CHECKSUM_MAX_RANGES + 1, "ranges (1..256)"},
+};
+
+/* Refusals name the cause and hash nothing; a range inside answers the checksum of exactly
+ * the prefill's bytes there. */
+static void ranges_outside_the_registrations_are_refused(void **state)
+{
+    struct prefill p;
+    struct auth_keys keys;
+    struct sidechan_client *client;
+    void *zmq;
+    size_t size;
+    char *layout = source_file_read("layouts/examples/example6-wider-after-narrower.json", &size);
+    uint8_t body[CHECKSUM_MAX_REQUEST_SIZE];
+    uint8_t expected_bytes[32768];
+    struct checksum_range good = {0, 100, 1000};
+    uint64_t sum;
+    char *answer;
+    size_t answer_size;
+    kvx_agent_stats_t served;
+    size_t n = sizeof(refused_cases) / sizeof(refused_cases[0]);
+
+    (void)state;
+    assert_non_null(layout);
+    prefill_start(&p, layout, size);
+    assert_int_equal(auth_keys_derive(test_auth_key, &keys), KVX_OK);
+    zmq = zmq_ctx_new();
+    assert_int_equal(sidechan_client_create(zmq, p.address, &keys, 8, &client), KVX_OK);
+    for (size_t i = 0; i < n; i++) {
+        const struct refused_case *c = &refused_cases[i];
+        struct checksum_range range  = {c->storage, c->offset, c->len};
+        size_t body_size             = checksum_request_encode(&range, 1, body);
+
+        if (c->count != 0)
+            memcpy(body + 4, &c->count, 4); /* little-endian, as every kvx host */
+        answer = checksum_ask(client, body, body_size, &answer_size);
+        if (strncmp(answer, REPLY_ERROR, strlen(REPLY_ERROR)) != 0 ||
+            strstr(answer, c->message) == NULL)
+            fail_msg("%s: answered \"%s\"", c->rule, answer);
+        free(answer);
+    }
+    answer = checksum_ask(client, body, checksum_request_encode(&good, 1, body), &answer_size);
+    assert_true(checksum_answer_decode(answer, answer_size, 1, &sum));
+    free(answer);
+    random_fill(expected_bytes, sizeof(expected_bytes), fill_seed, 0);
+    assert_true(sum == XXH3_64bits(expected_bytes + good.offset, good.len));
+    sidechan_client_destroy(client);
+    zmq_ctx_term(zmq);
+    served = prefill_end(&p);
+    assert_int_equal(served.verify_refused, n);
+    assert_int_equal(served.verify_served, 1);
+    assert_int_equal(served.verify_bytes_hashed, good.len);
+    free(layout);
+}
+
+/* verify_one_in 3 over 9 pulls and 9 pushes: the 1st, 4th, 7th ... of the 18 are verified,
+ * no more, and the counts add up in the stats on both sides and in the Prometheus text. */
+static void sampling_counts_add_up(void **state)
+{
+    struct prefill p;
+    size_t size;
+    char *layout = source_file_read("layouts/examples/example7-capacities.json", &size);
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    struct request r;
+    kvx_agent_stats_t stats;
+    kvx_agent_stats_t served;
+    uint64_t verified_bytes = 0;
+    char *text;
+    char line[128];
+
+    (void)state;
+    assert_non_null(layout);
+    prefill_start(&p, layout, size);
+    agent = decode_agent(3);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    request_make(kvx_agent_regions(agent), &r);
+    for (int i = 0; i < 18; i++) {
+        kvx_xfer_t *xfer;
+        kvx_verify_result_t result;
+        kvx_read_stats_t xs;
+
+        assert_int_equal((i >= 9 ? kvx_write_post : kvx_read_post)(agent, &peer, 1, (uint64_t)i,
+                                                                   &r.request, NULL, NULL, &xfer),
+                         KVX_OK);
+        assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
+        kvx_xfer_verify_result(xfer, &result);
+        kvx_xfer_stats(xfer, &xs);
+        assert_int_equal(result.requested, i % 3 == 0);
+        if (result.requested) {
+            assert_int_equal(result.status, KVX_OK);
+            assert_int_equal(result.bytes, xs.bytes);
+            verified_bytes += result.bytes;
+        }
+        kvx_xfer_destroy(xfer);
+    }
+    kvx_agent_stats(agent, &stats, sizeof(stats));
+    assert_int_equal(stats.transfers, 18);
+    assert_int_equal(stats.transfers_verified, 6);
+    assert_int_equal(stats.verify_mismatches, 0);
+    assert_int_equal(stats.verify_failed, 0);
+    assert_int_equal(stats.verify_bytes_hashed, verified_bytes);
+    assert_int_equal(kvx_agent_stats_prometheus(&stats, "d", &text), KVX_OK);
+    assert_non_null(strstr(text, "kvx_transfers_verified_total{agent=\"d\"} 6\n"));
+    assert_non_null(strstr(text, "kvx_verify_mismatches_total{agent=\"d\"} 0\n"));
+    snprintf(line, sizeof(line), "kvx_verify_hashed_bytes_total{agent=\"d\"} %" PRIu64 "\n",
+             verified_bytes);
+    assert_non_null(strstr(text, line));
+    assert_non_null(strstr(text, "kvx_verify_hash_seconds_total{agent=\"d\"} "));
+    free(text);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    served = prefill_end(&p);
+    assert_int_equal(served.verify_bytes_hashed, verified_bytes);
+    assert_int_equal(served.verify_refused, 0);
+    free(layout);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ranges_outside_the_registrations_are_refused),
+        cmocka_unit_test(sampling_counts_add_up),
+        cmocka_unit_test(verified_pulls_and_pushes_on_the_example_layouts),
+        cmocka_unit_test(verified_pulls_and_pushes_on_the_model_layouts),
+    };
+
+    setenv("UCX_NET_DEVICES", "lo", 0);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
