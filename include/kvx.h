@@ -941,6 +941,20 @@ KVX_API void kvx_xfer_verify_result(const kvx_xfer_t *xfer, kvx_verify_result_t 
  * valid until its next read: what a caller checks the transferred bytes against. */
 KVX_API const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent);
 
+/* Known bytes, for testing a deployment end to end when kvx may fill the prefill side's
+ * memory (kvx serve --fill, kvx fetch --verify --fill, kvx demo); otherwise verify with
+ * checksums (kvx_xfer_verify). Byte o of TP rank r's storage s is a function of (seed, r, s,
+ * o), so a byte from the wrong rank, storage or offset differs. GPU storages are written and
+ * read through host memory (docs/gpu.md). kvx_agent_fill_pattern fills every storage with
+ * this agent's rank's pattern; kvx_agent_zero zeroes every storage. kvx_agent_check_pattern
+ * checks the agent's last transfer (kvx_agent_last_pairs): every byte moved against the
+ * pattern of its source, then every byte outside the transfer still zero, as after a zero.
+ * It returns KVX_OK or KVX_ERR_MISMATCH, with the first wrong byte in kvx_errmsg(): where on
+ * both sides, and the bytes expected and found. */
+KVX_API kvx_status_t kvx_agent_fill_pattern(kvx_agent_t *agent, uint64_t seed);
+KVX_API kvx_status_t kvx_agent_zero(kvx_agent_t *agent);
+KVX_API kvx_status_t kvx_agent_check_pattern(const kvx_agent_t *agent, uint64_t seed);
+
 #ifdef __cplusplus
 }
 #endif

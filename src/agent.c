@@ -12,6 +12,7 @@
 #include "gpu.h"
 #include "hold.h"
 #include "notify.h"
+#include "pattern.h"
 #include "peer.h"
 #include "push_request.h"
 #include "push_serve.h"
@@ -750,6 +751,21 @@ void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_
 const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent)
 {
     return xfer_set_last_pairs(agent->xfers);
+}
+
+kvx_status_t kvx_agent_fill_pattern(kvx_agent_t *agent, uint64_t seed)
+{
+    return pattern_fill_storages(&agent->core, seed, false);
+}
+
+kvx_status_t kvx_agent_zero(kvx_agent_t *agent)
+{
+    return pattern_fill_storages(&agent->core, 0, true);
+}
+
+kvx_status_t kvx_agent_check_pattern(const kvx_agent_t *agent, uint64_t seed)
+{
+    return pattern_check_pairs(&agent->core, xfer_set_last_pairs(agent->xfers), seed);
 }
 
 void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void *arg)

@@ -97,6 +97,20 @@ check "push into malloc'd storage, verified" fetch_verified "$tmp/v41.json" '0:4
 # names the seed, the bytes expected and found, where, and that nearly all differ.
 check "wrong seed is a mismatch naming the seed, both bytes and where, exit 2" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' --verify --fill 41 >'$tmp/wrong'; [[ \$? -eq 2 ]] && grep -Eq '^MISMATCH: local storage 0 byte [0-9]+: expected 0x[0-9a-f]{2} \\(seed 41, remote rank 0 storage 0 byte [0-9]+\\), found 0x[0-9a-f]{2}; [0-9]+ of the pair.s [0-9]+ bytes differ: is the seed the one kvx serve --fill used\\?\$' '$tmp/wrong' || { cat '$tmp/wrong'; false; }"
 
+# Issue 15: a prefill side whose memory D cannot predict (--fill random, malloc'd like an
+# engine's): --verify checks by checksums alone, pulled and pushed; the pattern check of a
+# seed shows the difference (exit 2), and --json carries the checksums' counts.
+known=$addr # the pattern-filled P above, for the checks after these
+serve "$tmp/v41.json" --malloc --fill random
+check "serve --fill random says so and shows no seed" grep -q 'filled with random bytes' "$log"
+check "random P: pull verified by checksums" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:0-31;1:3,5,60;2:7-9' --verify >'$tmp/sums' && grep -Eq '^checksums: [1-9][0-9]* segments, [1-9][0-9]* bytes, equal on both sides' '$tmp/sums' && tail -n 1 '$tmp/sums' | grep -qx verified || { cat '$tmp/sums'; false; }"
+check "random P: push verified by checksums" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:40-47;1:0;2:63' --verify --push --malloc >'$tmp/sums' && grep -q '^checksums: .* equal on both sides' '$tmp/sums' && tail -n 1 '$tmp/sums' | grep -qx verified || { cat '$tmp/sums'; false; }"
+check "random P: a pattern check of a seed is a mismatch, exit 2" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' --verify --fill 42 >'$tmp/sums'; [[ \$? -eq 2 ]] && grep -q '^checksums: .* equal on both sides' '$tmp/sums' && tail -n 1 '$tmp/sums' | grep -q '^MISMATCH: .*is the seed the one kvx serve --fill used' || { cat '$tmp/sums'; false; }"
+check "fetch --verify --json: the checksums' counts" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:0-3;1:1;2:1' --verify --json | python3 -c \"import json,sys; d=json.load(sys.stdin); c=d['checksums']; assert d['ok'] and d['verified']=='verified' and c['ok'] and c['segments']>0 and c['bytes']==d['bytes'] and c['mismatches']==0 and d['stats']['transfers_verified']==1, d\""
+check "fetch --fill random is refused: exit 2" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1' --verify --fill random 2>&1 >/dev/null | grep -q 'fill random is kvx serve'"
+stop_server
+addr=$known
+
 # Handshake failures: clear errors on D, and P keeps serving.
 check "hash mismatch is named" bash -c "'$kvx' fetch '$src/layouts/examples/example1-packed-mla-slab.json' --peer $addr --blocks '0:1' 2>&1 | grep -q 'incompatible peer: model_id: local \"\", remote \"deepseek-v4.1-style\"'"
 sed 's/"page": 32768/"page": 16384/' "$tmp/v41.json" >"$tmp/v41-narrow.json"

@@ -7,7 +7,6 @@
 #include "bench_workload.h"
 #include "cli.h"
 #include "size_list.h"
-#include "verify.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -346,8 +345,9 @@ static kvx_status_t bench_agent_create(const struct bench_args *a, const kvx_lay
         cli_fail(status);
         return status;
     }
-    status = storages_zero(*agent_p);
+    status = kvx_agent_zero(*agent_p);
     if (status != KVX_OK) {
+        cli_fail(status);
         kvx_agent_destroy(*agent_p);
         *agent_p = NULL;
         storages_free(bases, n);

@@ -4,7 +4,6 @@
 #include "builtin_layouts.h"
 #include "cli.h"
 #include "plan_print.h"
-#include "verify.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -73,8 +72,11 @@ static int demo_prefill(const kvx_layout_t *layout, int ready, uint32_t rank, ui
         (void)!write(ready, &port, sizeof(port));
         return cli_fail(status);
     }
-    if (storages_fill(agent, DEMO_SEED, rank) == KVX_OK)
+    status = kvx_agent_fill_pattern(agent, DEMO_SEED);
+    if (status == KVX_OK)
         port = (uint32_t)strtoul(strrchr(kvx_agent_listen_address(agent), ':') + 1, NULL, 10);
+    else
+        cli_fail(status);
     (void)!write(ready, &port, sizeof(port));
     if (port == 0) {
         kvx_agent_destroy(agent);
@@ -118,7 +120,6 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
     uint64_t total_posted      = 0;
     double total_seconds       = 0;
     unsigned rng               = DEMO_SEED;
-    char verdict[256];
 
     printf("\n%s %zu requests %s %zu prefill process%s:\n", push ? "push:" : "pull:", n_requests,
            push ? "written by" : "read from", num_peers, num_peers > 1 ? "es" : "");
@@ -128,8 +129,11 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
         kvx_read_stats_t stats;
         kvx_status_t status;
 
-        if (storages_zero(agent) != KVX_OK) /* a verified request proves its own bytes only */
+        status = kvx_agent_zero(agent); /* a verified request proves its own bytes only */
+        if (status != KVX_OK) {
+            cli_fail(status);
             return false;
+        }
         demo_request_fill(groups, num_groups, ids, blocks, capacity, &rng);
         request = (kvx_request_t){groups, num_groups, NULL, 0, NULL};
         status  = push ? kvx_write(agent, peers, num_peers, i + 1, &request, &stats)
@@ -138,8 +142,10 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
             cli_fail(status);
             return false;
         }
-        if (!verify_last_transfer(agent, DEMO_SEED, verdict, sizeof(verdict))) {
-            fprintf(stderr, "kvx: error: request %zu: %s\n", i + 1, verdict);
+        status = kvx_agent_check_pattern(agent, DEMO_SEED);
+        if (status != KVX_OK) {
+            fprintf(stderr, "kvx: error: request %zu: %s%s\n", i + 1,
+                    status == KVX_ERR_MISMATCH ? "MISMATCH: " : "", kvx_errmsg());
             return false;
         }
         printf("  request %zu: %4" PRIu64 " blocks per group, %6" PRIu64 " descriptors -> %5" PRIu64

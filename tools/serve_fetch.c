@@ -1,11 +1,12 @@
-/* serve_fetch.c: `kvx serve` (a prefill worker that fills its cache with a known pattern and
- * serves it) and `kvx fetch` (a decode worker that pulls a request and checks every byte).
+/* serve_fetch.c: `kvx serve` (a prefill worker that fills its cache with a known pattern, or
+ * bytes nobody can predict, and serves it) and `kvx fetch` (a decode worker that pulls a
+ * request and checks every byte: by checksums against the prefill side's memory, and
+ * against the pattern when it knows the seed).
  * Argument handling and output only; the agent does the work. */
 #include "block_ids.h"
 #include "cli.h"
 #include "metrics_http.h"
 #include "stats_json.h"
-#include "verify.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -13,16 +14,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 static const char usage_serve[] =
     "usage: kvx serve LAYOUT --listen HOST:PORT (--auth FILE | --insecure)\n"
-    "                 [--tp-rank R --tp-size N] [--fill SEED]\n"
+    "                 [--tp-rank R --tp-size N] [--fill SEED|random]\n"
     "                 [--transports LIST] [--malloc] [--lease MS] [--metrics HOST:PORT]\n"
     "                 [--hold 'ID=G:IDS;G:IDS' ... [--consumers N] [--token HEX]] [--verbose]\n"
     "\n"
     "A prefill worker: allocates the layout's storages (through UCX, or with malloc when\n"
-    "--malloc is given), fills every byte with a pattern of (SEED, storage, offset), and\n"
+    "--malloc is given), fills every byte with a pattern of (SEED, storage, offset), or with\n"
+    "bytes a decode worker cannot predict (--fill random: only checksums verify them), and\n"
     "serves its metadata on the side channel at HOST:PORT until SIGINT or SIGTERM. Decode\n"
     "workers (kvx fetch) then read from it and notify it. Port 0 takes a free port; the\n"
     "\"serving ... on HOST:PORT\" line names the one bound.\n"
@@ -30,7 +33,8 @@ static const char usage_serve[] =
     "  --auth FILE         the deployment's secret (kvx auth-key FILE); default the file\n"
     "                      KVX_AUTH_FILE names. Only peers with it are answered\n"
     "  --insecure          no secret: plain side channel, on a loopback address only\n"
-    "  --fill SEED         the pattern's seed; default 1\n"
+    "  --fill SEED|random  the pattern's seed (default 1), or random: the pattern of a seed\n"
+    "                      drawn from the kernel and never shown\n"
     "  --transports LIST   UCX transports; default sm,cma,tcp (and cuda_copy,cuda_ipc\n"
     "                      with --memory cuda)\n"
     "  --memory host|cuda  where the storages live: host memory (default; a layout's\n"
@@ -59,16 +63,20 @@ static const char usage_fetch[] =
     "\n"
     "A decode worker: connects to every prefill rank given (handshake: compatibility hash,\n"
     "then the region tables), pulls the request, notifies the ranks read from, and prints\n"
-    "bytes, descriptors before and after coalescing, GB/s and transports. With --verify it\n"
-    "checks every transferred byte against the pattern kvx serve filled with SEED and prints\n"
-    "the verdict, 'verified' or the first wrong byte (exit status 2). A pull that fails\n"
-    "prints the error and \"not loaded: BLOCKS\", the block ids it did not load.\n"
+    "bytes, descriptors before and after coalescing, GB/s and transports. With --verify the\n"
+    "transfer is verified with checksums before it completes: each prefill rank hashes the\n"
+    "bytes it was the source of (XXH3-64) and this worker what landed, per region and block;\n"
+    "a difference fails the transfer, naming the region, block and views (exit status 2).\n"
+    "With --fill SEED too, every byte is also checked against the pattern kvx serve filled\n"
+    "with SEED, and every byte outside the request must still be zero. The last line is the\n"
+    "verdict: 'verified' or the first wrong byte. A transfer that fails prints the error and\n"
+    "\"not loaded: BLOCKS\", the block ids it did not load.\n"
     "\n"
     "  --auth FILE         the deployment's secret, as kvx serve's; default KVX_AUTH_FILE\n"
     "  --insecure          no secret: only an insecure kvx serve on loopback answers\n"
     "  --push              ask the prefill ranks to write the blocks in (push mode) instead\n"
     "                      of reading them\n"
-    "  --fill SEED         the seed kvx serve used; default 1\n"
+    "  --fill SEED         with --verify: the seed kvx serve used, for the pattern check\n"
     "  --memory host|cuda  where the storages live, as kvx serve's; --verify reads GPU\n"
     "                      storages back into host memory to check them\n"
     "  --timeout MS        handshake and transfer deadline; default 10000\n"
@@ -120,6 +128,8 @@ struct agent_args {
     uint64_t wait_before_read_ms;
     bool want;
     bool verify;
+    bool seed_given;  /* --fill SEED */
+    bool fill_random; /* serve: --fill random */
     bool push;
     bool use_malloc;
     bool verbose;
@@ -137,7 +147,6 @@ static const struct number_option {
 } number_options[] = {
     {"--tp-rank", offsetof(struct agent_args, tp_rank), 0, KVX_MAX_TP},
     {"--tp-size", offsetof(struct agent_args, tp_size), 0, KVX_MAX_TP},
-    {"--fill", offsetof(struct agent_args, seed), 0, UINT64_MAX},
     {"--timeout", offsetof(struct agent_args, timeout_ms), 0, 3600000},
     {"--lease", offsetof(struct agent_args, lease_ms), 0, 3600000},
     {"--heartbeat", offsetof(struct agent_args, heartbeat_ms), 1, 3600000},
@@ -239,7 +248,16 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             text = &a->auth;
         else if (strcmp(arg, "--token") == 0)
             text = &a->token;
-        else if (strcmp(arg, "--memory") == 0) {
+        else if (strcmp(arg, "--fill") == 0) {
+            if (i + 1 >= argc)
+                return cli_usage_error("--fill needs a value", usage);
+            a->fill_random = strcmp(argv[i + 1], "random") == 0;
+            a->seed_given  = !a->fill_random;
+            if (a->seed_given && !cli_parse_number("--fill", argv[i + 1], UINT64_MAX, &a->seed))
+                return EXIT_BAD_INPUT;
+            i++;
+            continue;
+        } else if (strcmp(arg, "--memory") == 0) {
             if (i + 1 >= argc || !cli_memory_parse(argv[i + 1], &a->memory))
                 return i + 1 >= argc ? cli_usage_error("--memory needs a value", usage)
                                      : EXIT_BAD_INPUT;
@@ -429,6 +447,19 @@ static kvx_status_t serve_holds_take(kvx_agent_t *agent, const struct serve_hold
     return KVX_OK;
 }
 
+/* Fills the storages: the pattern of --fill SEED, or of a seed drawn from the kernel that
+ * nobody learns (--fill random), so a decode worker can verify them only by checksums. */
+static kvx_status_t serve_fill(kvx_agent_t *agent, const struct agent_args *a)
+{
+    uint64_t seed = a->seed;
+
+    if (a->fill_random && getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
+        fprintf(stderr, "kvx: error: --fill random: no random bytes from the kernel\n");
+        return KVX_ERR_IO;
+    }
+    return kvx_agent_fill_pattern(agent, seed);
+}
+
 int command_serve(int argc, char **argv)
 {
     struct agent_args a = {0};
@@ -465,8 +496,9 @@ int command_serve(int argc, char **argv)
         ret = EXIT_BAD_INPUT;
         goto out;
     }
-    if (storages_fill(agent, a.seed, (uint32_t)a.tp_rank) != KVX_OK) {
-        ret = EXIT_INTERNAL;
+    status = serve_fill(agent, &a);
+    if (status != KVX_OK) {
+        ret = cli_fail(status);
         goto out;
     }
     for (size_t s = 0;; s++) {
@@ -485,9 +517,13 @@ int command_serve(int argc, char **argv)
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
     printf("serving %s on %s: rank %" PRIu64 " of %" PRIu64 ", %zu regions, %" PRIu64
-           " bytes filled with seed %" PRIu64 "\n",
+           " bytes filled with ",
            a.layout, kvx_agent_listen_address(agent), a.tp_rank, a.tp_size,
-           kvx_regions_count(kvx_agent_regions(agent)), bytes, a.seed);
+           kvx_regions_count(kvx_agent_regions(agent)), bytes);
+    if (a.fill_random)
+        printf("random bytes (kvx fetch --verify checks them by checksums)\n");
+    else
+        printf("seed %" PRIu64 "\n", a.seed);
     if (metrics != NULL)
         printf("metrics on http://%.*s:%u/metrics\n", (int)strcspn(a.metrics, ":"), a.metrics,
                metrics_http_port(metrics));
@@ -518,7 +554,8 @@ out:
 /* --json: one object with the outcome, the transfer's figures and the agent's stats. */
 static void fetch_json_print(const struct agent_args *a, const kvx_agent_t *agent,
                              const kvx_peer_t *peer, kvx_status_t status,
-                             const kvx_read_stats_t *read, const char *verdict)
+                             const kvx_read_stats_t *read, const kvx_verify_result_t *checked,
+                             const char *verdict)
 {
     kvx_agent_stats_t stats;
 
@@ -531,6 +568,13 @@ static void fetch_json_print(const struct agent_args *a, const kvx_agent_t *agen
     json_string_print(stdout, kvx_peer_transports(peer));
     printf(", \"verified\": ");
     json_string_print(stdout, verdict != NULL ? verdict : "not verified");
+    if (checked->requested)
+        printf(", \"checksums\": {\"ok\": %s, \"segments\": %" PRIu64 ", \"bytes\": %" PRIu64
+               ", \"mismatches\": %" PRIu64 ", \"seconds\": %.9f}",
+               checked->status == KVX_OK ? "true" : "false", checked->segments, checked->bytes,
+               checked->mismatches, checked->seconds);
+    else
+        printf(", \"checksums\": null");
     printf(", \"stats\": ");
     stats_json_print(stdout, &stats);
     printf("}\n");
@@ -572,17 +616,28 @@ static kvx_status_t fetch_want_and_wait(kvx_agent_t *agent, kvx_peer_t *const *p
 
 /* Pulls the request. A pull that was posted and failed prints its error and the block ids it
  * did not load, and sets *reported_p; a post that failed prints nothing. */
-static kvx_status_t fetch_pull(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
-                               uint64_t request_id, const kvx_request_t *request,
-                               kvx_read_stats_t *stats_p, bool *reported_p)
+/* Pulls the request, or has the prefill ranks push it (--push). With --verify it is verified
+ * with checksums before it completes (a pull before its dones, so the prefill side still
+ * holds the blocks as they were read), and *checked_p gets the counts. A transfer that
+ * fails, a checksum mismatch too, is printed here: the error and the blocks not loaded. */
+static kvx_status_t fetch_transfer(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
+                                   const struct agent_args *a, const kvx_request_t *request,
+                                   kvx_read_stats_t *stats_p, kvx_verify_result_t *checked_p,
+                                   bool *reported_p)
 {
     kvx_xfer_t *xfer;
-    kvx_status_t status =
-        kvx_read_post(agent, peers, num_peers, request_id, request, NULL, NULL, &xfer);
+    kvx_status_t status = (a->push ? kvx_write_post : kvx_read_post)(
+        agent, peers, num_peers, a->request_id, request, NULL, NULL, &xfer);
 
     if (status != KVX_OK)
         return status;
-    status = kvx_xfer_wait(xfer);
+    if (a->verify)
+        status = kvx_xfer_verify(xfer);
+    if (status == KVX_OK)
+        status = kvx_xfer_wait(xfer);
+    kvx_xfer_verify_result(xfer, checked_p);
+    checked_p->reported     = NULL; /* the transfer's, gone with it */
+    checked_p->num_reported = 0;
     if (status == KVX_OK) {
         kvx_xfer_stats(xfer, stats_p);
     } else {
@@ -604,13 +659,14 @@ int command_fetch(int argc, char **argv)
     struct agent_args a = {0};
     kvx_agent_t *agent  = NULL;
     kvx_peer_t *peers[KVX_MAX_TP];
-    size_t num_peers       = 0;
-    struct block_ids ids   = {0};
-    struct block_ids rids  = {0};
-    kvx_read_stats_t stats = {0};
-    void **storages        = NULL;
-    size_t num_storages    = 0;
-    char verdict[256]      = "not verified";
+    size_t num_peers            = 0;
+    struct block_ids ids        = {0};
+    struct block_ids rids       = {0};
+    kvx_read_stats_t stats      = {0};
+    void **storages             = NULL;
+    size_t num_storages         = 0;
+    char verdict[1100]          = "not verified";
+    kvx_verify_result_t checked = {0};
     char error[512];
     kvx_request_t request;
     kvx_status_t status;
@@ -621,6 +677,10 @@ int command_fetch(int argc, char **argv)
         return ret;
     if (a.peers == NULL || a.blocks == NULL || a.listen != NULL || a.num_holds > 0)
         return cli_usage_error("fetch: needs --peer and --blocks, takes no --listen or --hold",
+                               usage_fetch);
+    if (a.fill_random)
+        return cli_usage_error("fetch: --fill random is kvx serve's (fetch --verify checks random "
+                               "bytes by checksums; --fill SEED names a pattern to check)",
                                usage_fetch);
     if (!block_ids_parse("--blocks", a.blocks, &ids, error, sizeof(error)) ||
         (a.remote_blocks != NULL &&
@@ -637,8 +697,9 @@ int command_fetch(int argc, char **argv)
     ret = agent_start(&a, false, &agent, &storages, &num_storages);
     if (ret >= 0)
         goto out;
-    if (storages_zero(agent) != KVX_OK) { /* a clean slate: what was not moved stays zero */
-        ret = EXIT_INTERNAL;
+    status = kvx_agent_zero(agent); /* a clean slate: what was not moved stays zero */
+    if (status != KVX_OK) {
+        ret = cli_fail(status);
         goto out;
     }
     for (const char *p = a.peers; *p != '\0' && num_peers < KVX_MAX_TP;) {
@@ -657,21 +718,24 @@ int command_fetch(int argc, char **argv)
     request = (kvx_request_t){ids.groups, ids.num_groups, rids.groups, rids.num_groups,
                               a.token != NULL ? &a.token_value : NULL};
     status  = fetch_want_and_wait(agent, peers, num_peers, &a, request.token);
-    if (status == KVX_OK && a.push)
-        status = kvx_write(agent, peers, num_peers, a.request_id, &request, &stats);
-    else if (status == KVX_OK)
-        status = fetch_pull(agent, peers, num_peers, a.request_id, &request, &stats, &reported);
+    if (status == KVX_OK)
+        status = fetch_transfer(agent, peers, num_peers, &a, &request, &stats, &checked, &reported);
     if (status != KVX_OK) {
         if (a.json)
-            fetch_json_print(&a, agent, peers[0], status, &stats, NULL);
+            fetch_json_print(&a, agent, peers[0], status, &stats, &checked, NULL);
         ret = reported ? cli_exit_status(status) : cli_fail(status);
         goto out;
     }
     ret = 0;
-    if (a.verify && !verify_last_transfer(agent, a.seed, verdict, sizeof(verdict)))
+    if (a.verify)
+        snprintf(verdict, sizeof(verdict), "verified");
+    if (a.verify && a.seed_given && (status = kvx_agent_check_pattern(agent, a.seed)) != KVX_OK) {
+        snprintf(verdict, sizeof(verdict), "%s%s",
+                 status == KVX_ERR_MISMATCH ? "MISMATCH: " : "not verified: ", kvx_errmsg());
         ret = EXIT_BAD_INPUT;
+    }
     if (a.json) {
-        fetch_json_print(&a, agent, peers[0], status, &stats, verdict);
+        fetch_json_print(&a, agent, peers[0], KVX_OK, &stats, &checked, verdict);
         goto out;
     }
     printf("%s %" PRIu64 " bytes in %" PRIu64 " descriptors (%" PRIu64
@@ -680,6 +744,10 @@ int command_fetch(int argc, char **argv)
            num_peers > 1 ? "s" : "", stats.seconds * 1e3,
            stats.seconds > 0 ? (double)stats.bytes / stats.seconds / 1e9 : 0.0,
            kvx_peer_transports(peers[0]));
+    if (checked.requested)
+        printf("checksums: %" PRIu64 " segments, %" PRIu64
+               " bytes, equal on both sides (XXH3-64, %.3f ms of the time above)\n",
+               checked.segments, checked.bytes, checked.seconds * 1e3);
     printf("%s\n", verdict);
 
 out:
