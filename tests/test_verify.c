@@ -35,6 +35,7 @@
 static char *served_layout;
 static size_t served_size;
 static uint64_t fill_seed;
+static bool fill_pattern; /* the prefill fills kvx's pattern of fill_seed, not random bytes */
 
 /* A model layout with at most SHRUNK_BLOCKS blocks per view and storages cut to what their
  * views still reach, so two processes can hold it, in host memory; the caller frees it. */
@@ -131,8 +132,11 @@ static int run_prefill(int ready, int go)
         uint64_t size;
         void *base = kvx_agent_storage(agent, s, &size);
 
-        random_fill(base, size, fill_seed, s);
+        if (!fill_pattern)
+            random_fill(base, size, fill_seed, s);
     }
+    if (fill_pattern && kvx_agent_fill_pattern(agent, fill_seed) != KVX_OK)
+        return 12;
     report_serving(ready, agent);
     while (poll(&stop, 1, 0) == 0)
         kvx_agent_progress(agent, 10);
@@ -515,11 +519,64 @@ static void sampling_counts_add_up(void **state)
     free(layout);
 }
 
+/* The pattern check of the library (kvx_agent_check_pattern, what kvx fetch --verify --fill
+ * and kvx demo use): a pull from a pattern-filled prefill checks; one changed byte inside the
+ * transfer is named with the bytes expected and found, one outside it as written outside the
+ * request, and a wrong seed is a mismatch. */
+static void the_pattern_check_names_wrong_bytes_inside_and_outside_the_transfer(void **state)
+{
+    size_t size;
+    char *layout = source_file_read("layouts/examples/example1-packed-mla-slab.json", &size);
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    struct request r;
+    size_t count;
+    const kvx_pair_t *pairs;
+    uint64_t storage_size;
+    uint8_t *base;
+    uint8_t *inside;
+    uint8_t *outside;
+
+    (void)state;
+    fill_pattern = true;
+    prefill_start(&p, layout, size);
+    agent = decode_agent(0);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    request_make(kvx_agent_regions(agent), &r);
+    assert_int_equal(kvx_agent_zero(agent), KVX_OK);
+    assert_int_equal(kvx_read(agent, &peer, 1, 1, &r.request, NULL), KVX_OK);
+    if (kvx_agent_check_pattern(agent, fill_seed) != KVX_OK)
+        fail_msg("a clean pull: %s", kvx_errmsg());
+    assert_int_equal(kvx_agent_check_pattern(agent, fill_seed + 1), KVX_ERR_MISMATCH);
+    assert_non_null(strstr(kvx_errmsg(), "is the seed the one kvx serve --fill used?"));
+    pairs  = kvx_pairs_read(kvx_agent_last_pairs(agent), 0, NULL, &count);
+    base   = kvx_agent_storage(agent, pairs[0].local_storage, &storage_size);
+    inside = base + pairs[0].local_offset + pairs[0].len / 2;
+    *inside ^= 0x5a;
+    assert_int_equal(kvx_agent_check_pattern(agent, fill_seed), KVX_ERR_MISMATCH);
+    assert_non_null(strstr(kvx_errmsg(), ": expected 0x"));
+    assert_non_null(strstr(kvx_errmsg(), "1 of the pair's"));
+    *inside ^= 0x5a;
+    outside = base + storage_size - 1; /* request_make asks for the first blocks only */
+    for (size_t i = 0; i < count; i++)
+        assert_true(pairs[i].local_offset + pairs[i].len < storage_size);
+    *outside = 1;
+    assert_int_equal(kvx_agent_check_pattern(agent, fill_seed), KVX_ERR_MISMATCH);
+    assert_non_null(strstr(kvx_errmsg(), "was written but is outside the request"));
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    prefill_end(&p);
+    fill_pattern = false;
+    free(layout);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ranges_outside_the_registrations_are_refused),
         cmocka_unit_test(sampling_counts_add_up),
+        cmocka_unit_test(the_pattern_check_names_wrong_bytes_inside_and_outside_the_transfer),
         cmocka_unit_test(verified_pulls_and_pushes_on_the_example_layouts),
         cmocka_unit_test(verified_pulls_and_pushes_on_the_model_layouts),
     };
