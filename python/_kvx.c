@@ -30,6 +30,7 @@ static struct {
     {KVX_ERR_IO, "IOFailure", NULL},
     {KVX_ERR_CANCELED, "CanceledError", NULL},
     {KVX_ERR_BUSY, "BusyError", NULL},
+    {KVX_ERR_MISMATCH, "MismatchError", NULL},
     {KVX_ERR_PEER_DOWN, "PeerDownError", NULL},
     {KVX_ERR_PEER_TIMEOUT, "PeerTimeoutError", NULL},
     {KVX_ERR_PEER_REFUSED, "PeerRefusedError", NULL},
@@ -713,6 +714,13 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
             {"peers_refused", s.peers_refused},
             {"tokens_refused", s.tokens_refused},
             {"peers_connected", s.peers_connected},
+            {"transfers_verified", s.transfers_verified},
+            {"verify_mismatches", s.verify_mismatches},
+            {"verify_failed", s.verify_failed},
+            {"verify_bytes_hashed", s.verify_bytes_hashed},
+            {"verify_ns", s.verify_ns},
+            {"verify_served", s.verify_served},
+            {"verify_refused", s.verify_refused},
         };
 
         dict = PyDict_New();
@@ -1125,6 +1133,77 @@ static PyObject *xfer_stats(XferObject *self, PyObject *unused)
                          stats.seconds);
 }
 
+/* verify(): kvx_xfer_verify, with the GIL released (a completed transfer is verified now):
+ * (status, message); verify_result() has the details. */
+static PyObject *xfer_verify(XferObject *self, PyObject *unused)
+{
+    kvx_status_t status;
+
+    (void)unused;
+    if (xfer_get(self) == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = kvx_xfer_verify(self->xfer);
+    Py_END_ALLOW_THREADS
+    if (status == KVX_ERR_INVALID) /* not a verifiable transfer: a mistake of the caller's */
+        return raise_status(status, NULL);
+    return Py_BuildValue("(is)", (int)status, status == KVX_OK ? "" : kvx_errmsg());
+}
+
+/* One reported mismatch as a dict, its views by name. */
+static PyObject *mismatch_dict(const kvx_regions_t *regions, const kvx_verify_mismatch_t *m)
+{
+    PyObject *views = PyList_New((Py_ssize_t)m->num_views);
+    PyObject *dict;
+
+    for (size_t v = 0; views != NULL && v < m->num_views; v++)
+        PyList_SET_ITEM(views, (Py_ssize_t)v,
+                        PyUnicode_FromString(kvx_regions_view_name(regions, m->views[v])));
+    if (views == NULL)
+        return NULL;
+    dict = Py_BuildValue(
+        "{s:n,s:s,s:N,s:K,s:K,s:I,s:K,s:(IK),s:(IK),s:K,s:K,s:K}", "region",
+        m->region == SIZE_MAX ? (Py_ssize_t)-1 : (Py_ssize_t)m->region, "region_name",
+        m->region_name, "views", views, "block", (unsigned long long)m->block, "descriptor",
+        (unsigned long long)m->descriptor, "remote_rank", (unsigned)m->remote_rank, "remote_block",
+        (unsigned long long)m->remote_block, "local", (unsigned)m->range.local_storage,
+        (unsigned long long)m->range.local_offset, "remote", (unsigned)m->range.remote_storage,
+        (unsigned long long)m->range.remote_offset, "len", (unsigned long long)m->range.len,
+        "local_checksum", (unsigned long long)m->local_checksum, "remote_checksum",
+        (unsigned long long)m->remote_checksum);
+    return dict;
+}
+
+/* verify_result(): None without a verification, else (status, segments, bytes, mismatches,
+ * seconds, [the reported mismatches as dicts]). */
+static PyObject *xfer_verify_result(XferObject *self, PyObject *unused)
+{
+    kvx_verify_result_t r;
+    PyObject *reported;
+
+    (void)unused;
+    if (xfer_get(self) == NULL)
+        return NULL;
+    kvx_xfer_verify_result(self->xfer, &r);
+    if (!r.requested)
+        Py_RETURN_NONE;
+    reported = PyList_New((Py_ssize_t)r.num_reported);
+    for (size_t i = 0; reported != NULL && i < r.num_reported; i++) {
+        PyObject *m = mismatch_dict(kvx_agent_regions(self->peer->agent->agent), &r.reported[i]);
+
+        if (m == NULL) {
+            Py_CLEAR(reported);
+            break;
+        }
+        PyList_SET_ITEM(reported, (Py_ssize_t)i, m);
+    }
+    if (reported == NULL)
+        return NULL;
+    return Py_BuildValue("(iKKKdN)", (int)r.status, (unsigned long long)r.segments,
+                         (unsigned long long)r.bytes, (unsigned long long)r.mismatches, r.seconds,
+                         reported);
+}
+
 /* failed_blocks(): {group: [ids]} that a failed transfer did not load ({} unless failed). */
 static PyObject *xfer_failed_blocks(XferObject *self, PyObject *unused)
 {
@@ -1155,6 +1234,9 @@ static PyMethodDef xfer_methods[] = {
     {"wait", (PyCFunction)xfer_wait, METH_NOARGS, "progress until settled; the status"},
     {"stats", (PyCFunction)xfer_stats, METH_NOARGS, "(descriptors, posted, bytes, seconds)"},
     {"failed_blocks", (PyCFunction)xfer_failed_blocks, METH_NOARGS, "{group: [ids]}"},
+    {"verify", (PyCFunction)xfer_verify, METH_NOARGS, "kvx_xfer_verify: (status, message)"},
+    {"verify_result", (PyCFunction)xfer_verify_result, METH_NOARGS,
+     "None, or (status, segments, bytes, mismatches, seconds, [mismatches])"},
     {"release", (PyCFunction)xfer_release, METH_NOARGS, "let the C transfer go now"},
     {NULL, NULL, 0, NULL},
 };

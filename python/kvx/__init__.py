@@ -18,6 +18,7 @@ from ._kvx import (  # noqa: F401  (the error classes are part of the API)
     InternalError,
     InvalidError,
     IOFailure,
+    MismatchError,
     NoMemoryError,
     OutOfRangeError,
     PeerDownError,
@@ -25,7 +26,8 @@ from ._kvx import (  # noqa: F401  (the error classes are part of the API)
     PeerTimeoutError,
 )
 
-__all__ = ["Layout", "Regions", "RegionInfo", "Agent", "Peer", "Transfer", "ReadStats", "Error",
+__all__ = ["Layout", "Regions", "RegionInfo", "Agent", "Peer", "Transfer", "ReadStats",
+           "VerifyResult", "Error",
            "token_generate", "auth_key_load", "auth_key_generate", "ucx_version"]
 
 RegionInfo = collections.namedtuple(
@@ -171,9 +173,16 @@ def _groups(blocks):
 
 
 _ERRORS = {-1: InvalidError, -2: OutOfRangeError, -3: IOFailure, -4: CanceledError,
-           -5: BusyError, -100: PeerDownError, -101: PeerTimeoutError, -102: PeerRefusedError,
+           -5: BusyError, -6: MismatchError, -100: PeerDownError, -101: PeerTimeoutError, -102: PeerRefusedError,
            -200: NoMemoryError, -201: InternalError}
 _INPROGRESS = 1
+
+
+VerifyResult = collections.namedtuple(
+    "VerifyResult", "status segments bytes mismatches seconds reported")
+VerifyResult.__doc__ = """A transfer's verification (docs/agent.md, "Verification"): status 0
+when every (region, block) segment's checksums agreed; reported lists the first mismatches as
+dicts naming the region, block, views and both sides' storage, offset and checksum."""
 
 
 class Transfer:
@@ -207,6 +216,26 @@ class Transfer:
             error.failed_blocks = self.failed_blocks
             raise error
         return self.stats()
+
+    def verify(self):
+        """Verifies the transfer with checksums asked of the prefill ranks. In progress: it is
+        verified before it completes (a pull before its dones) and fails with MismatchError
+        if any segment differs. Completed: verified now (GIL released); returns the
+        VerifyResult, or raises MismatchError (its .verify_result says where)."""
+        status, message = self._handle.verify()
+        if not self.done:
+            return None
+        result = self.verify_result()
+        if status != 0:
+            error = _ERRORS.get(status, Error)(message, status)
+            error.verify_result = result
+            raise error
+        return result
+
+    def verify_result(self):
+        """The last VerifyResult, or None if the transfer was not verified."""
+        r = self._handle.verify_result()
+        return VerifyResult(*r) if r is not None else None
 
     def wait(self):
         """Progresses the agent until it completed or failed (GIL released): result()."""
@@ -255,15 +284,19 @@ class Peer:
         differ); `token` is the hold's. Returns a Transfer."""
         return self._post(False, blocks, remote_blocks, request_id, token)
 
-    def read(self, blocks, remote_blocks=None, *, request_id=None, token=None, timeout_ms=None):
+    def read(self, blocks, remote_blocks=None, *, request_id=None, token=None, timeout_ms=None,
+             verify=False):
         """Pulls and waits (GIL released); returns ReadStats or raises with failed_blocks.
         timeout_ms (at most the agent's own deadline) gives up sooner: the transfer is
-        cancelled and PeerTimeoutError names every block."""
+        cancelled and PeerTimeoutError names every block. verify=True verifies it with
+        checksums before it completes: MismatchError when bytes differ."""
         return self._blocking(self.read_async(blocks, remote_blocks, request_id=request_id,
-                                              token=token), blocks, timeout_ms)
+                                              token=token), blocks, timeout_ms, verify)
 
-    def _blocking(self, transfer, blocks, timeout_ms):
+    def _blocking(self, transfer, blocks, timeout_ms, verify=False):
         try:
+            if verify:
+                transfer.verify()
             if timeout_ms is None:
                 return transfer.wait()
             deadline = time.monotonic() + timeout_ms / 1000
@@ -284,10 +317,11 @@ class Peer:
         registers our writer there, which waits up to the timeout."""
         return self._post(True, blocks, remote_blocks, request_id, token)
 
-    def write(self, blocks, remote_blocks=None, *, request_id=None, token=None, timeout_ms=None):
-        """Pushes and waits; returns ReadStats or raises with failed_blocks."""
+    def write(self, blocks, remote_blocks=None, *, request_id=None, token=None, timeout_ms=None,
+              verify=False):
+        """Pushes and waits; returns ReadStats or raises with failed_blocks. verify as read's."""
         return self._blocking(self.write_async(blocks, remote_blocks, request_id=request_id,
-                                               token=token), blocks, timeout_ms)
+                                               token=token), blocks, timeout_ms, verify)
 
     @property
     def transports(self):

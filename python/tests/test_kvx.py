@@ -337,3 +337,37 @@ def test_a_dlpack_tensor_is_registered_in_place(tmp_path):
     strided = DLPackOnly(np.zeros((256, 512), np.uint8)[:, ::2])
     with pytest.raises(ValueError, match="DLPack: the tensor is not C-contiguous"):
         kvx.Agent(kvx.Layout.load(path), {"kv": strided}, insecure=True)
+
+
+@pytest.mark.parametrize("push", [False, True], ids=["pull", "push"])
+def test_a_transfer_verified_by_checksums_and_a_changed_byte_named(tmp_path, push):
+    """verify=True checks the transfer with the prefill side's checksums before it completes;
+    a byte changed afterwards is found by verifying the completed transfer again, and named by
+    region, block and view."""
+    path = write_layout(tmp_path, SMALL)
+    prefill = Prefill(path, {0: [1, 5]})
+    layout = kvx.Layout.load(path)
+    memory = np.zeros(65536, dtype=np.uint8)
+    with kvx.Agent(layout, {"kv": memory}) as agent:
+        peer = agent.connect(prefill.address)
+        post = peer.write_async if push else peer.read_async
+        transfer = post({0: [1, 5]}, request_id=7, token=prefill.token)
+        assert transfer.verify() is None  # in progress: verified before it completes
+        stats = transfer.wait()
+        result = transfer.verify_result()
+        assert result.status == 0 and result.segments == 2 and result.bytes == stats.bytes
+        assert result.mismatches == 0 and result.reported == []
+        memory[5 * 4096 + 17] ^= 0x5A
+        with pytest.raises(kvx.MismatchError, match=r"block 5") as caught:
+            transfer.verify()
+        (m,) = caught.value.verify_result.reported
+        assert (m["region_name"], m["block"], m["views"]) == ("layers.0.mla", 5, ["layers.0.mla"])
+        assert m["local"] == (0, 5 * 4096) and m["len"] == 4096
+        assert m["local_checksum"] != m["remote_checksum"]
+        memory[5 * 4096 + 17] ^= 0x5A
+        assert transfer.verify().mismatches == 0
+        transfer.release()
+        assert peer.read({0: [6]}, request_id=8, verify=True).bytes == 4096
+        assert agent.stats()["transfers_verified"] == 4
+        peer.close()
+    prefill.finish()
