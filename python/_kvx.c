@@ -592,6 +592,7 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
     NUMBER_PARAM(max_peers, KVX_AGENT_PARAM_FIELD_MAX_PEERS)
     NUMBER_PARAM(max_message, KVX_AGENT_PARAM_FIELD_MAX_MESSAGE)
     NUMBER_PARAM(max_pushes, KVX_AGENT_PARAM_FIELD_MAX_PUSHES)
+    NUMBER_PARAM(verify_one_in, KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN)
 #undef STRING_PARAM
 #undef NUMBER_PARAM
     if ((value = PyDict_GetItemString(params, "insecure")) != NULL && PyObject_IsTrue(value)) {

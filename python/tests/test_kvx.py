@@ -370,4 +370,10 @@ def test_a_transfer_verified_by_checksums_and_a_changed_byte_named(tmp_path, pus
         assert peer.read({0: [6]}, request_id=8, verify=True).bytes == 4096
         assert agent.stats()["transfers_verified"] == 4
         peer.close()
+    with kvx.Agent(layout, {"kv": memory}, verify_one_in=2) as agent:  # sampled: 1st and 3rd
+        peer = agent.connect(prefill.address)
+        for request_id in (9, 10, 11):
+            peer.read({0: [7]}, request_id=request_id)
+        assert agent.stats()["transfers_verified"] == 2
+        peer.close()
     prefill.finish()
