@@ -91,16 +91,10 @@ static char *layout_shrunk(const char *path, size_t *size_p)
 
 static kvx_status_t agent_from_json(const kvx_agent_params_t *params, kvx_agent_t **agent_p)
 {
-    kvx_agent_params_t p = params != NULL ? *params : (kvx_agent_params_t){0};
-    kvx_layout_t *layout;
-    kvx_status_t status = kvx_layout_load_buffer(served_layout, served_size, &layout);
+    kvx_layout_t *layout = NULL;
+    kvx_status_t status  = kvx_layout_load_buffer(served_layout, served_size, &layout);
 
-    p.field_mask |= KVX_AGENT_PARAM_FIELD_AUTH_KEY;
-    p.auth_key = test_auth_key;
-    if (status == KVX_OK)
-        status = kvx_agent_create(layout, &p, agent_p);
-    kvx_layout_destroy(layout);
-    return status;
+    return agent_from_layout(status, layout, params, agent_p);
 }
 
 /* Storage s's random bytes, the same on every call for one seed. */

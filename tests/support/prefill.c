@@ -14,13 +14,11 @@
 
 const uint8_t test_auth_key[KVX_AUTH_KEY_LEN] = "the tests' own deployment secret";
 
-kvx_status_t agent_from_quoted(const char *quoted, const kvx_agent_params_t *params,
-                               kvx_agent_t **agent_p)
+kvx_status_t agent_from_layout(kvx_status_t status, kvx_layout_t *layout,
+                               const kvx_agent_params_t *params, kvx_agent_t **agent_p)
 {
     const uint64_t auth  = KVX_AGENT_PARAM_FIELD_AUTH_KEY | KVX_AGENT_PARAM_FIELD_INSECURE;
     kvx_agent_params_t p = params != NULL ? *params : (kvx_agent_params_t){0};
-    kvx_layout_t *layout = NULL;
-    kvx_status_t status  = layout_from_quoted(quoted, &layout);
 
     if ((p.field_mask & auth) == 0) {
         p.field_mask |= KVX_AGENT_PARAM_FIELD_AUTH_KEY;
@@ -30,6 +28,15 @@ kvx_status_t agent_from_quoted(const char *quoted, const kvx_agent_params_t *par
         status = kvx_agent_create(layout, &p, agent_p);
     kvx_layout_destroy(layout);
     return status;
+}
+
+kvx_status_t agent_from_quoted(const char *quoted, const kvx_agent_params_t *params,
+                               kvx_agent_t **agent_p)
+{
+    kvx_layout_t *layout = NULL;
+    kvx_status_t status  = layout_from_quoted(quoted, &layout);
+
+    return agent_from_layout(status, layout, params, agent_p);
 }
 
 void report_serving(int ready, const kvx_agent_t *agent)

@@ -19,6 +19,11 @@ extern const uint8_t test_auth_key[KVX_AUTH_KEY_LEN];
 kvx_status_t agent_from_quoted(const char *quoted, const kvx_agent_params_t *params,
                                kvx_agent_t **agent_p);
 
+/* The same on a loaded `layout` (destroyed here), given the status of loading it: an error
+ * status is returned as it is. */
+kvx_status_t agent_from_layout(kvx_status_t status, kvx_layout_t *layout,
+                               const kvx_agent_params_t *params, kvx_agent_t **agent_p);
+
 /* A child prefill process reports that it serves by writing the address it listens on (a
  * free port the kernel picked) as ADDRESS_SIZE bytes on `ready`. */
 void report_serving(int ready, const kvx_agent_t *agent);
