@@ -468,6 +468,38 @@ static kvx_agent_t *agent_get(AgentObject *self)
     return self->agent;
 }
 
+/* The names agent_init takes from its params dict: kvx_agent_params_t's fields. */
+static const char *const agent_param_names[] = {
+    "name",        "transports", "listen",        "engine_id",    "push_transports", "tp_rank",
+    "tp_size",     "timeout_ms", "lease_ms",      "heartbeat_ms", "peer_ttl_ms",     "max_peers",
+    "max_message", "max_pushes", "verify_one_in", "insecure",     "auth_key",
+};
+
+/* 0, or -1 with a ValueError naming the first key of `params` that is not a parameter: a
+ * misspelt one would otherwise be ignored without a word. */
+static int agent_params_check(PyObject *params)
+{
+    PyObject *key;
+    PyObject *value;
+    Py_ssize_t at = 0;
+
+    while (PyDict_Next(params, &at, &key, &value)) {
+        const char *name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        bool known       = false;
+
+        for (size_t i = 0;
+             name != NULL && !known && i < sizeof(agent_param_names) / sizeof(agent_param_names[0]);
+             i++)
+            known = strcmp(name, agent_param_names[i]) == 0;
+        if (!known) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "agent params: %R is not a parameter", key);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Agent(layout, memory, params): memory is a sequence with one entry per storage, None or a
  * writable C-contiguous buffer of at least the storage's size; params a dict of
  * kvx_agent_params_t's fields by name. */
@@ -492,6 +524,8 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_RuntimeError, "Agent.__init__ called twice");
         return -1;
     }
+    if (agent_params_check(params) != 0)
+        return -1;
     n            = kvx_layout_num_storages(layout->layout);
     self->memory = PyMem_Calloc(n > 0 ? n : 1, sizeof(*self->memory));
     bases        = PyMem_Calloc(n > 0 ? n : 1, sizeof(*bases));

@@ -377,3 +377,8 @@ def test_a_transfer_verified_by_checksums_and_a_changed_byte_named(tmp_path, pus
         assert agent.stats()["transfers_verified"] == 2
         peer.close()
     prefill.finish()
+
+
+def test_a_misspelt_agent_parameter_is_refused():
+    with pytest.raises(ValueError, match="'verify_one_inn' is not a parameter"):
+        kvx.Agent(kvx.Layout.from_dict(SMALL), insecure=True, verify_one_inn=3).stats()
