@@ -448,16 +448,19 @@ static kvx_status_t serve_holds_take(kvx_agent_t *agent, const struct serve_hold
 }
 
 /* Fills the storages: the pattern of --fill SEED, or of a seed drawn from the kernel that
- * nobody learns (--fill random), so a decode worker can verify them only by checksums. */
-static kvx_status_t serve_fill(kvx_agent_t *agent, const struct agent_args *a)
+ * nobody learns (--fill random), so a decode worker can verify them only by checksums.
+ * -1 to go on, else the exit status (the error printed). */
+static int serve_fill(kvx_agent_t *agent, const struct agent_args *a)
 {
     uint64_t seed = a->seed;
+    kvx_status_t status;
 
     if (a->fill_random && getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
         fprintf(stderr, "kvx: error: --fill random: no random bytes from the kernel\n");
-        return KVX_ERR_IO;
+        return EXIT_INTERNAL;
     }
-    return kvx_agent_fill_pattern(agent, seed);
+    status = kvx_agent_fill_pattern(agent, seed);
+    return status == KVX_OK ? -1 : cli_fail(status);
 }
 
 int command_serve(int argc, char **argv)
@@ -496,11 +499,9 @@ int command_serve(int argc, char **argv)
         ret = EXIT_BAD_INPUT;
         goto out;
     }
-    status = serve_fill(agent, &a);
-    if (status != KVX_OK) {
-        ret = cli_fail(status);
+    ret = serve_fill(agent, &a);
+    if (ret >= 0)
         goto out;
-    }
     for (size_t s = 0;; s++) {
         uint64_t size;
 
