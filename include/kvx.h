@@ -916,6 +916,8 @@ typedef struct kvx_verify_result {
     uint64_t bytes;      /* bytes hashed on each side */
     uint64_t mismatches; /* segments whose checksums differ */
     double seconds;      /* from the first checksum request to the last answer */
+    uint64_t pending;    /* segments not compared yet: > 0 from when the verification began
+                            (a pull's gets all completed) until every answer came */
     size_t num_reported; /* the first min(mismatches, KVX_VERIFY_MAX_REPORTED) of them: */
     const kvx_verify_mismatch_t *reported; /* valid until the transfer is verified again or
                                               destroyed */

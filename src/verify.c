@@ -557,6 +557,7 @@ void verify_result(const struct verify *v, kvx_verify_result_t *result_p)
                                       .segments     = v->compared,
                                       .bytes        = v->bytes,
                                       .mismatches   = v->mismatches,
+                                      .pending      = verify_unanswered(v),
                                       .seconds      = v->seconds,
                                       .num_reported = v->num_reported,
                                       .reported     = v->reported};

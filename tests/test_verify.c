@@ -18,6 +18,7 @@
 
 #include <inttypes.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,6 +37,16 @@ static char *served_layout;
 static size_t served_size;
 static uint64_t fill_seed;
 static bool fill_pattern; /* the prefill fills kvx's pattern of fill_seed, not random bytes */
+/* The prefill's byte that SIGUSR1 changes (corrupt_at_signal), in its storage 0. */
+static volatile uint8_t *corrupt_byte;
+static uint64_t corrupt_offset;
+
+static void corrupt_at_signal(int sig)
+{
+    (void)sig;
+    if (corrupt_byte != NULL)
+        *corrupt_byte ^= 0x5a;
+}
 
 /* A model layout with at most SHRUNK_BLOCKS blocks per view and storages cut to what their
  * views still reach, so two processes can hold it, in host memory; the caller frees it. */
@@ -131,6 +142,8 @@ static int run_prefill(int ready, int go)
     }
     if (fill_pattern && kvx_agent_fill_pattern(agent, fill_seed) != KVX_OK)
         return 12;
+    corrupt_byte = (uint8_t *)kvx_agent_storage(agent, 0, NULL) + corrupt_offset;
+    signal(SIGUSR1, corrupt_at_signal);
     report_serving(ready, agent);
     while (poll(&stop, 1, 0) == 0)
         kvx_agent_progress(agent, 10);
@@ -565,12 +578,89 @@ static void the_pattern_check_names_wrong_bytes_inside_and_outside_the_transfer(
     free(layout);
 }
 
+/* A transfer verified in progress whose source changes after it was read (the prefill side's
+ * byte, changed by its SIGUSR1 handler while it is stopped, before it hashes) fails with
+ * KVX_ERR_MISMATCH naming the region and block, and sends no done: the prefill side keeps
+ * the blocks. Deterministic: the pull reads the prefill's kvx-allocated storage through its
+ * mapping here (no progress of the stopped prefill needed), the checksum request waits in
+ * its socket, and the handler runs on SIGCONT before the prefill's code does. */
+static void a_source_changed_before_it_is_hashed_fails_the_transfer_with_no_done(void **state)
+{
+    size_t size;
+    char *layout = source_file_read("layouts/examples/example1-packed-mla-slab.json", &size);
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_xfer_t *xfer;
+    struct request r;
+    kvx_region_info_t info;
+    kvx_verify_result_t result;
+    kvx_agent_stats_t stats;
+    kvx_agent_stats_t served;
+    kvx_layout_t *loaded;
+    kvx_regions_t *regions;
+
+    (void)state;
+    assert_non_null(layout);
+    assert_int_equal(kvx_layout_load_buffer(layout, size, &loaded), KVX_OK);
+    assert_int_equal(kvx_regions_register(loaded, &regions), KVX_OK);
+    assert_int_equal(kvx_regions_get(regions, 0, &info), KVX_OK);
+    assert_int_equal(info.storage, 0);
+    corrupt_offset = info.offset + 7; /* in block 0 of region 0, which the request moves */
+    prefill_start(&p, layout, size);
+    agent = decode_agent(0);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    request_make(kvx_agent_regions(agent), &r);
+    assert_int_equal(r.ids[r.groups[0].count - 1], 0);
+    assert_int_equal(kill(p.pid, SIGSTOP), 0);
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 1, &r.request, NULL, NULL, &xfer), KVX_OK);
+    assert_int_equal(kvx_xfer_verify(xfer), KVX_OK);
+    for (int i = 0; i < 10000; i++) { /* until every get completed and the requests are out */
+        kvx_xfer_verify_result(xfer, &result);
+        if (result.pending > 0)
+            break;
+        kvx_agent_progress(agent, 1);
+    }
+    assert_true(result.pending > 0 && result.segments == 0);
+    assert_int_equal(kvx_xfer_status(xfer), KVX_INPROGRESS);
+    assert_int_equal(kill(p.pid, SIGUSR1), 0);
+    assert_int_equal(kill(p.pid, SIGCONT), 0);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_MISMATCH);
+    assert_non_null(strstr(kvx_xfer_error(xfer), "block 0"));
+    assert_non_null(strstr(kvx_xfer_error(xfer), info.name));
+    kvx_xfer_verify_result(xfer, &result);
+    assert_int_equal(result.mismatches, 1);
+    assert_int_equal(result.reported[0].region, 0);
+    assert_int_equal(result.reported[0].block, 0);
+    kvx_xfer_destroy(xfer);
+    /* A clean pull of other blocks after it: verified, and its done is the only one. */
+    for (size_t g = 0; g < r.request.num_local_groups; g++)
+        r.groups[g].count--; /* block 0 leaves the request: ids are highest first */
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 2, &r.request, NULL, NULL, &xfer), KVX_OK);
+    assert_int_equal(kvx_xfer_verify(xfer), KVX_OK);
+    if (kvx_xfer_wait(xfer) != KVX_OK)
+        fail_msg("the clean pull: %s", kvx_errmsg());
+    kvx_xfer_destroy(xfer);
+    kvx_agent_stats(agent, &stats, sizeof(stats));
+    assert_int_equal(stats.transfers_verified, 2);
+    assert_int_equal(stats.verify_mismatches, 1);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    served = prefill_end(&p);
+    assert_int_equal(served.done_unknown, 1); /* the clean pull's done only */
+    corrupt_offset = 0;
+    kvx_regions_destroy(regions);
+    kvx_layout_destroy(loaded);
+    free(layout);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ranges_outside_the_registrations_are_refused),
         cmocka_unit_test(sampling_counts_add_up),
         cmocka_unit_test(the_pattern_check_names_wrong_bytes_inside_and_outside_the_transfer),
+        cmocka_unit_test(a_source_changed_before_it_is_hashed_fails_the_transfer_with_no_done),
         cmocka_unit_test(verified_pulls_and_pushes_on_the_example_layouts),
         cmocka_unit_test(verified_pulls_and_pushes_on_the_model_layouts),
     };
