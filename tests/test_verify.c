@@ -6,6 +6,7 @@
  * the Prometheus text. */
 #include "auth.h"
 #include "checksum.h"
+#include "clock.h"
 #include "core.h"
 #include "layouts.h"
 #include "prefill.h"
@@ -578,6 +579,28 @@ static void the_pattern_check_names_wrong_bytes_inside_and_outside_the_transfer(
     free(layout);
 }
 
+/* Stops the prefill process, posts a pull of `r` verified in progress, and runs our loop
+ * until every get completed and the checksum requests wait in the stopped prefill's socket.
+ * The pull reads the prefill's kvx-allocated storage through its mapping here, so none of
+ * that needs the prefill's progress. */
+static kvx_xfer_t *pull_awaiting_a_stopped_prefill(kvx_agent_t *agent, kvx_peer_t *peer,
+                                                   struct request *r, const struct prefill *p)
+{
+    kvx_verify_result_t result = {0};
+    kvx_xfer_t *xfer;
+
+    assert_int_equal(kill(p->pid, SIGSTOP), 0);
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 1, &r->request, NULL, NULL, &xfer), KVX_OK);
+    assert_int_equal(kvx_xfer_verify(xfer), KVX_OK);
+    for (int i = 0; i < 10000 && result.pending == 0; i++) {
+        kvx_agent_progress(agent, 1);
+        kvx_xfer_verify_result(xfer, &result);
+    }
+    assert_true(result.pending > 0 && result.segments == 0);
+    assert_int_equal(kvx_xfer_status(xfer), KVX_INPROGRESS);
+    return xfer;
+}
+
 /* A transfer verified in progress whose source changes after it was read (the prefill side's
  * byte, changed by its SIGUSR1 handler while it is stopped, before it hashes) fails with
  * KVX_ERR_MISMATCH naming the region and block, and sends no done: the prefill side keeps
@@ -612,17 +635,7 @@ static void a_source_changed_before_it_is_hashed_fails_the_transfer_with_no_done
     assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
     request_make(kvx_agent_regions(agent), &r);
     assert_int_equal(r.ids[r.groups[0].count - 1], 0);
-    assert_int_equal(kill(p.pid, SIGSTOP), 0);
-    assert_int_equal(kvx_read_post(agent, &peer, 1, 1, &r.request, NULL, NULL, &xfer), KVX_OK);
-    assert_int_equal(kvx_xfer_verify(xfer), KVX_OK);
-    for (int i = 0; i < 10000; i++) { /* until every get completed and the requests are out */
-        kvx_xfer_verify_result(xfer, &result);
-        if (result.pending > 0)
-            break;
-        kvx_agent_progress(agent, 1);
-    }
-    assert_true(result.pending > 0 && result.segments == 0);
-    assert_int_equal(kvx_xfer_status(xfer), KVX_INPROGRESS);
+    xfer = pull_awaiting_a_stopped_prefill(agent, peer, &r, &p);
     assert_int_equal(kill(p.pid, SIGUSR1), 0);
     assert_int_equal(kill(p.pid, SIGCONT), 0);
     assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_MISMATCH);
@@ -654,6 +667,42 @@ static void a_source_changed_before_it_is_hashed_fails_the_transfer_with_no_done
     free(layout);
 }
 
+/* A prefill side that does not answer its checksum requests: the transfer verified in
+ * progress fails at the agent's timeout (the injectable clock moved past it, no wall-clock
+ * wait) with KVX_ERR_PEER_TIMEOUT naming the segments not answered, and sends no done; the
+ * late answers, once the prefill runs again, are ignored. */
+static void a_verification_not_answered_fails_at_the_deadline(void **state)
+{
+    size_t size;
+    char *layout = source_file_read("layouts/examples/example1-packed-mla-slab.json", &size);
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_xfer_t *xfer;
+    struct request r;
+    kvx_agent_stats_t served;
+
+    (void)state;
+    assert_non_null(layout);
+    prefill_start(&p, layout, size);
+    agent = decode_agent(0);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    request_make(kvx_agent_regions(agent), &r);
+    xfer = pull_awaiting_a_stopped_prefill(agent, peer, &r, &p);
+    clock_advance_ms(10001); /* the agent's default timeout_ms, passed */
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_TIMEOUT);
+    assert_non_null(strstr(kvx_xfer_error(xfer), "segments not answered within 10000 ms"));
+    kvx_xfer_destroy(xfer);
+    assert_int_equal(kill(p.pid, SIGCONT), 0);
+    for (int i = 0; i < 20; i++)
+        kvx_agent_progress(agent, 5); /* the late answers come and go unheard */
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    served = prefill_end(&p);
+    assert_int_equal(served.done_unknown, 0);
+    free(layout);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -661,6 +710,7 @@ int main(void)
         cmocka_unit_test(sampling_counts_add_up),
         cmocka_unit_test(the_pattern_check_names_wrong_bytes_inside_and_outside_the_transfer),
         cmocka_unit_test(a_source_changed_before_it_is_hashed_fails_the_transfer_with_no_done),
+        cmocka_unit_test(a_verification_not_answered_fails_at_the_deadline),
         cmocka_unit_test(verified_pulls_and_pushes_on_the_example_layouts),
         cmocka_unit_test(verified_pulls_and_pushes_on_the_model_layouts),
     };
