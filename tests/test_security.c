@@ -208,8 +208,8 @@ static kvx_status_t read_block5(kvx_agent_t *agent, kvx_peer_t *peer, const kvx_
 }
 
 /* Attack 1: a peer without the secret, or with another one, or speaking plain ZeroMQ, gets
- * no metadata and no answer; each refusal is counted, the address logged once; the prefill
- * process serves an authenticated decode process meanwhile. */
+ * no metadata, no checksums and no answer; each refusal is counted, the address logged once; the
+ * prefill process serves an authenticated decode process meanwhile. */
 static void a_peer_without_the_secret_gets_nothing(void **state)
 {
     const uint8_t other_key[KVX_AUTH_KEY_LEN] = "another deployment's secret key.";
@@ -222,6 +222,7 @@ static void a_peer_without_the_secret_gets_nothing(void **state)
                                                  .insecure   = true,
                                                  .timeout_ms = 10000};
     struct auth_keys plain                    = {.curve = false};
+    struct auth_keys other;
     struct prefill p;
     kvx_agent_t *agent;
     kvx_peer_t *peer = NULL;
@@ -245,13 +246,23 @@ static void a_peer_without_the_secret_gets_nothing(void **state)
         sidechan_fetch(zmq, p.address, &plain, VERB_METADATA, 1 << 20, 10000, &reply, &size),
         KVX_ERR_PEER_REFUSED);
     assert_null(reply);
+    /* nor checksums of its memory (verification), in plain ZeroMQ or with another secret */
+    assert_int_equal(
+        sidechan_fetch(zmq, p.address, &plain, VERB_CHECKSUM, 1 << 20, 10000, &reply, &size),
+        KVX_ERR_PEER_REFUSED);
+    assert_int_equal(auth_keys_derive(other_key, &other), KVX_OK);
+    assert_int_equal(
+        sidechan_fetch(zmq, p.address, &other, VERB_CHECKSUM, 1 << 20, 10000, &reply, &size),
+        KVX_ERR_PEER_REFUSED);
+    assert_null(reply);
     zmq_ctx_term(zmq);
 
     agent = decode_agent(NULL); /* the tests' secret */
     assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
     assert_int_equal(read_block5(agent, peer, &p.token), KVX_OK);
     r = prefill_report(&p);
-    assert_true(r.stats.auth_refused >= 3);
+    assert_true(r.stats.auth_refused >= 5);
+    assert_int_equal(r.stats.verify_served + r.stats.verify_refused, 0); /* never reached */
     /* one address, logged once (a peer that closed before the gate read its address is
      * logged without it) */
     assert_true(r.refused_lines <= 1);
