@@ -9,7 +9,6 @@
 #include "regions.h"
 
 #include <inttypes.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +22,8 @@ static uint64_t pattern_word(uint64_t seed, uint32_t rank, size_t storage, uint6
     return z ^ (z >> 31);
 }
 
-uint8_t pattern_byte(uint64_t seed, uint32_t rank, size_t storage, uint64_t offset)
+/* The pattern's byte at `offset` of rank `rank`'s storage `storage`. */
+static uint8_t pattern_byte(uint64_t seed, uint32_t rank, size_t storage, uint64_t offset)
 {
     return (uint8_t)(pattern_word(seed, rank, storage, offset / 8) >> (8 * (offset % 8)));
 }

@@ -9,9 +9,6 @@
 
 #include "core.h"
 
-/* The pattern's byte at `offset` of rank `rank`'s storage `storage`. */
-uint8_t pattern_byte(uint64_t seed, uint32_t rank, size_t storage, uint64_t offset);
-
 /* Fills every storage of `core` with rank core->tp_rank's pattern of `seed`, or zeroes every
  * storage when `zero` (touching every page, so a check that the bytes outside a request are
  * still zero means something). */
