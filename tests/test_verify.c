@@ -527,18 +527,61 @@ static void sampling_counts_add_up(void **state)
     free(layout);
 }
 
+/* A prefill process on example 1 (the pattern of fill_seed when fill_pattern is set, random
+ * bytes otherwise), a decode agent connected to it, and a request for the first blocks of
+ * every region; region 0's block 0 holds the byte the prefill's SIGUSR1 changes. */
+struct session {
+    char *layout;
+    size_t size;
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    struct request r;
+    kvx_region_info_t region0;
+};
+
+static void session_open(struct session *s)
+{
+    kvx_layout_t *loaded;
+    kvx_regions_t *regions;
+
+    s->layout = source_file_read("layouts/examples/example1-packed-mla-slab.json", &s->size);
+    assert_non_null(s->layout);
+    assert_int_equal(kvx_layout_load_buffer(s->layout, s->size, &loaded), KVX_OK);
+    assert_int_equal(kvx_regions_register(loaded, &regions), KVX_OK);
+    assert_int_equal(kvx_regions_get(regions, 0, &s->region0), KVX_OK);
+    kvx_regions_destroy(regions);
+    kvx_layout_destroy(loaded);
+    assert_int_equal(s->region0.storage, 0);
+    corrupt_offset = s->region0.offset + 7; /* in block 0 of region 0, which the request moves */
+    prefill_start(&s->p, s->layout, s->size);
+    s->agent = decode_agent(0);
+    assert_int_equal(kvx_agent_connect(s->agent, s->p.address, &s->peer), KVX_OK);
+    request_make(kvx_agent_regions(s->agent), &s->r);
+    assert_int_equal(s->r.ids[s->r.groups[0].count - 1], 0);
+}
+
+/* Ends it; the prefill's stats. */
+static kvx_agent_stats_t session_close(struct session *s)
+{
+    kvx_agent_stats_t served;
+
+    kvx_peer_destroy(s->peer);
+    assert_int_equal(kvx_agent_destroy(s->agent), KVX_OK);
+    served         = prefill_end(&s->p);
+    corrupt_offset = 0;
+    free(s->layout);
+    return served;
+}
+
 /* The pattern check of the library (kvx_agent_check_pattern, what kvx fetch --verify --fill
  * and kvx demo use): a pull from a pattern-filled prefill checks; one changed byte inside the
  * transfer is named with the bytes expected and found, one outside it as written outside the
  * request, and a wrong seed is a mismatch. */
 static void the_pattern_check_names_wrong_bytes_inside_and_outside_the_transfer(void **state)
 {
-    size_t size;
-    char *layout = source_file_read("layouts/examples/example1-packed-mla-slab.json", &size);
-    struct prefill p;
+    struct session t;
     kvx_agent_t *agent;
-    kvx_peer_t *peer;
-    struct request r;
     size_t count;
     const kvx_pair_t *pairs;
     uint64_t storage_size;
@@ -548,12 +591,10 @@ static void the_pattern_check_names_wrong_bytes_inside_and_outside_the_transfer(
 
     (void)state;
     fill_pattern = true;
-    prefill_start(&p, layout, size);
-    agent = decode_agent(0);
-    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
-    request_make(kvx_agent_regions(agent), &r);
+    session_open(&t);
+    agent = t.agent;
     assert_int_equal(kvx_agent_zero(agent), KVX_OK);
-    assert_int_equal(kvx_read(agent, &peer, 1, 1, &r.request, NULL), KVX_OK);
+    assert_int_equal(kvx_read(agent, &t.peer, 1, 1, &t.r.request, NULL), KVX_OK);
     if (kvx_agent_check_pattern(agent, fill_seed) != KVX_OK)
         fail_msg("a clean pull: %s", kvx_errmsg());
     assert_int_equal(kvx_agent_check_pattern(agent, fill_seed + 1), KVX_ERR_MISMATCH);
@@ -572,11 +613,8 @@ static void the_pattern_check_names_wrong_bytes_inside_and_outside_the_transfer(
     *outside = 1;
     assert_int_equal(kvx_agent_check_pattern(agent, fill_seed), KVX_ERR_MISMATCH);
     assert_non_null(strstr(kvx_errmsg(), "was written but is outside the request"));
-    kvx_peer_destroy(peer);
-    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
-    prefill_end(&p);
+    session_close(&t);
     fill_pattern = false;
-    free(layout);
 }
 
 /* Stops the prefill process, posts a pull of `r` verified in progress, and runs our loop
@@ -609,62 +647,37 @@ static kvx_xfer_t *pull_awaiting_a_stopped_prefill(kvx_agent_t *agent, kvx_peer_
  * its socket, and the handler runs on SIGCONT before the prefill's code does. */
 static void a_source_changed_before_it_is_hashed_fails_the_transfer_with_no_done(void **state)
 {
-    size_t size;
-    char *layout = source_file_read("layouts/examples/example1-packed-mla-slab.json", &size);
-    struct prefill p;
-    kvx_agent_t *agent;
-    kvx_peer_t *peer;
+    struct session t;
     kvx_xfer_t *xfer;
-    struct request r;
-    kvx_region_info_t info;
     kvx_verify_result_t result;
     kvx_agent_stats_t stats;
-    kvx_agent_stats_t served;
-    kvx_layout_t *loaded;
-    kvx_regions_t *regions;
 
     (void)state;
-    assert_non_null(layout);
-    assert_int_equal(kvx_layout_load_buffer(layout, size, &loaded), KVX_OK);
-    assert_int_equal(kvx_regions_register(loaded, &regions), KVX_OK);
-    assert_int_equal(kvx_regions_get(regions, 0, &info), KVX_OK);
-    assert_int_equal(info.storage, 0);
-    corrupt_offset = info.offset + 7; /* in block 0 of region 0, which the request moves */
-    prefill_start(&p, layout, size);
-    agent = decode_agent(0);
-    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
-    request_make(kvx_agent_regions(agent), &r);
-    assert_int_equal(r.ids[r.groups[0].count - 1], 0);
-    xfer = pull_awaiting_a_stopped_prefill(agent, peer, &r, &p);
-    assert_int_equal(kill(p.pid, SIGUSR1), 0);
-    assert_int_equal(kill(p.pid, SIGCONT), 0);
+    session_open(&t);
+    xfer = pull_awaiting_a_stopped_prefill(t.agent, t.peer, &t.r, &t.p);
+    assert_int_equal(kill(t.p.pid, SIGUSR1), 0);
+    assert_int_equal(kill(t.p.pid, SIGCONT), 0);
     assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_MISMATCH);
     assert_non_null(strstr(kvx_xfer_error(xfer), "block 0"));
-    assert_non_null(strstr(kvx_xfer_error(xfer), info.name));
+    assert_non_null(strstr(kvx_xfer_error(xfer), t.region0.name));
     kvx_xfer_verify_result(xfer, &result);
     assert_int_equal(result.mismatches, 1);
     assert_int_equal(result.reported[0].region, 0);
     assert_int_equal(result.reported[0].block, 0);
     kvx_xfer_destroy(xfer);
     /* A clean pull of other blocks after it: verified, and its done is the only one. */
-    for (size_t g = 0; g < r.request.num_local_groups; g++)
-        r.groups[g].count--; /* block 0 leaves the request: ids are highest first */
-    assert_int_equal(kvx_read_post(agent, &peer, 1, 2, &r.request, NULL, NULL, &xfer), KVX_OK);
+    for (size_t g = 0; g < t.r.request.num_local_groups; g++)
+        t.r.groups[g].count--; /* block 0 leaves the request: ids are highest first */
+    assert_int_equal(kvx_read_post(t.agent, &t.peer, 1, 2, &t.r.request, NULL, NULL, &xfer),
+                     KVX_OK);
     assert_int_equal(kvx_xfer_verify(xfer), KVX_OK);
     if (kvx_xfer_wait(xfer) != KVX_OK)
         fail_msg("the clean pull: %s", kvx_errmsg());
     kvx_xfer_destroy(xfer);
-    kvx_agent_stats(agent, &stats, sizeof(stats));
+    kvx_agent_stats(t.agent, &stats, sizeof(stats));
     assert_int_equal(stats.transfers_verified, 2);
     assert_int_equal(stats.verify_mismatches, 1);
-    kvx_peer_destroy(peer);
-    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
-    served = prefill_end(&p);
-    assert_int_equal(served.done_unknown, 1); /* the clean pull's done only */
-    corrupt_offset = 0;
-    kvx_regions_destroy(regions);
-    kvx_layout_destroy(loaded);
-    free(layout);
+    assert_int_equal(session_close(&t).done_unknown, 1); /* the clean pull's done only */
 }
 
 /* A prefill side that does not answer its checksum requests: the transfer verified in
@@ -673,34 +686,20 @@ static void a_source_changed_before_it_is_hashed_fails_the_transfer_with_no_done
  * late answers, once the prefill runs again, are ignored. */
 static void a_verification_not_answered_fails_at_the_deadline(void **state)
 {
-    size_t size;
-    char *layout = source_file_read("layouts/examples/example1-packed-mla-slab.json", &size);
-    struct prefill p;
-    kvx_agent_t *agent;
-    kvx_peer_t *peer;
+    struct session t;
     kvx_xfer_t *xfer;
-    struct request r;
-    kvx_agent_stats_t served;
 
     (void)state;
-    assert_non_null(layout);
-    prefill_start(&p, layout, size);
-    agent = decode_agent(0);
-    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
-    request_make(kvx_agent_regions(agent), &r);
-    xfer = pull_awaiting_a_stopped_prefill(agent, peer, &r, &p);
+    session_open(&t);
+    xfer = pull_awaiting_a_stopped_prefill(t.agent, t.peer, &t.r, &t.p);
     clock_advance_ms(10001); /* the agent's default timeout_ms, passed */
     assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_TIMEOUT);
     assert_non_null(strstr(kvx_xfer_error(xfer), "segments not answered within 10000 ms"));
     kvx_xfer_destroy(xfer);
-    assert_int_equal(kill(p.pid, SIGCONT), 0);
+    assert_int_equal(kill(t.p.pid, SIGCONT), 0);
     for (int i = 0; i < 20; i++)
-        kvx_agent_progress(agent, 5); /* the late answers come and go unheard */
-    kvx_peer_destroy(peer);
-    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
-    served = prefill_end(&p);
-    assert_int_equal(served.done_unknown, 0);
-    free(layout);
+        kvx_agent_progress(t.agent, 5); /* the late answers come and go unheard */
+    assert_int_equal(session_close(&t).done_unknown, 0);
 }
 
 int main(void)
