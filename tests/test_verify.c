@@ -537,7 +537,7 @@ struct session {
     kvx_agent_t *agent;
     kvx_peer_t *peer;
     struct request r;
-    kvx_region_info_t region0;
+    kvx_region_info_t region0; /* valid as long as the agent */
 };
 
 static void session_open(struct session *s)
@@ -556,6 +556,8 @@ static void session_open(struct session *s)
     corrupt_offset = s->region0.offset + 7; /* in block 0 of region 0, which the request moves */
     prefill_start(&s->p, s->layout, s->size);
     s->agent = decode_agent(0);
+    /* Again from the agent's table: its name must outlive the table read above. */
+    assert_int_equal(kvx_regions_get(kvx_agent_regions(s->agent), 0, &s->region0), KVX_OK);
     assert_int_equal(kvx_agent_connect(s->agent, s->p.address, &s->peer), KVX_OK);
     request_make(kvx_agent_regions(s->agent), &s->r);
     assert_int_equal(s->r.ids[s->r.groups[0].count - 1], 0);
