@@ -14,8 +14,19 @@
 
 #include "kvx.h"
 
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
 
 /* ---- errors --------------------------------------------------------------------------- */
 
@@ -401,45 +412,278 @@ static PyMethodDef regions_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* ---- Agent and Peer ------------------------------------------------------------------ */
+/* ---- Agent, Peer and Transfer ----------------------------------------------------------- */
+
+/* Threading. Each Agent has one lock, a pthread mutex, held around every call into kvx on the
+ * agent, its peers and its transfers: kvx allows one thread at a time, and an engine uses an
+ * agent from two (its model runner posts and polls, a progress thread drives the loop).
+ * - The lock is only ever waited for with the GIL released, and the GIL is never taken while
+ *   the lock is held: a section under the lock is plain C (it makes, frees and reads no Python
+ *   object, so no finalizer can run in it and call back into the agent), and copies out into C
+ *   memory whatever Python needs afterwards. Neither lock waits for the other.
+ * - The lock protects the C handles and whatever says whether they still exist: the agent
+ *   pointer, the lists of live peers and transfers (the Python objects' C pointers), and the
+ *   queues the release and log callbacks fill. `closed` is atomic: close() sets it before its
+ *   teardown takes the lock, and every section checks it first, so no handle is used after
+ *   close() destroyed it. The GIL protects the engine buffers held and `exports`.
+ * - progress() and wait() sleep on the agent's descriptor without the lock and take it for one
+ *   kvx_agent_progress(agent, 0) turn at a time, so the other threads get the agent between
+ *   turns (agent_loop). */
+
+/* A circular doubly linked list through the objects themselves, headed in the agent. */
+struct link {
+    struct link *prev;
+    struct link *next; /* NULL: not in a list */
+};
+
+#define LINK_OWNER(node, type) ((type *)(void *)((char *)(node) - offsetof(type, link)))
+
+static void link_init(struct link *head)
+{
+    head->prev = head;
+    head->next = head;
+}
+
+static void link_insert(struct link *head, struct link *node)
+{
+    node->prev       = head->prev;
+    node->next       = head;
+    head->prev->next = node;
+    head->prev       = node;
+}
+
+static void link_remove(struct link *node)
+{
+    if (node->next == NULL)
+        return;
+    node->prev->next = node->next;
+    node->next->prev = node->prev;
+    node->prev       = NULL;
+    node->next       = NULL;
+}
+
+/* What the release and log callbacks report, queued until Python drains it. Bounded: an agent
+ * whose owner never asks must not grow without end; what does not fit is counted. */
+#define RELEASED_MAX (1u << 20) /* request ids queued: 8 MiB */
+#define LOGS_MAX     1024       /* log lines queued */
+
+struct released_queue {
+    uint64_t *ids;
+    size_t count;
+    size_t capacity;
+    uint64_t dropped;
+};
+
+struct log_queue {
+    char **lines; /* LOGS_MAX slots, allocated with the first line */
+    size_t count;
+    uint64_t dropped;
+};
 
 typedef struct {
-    PyObject_HEAD kvx_agent_t *agent;
-    Py_buffer *memory; /* views held by storage (obj NULL: kvx allocated it) */
+    PyObject_HEAD pthread_mutex_t lock;
+    kvx_agent_t *agent; /* lock: NULL before init and once destroyed */
+    atomic_bool closed; /* set once, by close() or dealloc */
+    int fd;             /* kvx_agent_fd(agent): polled without the lock (agent_loop) */
+    int wake_fd;        /* an eventfd that wakes the threads asleep in agent_loop */
+    struct link peers;  /* lock: PeerObjects whose C peers are alive */
+    struct link xfers;  /* lock: XferObjects whose C transfer is alive */
+    uint64_t busy_until; /* lock: agent_loop sleeps at most 1 ms at a time until then */
+    struct released_queue released; /* lock */
+    struct log_queue logs;          /* lock */
+    Py_buffer *memory;  /* GIL: views held by storage (obj NULL: kvx allocated it) */
     size_t num_storages;
-    PyObject *peers; /* a set of live Peer objects (weakly: they remove themselves) */
+    Py_ssize_t exports; /* GIL: storage() views alive: the C agent outlives them */
 } AgentObject;
 
 /* One request's prefill ranks (one for TP 1): the C peers a transfer reads from together. */
 typedef struct {
     PyObject_HEAD AgentObject *agent; /* a strong reference: the agent outlives its peers */
-    kvx_peer_t **peers;               /* NULL once closed */
-    size_t num_peers;
-    size_t xfers; /* transfers not destroyed yet: the peers outlive them */
+    struct link link;                 /* lock: in agent->peers while num_peers > 0 */
+    kvx_peer_t **peers;               /* malloc'd, KVX_MAX_TP slots at most */
+    size_t num_peers;                 /* lock: 0 once destroyed */
+    size_t xfers;                     /* lock: transfers alive: the peers outlive them */
 } PeerObject;
 
 /* A posted transfer: completed by the agent's progress, waited for with the GIL released. */
 typedef struct {
     PyObject_HEAD PeerObject *peer; /* a strong reference */
-    kvx_xfer_t *xfer;
+    struct link link;               /* lock: in agent->xfers while xfer is not NULL */
+    kvx_xfer_t *xfer;               /* lock: NULL once released or destroyed by close() */
 } XferObject;
+
+/* The exporter behind a storage() memoryview: through it a view holds the agent, and through
+ * agent->exports the C agent and its memory, until the view is released. */
+typedef struct {
+    PyObject_HEAD AgentObject *agent; /* a strong reference */
+    void *base;
+    Py_ssize_t size;
+} StorageObject;
 
 static PyTypeObject AgentType;
 static PyTypeObject PeerType;
 static PyTypeObject XferType;
+static PyTypeObject StorageType;
 
-/* Frees the C agent and lets go of the engine's buffers: only once no peer is left. */
-static PyObject *agent_close(AgentObject *self, PyObject *unused)
+/* Why a call found nothing to work on, raised once the GIL is back (raise_gone). */
+enum gone {
+    GONE_NOT,
+    GONE_AGENT, /* the agent is closed (or was never made) */
+    GONE_PEER,  /* peer.close() */
+    GONE_XFER,  /* transfer.release() */
+};
+
+static PyObject *raise_gone(enum gone gone)
 {
-    kvx_status_t status;
+    if (gone == GONE_PEER)
+        PyErr_SetString(PyExc_ValueError, "the peer is closed");
+    else if (gone == GONE_XFER)
+        PyErr_SetString(PyExc_ValueError, "the transfer was released");
+    else
+        raise_status(KVX_ERR_INVALID, "the agent is closed");
+    return NULL;
+}
 
-    (void)unused;
-    if (self->agent == NULL)
-        Py_RETURN_NONE;
-    status = kvx_agent_destroy(self->agent);
-    if (status != KVX_OK)
-        return raise_status(status, NULL);
-    self->agent = NULL;
+static uint64_t monotonic_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void wake_pollers(AgentObject *self)
+{
+    uint64_t one = 1;
+
+    (void)!write(self->wake_fd, &one, sizeof(one));
+}
+
+static void wake_clear(AgentObject *self)
+{
+    uint64_t count;
+
+    (void)!read(self->wake_fd, &count, sizeof(count));
+}
+
+/* Takes the agent's lock; call with the GIL released. Returns the C agent, or NULL when it is
+ * closed: then nothing of it may be touched. agent_leave either way. */
+static kvx_agent_t *agent_enter(AgentObject *self)
+{
+    pthread_mutex_lock(&self->lock);
+    return atomic_load(&self->closed) ? NULL : self->agent;
+}
+
+static void agent_leave(AgentObject *self)
+{
+    pthread_mutex_unlock(&self->lock);
+}
+
+/* The lock taken (GIL released): the peer's agent, or NULL with *gone set. */
+static kvx_agent_t *peer_enter(PeerObject *self, enum gone *gone)
+{
+    kvx_agent_t *agent = agent_enter(self->agent);
+
+    *gone = agent == NULL ? GONE_AGENT : self->num_peers == 0 ? GONE_PEER : GONE_NOT;
+    return *gone == GONE_NOT ? agent : NULL;
+}
+
+/* The lock taken (GIL released): the C transfer, or NULL with *gone set. */
+static kvx_xfer_t *xfer_enter(XferObject *self, enum gone *gone)
+{
+    kvx_agent_t *agent = agent_enter(self->peer->agent);
+
+    *gone = agent == NULL ? GONE_AGENT : self->xfer == NULL ? GONE_XFER : GONE_NOT;
+    return *gone == GONE_NOT ? self->xfer : NULL;
+}
+
+/* ---- the callbacks: they run inside kvx_agent_progress, with the lock held and no GIL ---- */
+
+static void on_release(void *arg, uint64_t request_id, const kvx_group_ids_t *groups,
+                       size_t num_groups)
+{
+    struct released_queue *q = &((AgentObject *)arg)->released;
+
+    (void)groups;
+    (void)num_groups;
+    if (q->count == q->capacity) {
+        size_t capacity = q->capacity > 0 ? 2 * q->capacity : 64;
+        uint64_t *ids   = capacity <= RELEASED_MAX ? realloc(q->ids, capacity * sizeof(*ids)) : NULL;
+
+        if (ids == NULL) {
+            q->dropped++;
+            return;
+        }
+        q->ids      = ids;
+        q->capacity = capacity;
+    }
+    q->ids[q->count++] = request_id;
+}
+
+static void on_log(void *arg, const char *line)
+{
+    struct log_queue *q = &((AgentObject *)arg)->logs;
+    char *copy;
+
+    if (q->lines == NULL)
+        q->lines = calloc(LOGS_MAX, sizeof(*q->lines));
+    if (q->lines == NULL || q->count == LOGS_MAX || (copy = strdup(line)) == NULL) {
+        q->dropped++;
+        return;
+    }
+    q->lines[q->count++] = copy;
+}
+
+/* ---- teardown ----------------------------------------------------------------------------- */
+
+/* Destroys a Peer's C peers (lock held): transfers still using them fail as cancelled. */
+static void peer_destroy_locked(PeerObject *self)
+{
+    for (size_t i = 0; i < self->num_peers; i++)
+        kvx_peer_destroy(self->peers[i]);
+    self->num_peers = 0;
+    link_remove(&self->link);
+}
+
+static void xfer_destroy_locked(XferObject *self)
+{
+    kvx_xfer_destroy(self->xfer); /* one in progress is cancelled */
+    self->xfer = NULL;
+    self->peer->xfers--;
+    link_remove(&self->link);
+}
+
+/* Destroys every C transfer and peer still alive (lock held), as close() does: their Python
+ * objects find the agent closed and never touch the handles again. */
+static void agent_teardown_locked(AgentObject *self)
+{
+    while (self->xfers.next != &self->xfers)
+        xfer_destroy_locked(LINK_OWNER(self->xfers.next, XferObject));
+    while (self->peers.next != &self->peers)
+        peer_destroy_locked(LINK_OWNER(self->peers.next, PeerObject));
+}
+
+/* Progress turns kvx_agent_destroy may wait for: a transfer cancelled by its destroy settles
+ * in the next progress (its callback runs), and until then destroy says KVX_ERR_BUSY. */
+#define SETTLE_TURNS 1000
+
+/* Destroys the C agent (lock held), progressing it until cancelled transfers settled. */
+static kvx_status_t agent_destroy_locked(AgentObject *self)
+{
+    kvx_status_t status = kvx_agent_destroy(self->agent);
+
+    for (int turn = 0; status == KVX_ERR_BUSY && turn < SETTLE_TURNS; turn++) {
+        kvx_agent_progress(self->agent, 1);
+        status = kvx_agent_destroy(self->agent);
+    }
+    if (status == KVX_OK)
+        self->agent = NULL;
+    return status;
+}
+
+/* Lets the engine's buffers go (GIL held): only once the C agent that registered them is gone. */
+static void agent_release_memory(AgentObject *self)
+{
     for (size_t s = 0; s < self->num_storages; s++) {
         if (self->memory[s].obj != NULL)
             PyBuffer_Release(&self->memory[s]);
@@ -447,25 +691,95 @@ static PyObject *agent_close(AgentObject *self, PyObject *unused)
     PyMem_Free(self->memory);
     self->memory       = NULL;
     self->num_storages = 0;
+}
+
+/* Destroys the agent's transfers and peers, then, if `destroy`, the C agent itself (GIL held,
+ * released while waiting for the lock). The engine's buffers go with the C agent. */
+static kvx_status_t agent_shutdown(AgentObject *self, bool destroy)
+{
+    kvx_status_t status = KVX_OK;
+    bool destroyed;
+
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    agent_teardown_locked(self);
+    if (destroy && self->agent != NULL)
+        status = agent_destroy_locked(self);
+    destroyed = self->agent == NULL;
+    pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    if (destroyed)
+        agent_release_memory(self);
+    return status;
+}
+
+/* close(): closes the agent for every thread at once. A thread in progress() or wait() wakes
+ * and raises InvalidError, and so does every later call on the agent, its peers and transfers
+ * (but peer.close() and transfer.release(), which have nothing left to do). Transfers in
+ * flight are cancelled and peers closed; the C agent is destroyed now, or, while storage()
+ * views are alive, when the last of them is released. Idempotent. */
+static PyObject *agent_close(AgentObject *self, PyObject *unused)
+{
+    kvx_status_t status;
+
+    (void)unused;
+    atomic_store(&self->closed, true); /* before `exports` is read: no view is made after */
+    wake_pollers(self);
+    status = agent_shutdown(self, self->exports == 0);
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
     Py_RETURN_NONE;
+}
+
+static PyObject *agent_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    AgentObject *self = (AgentObject *)type->tp_alloc(type, 0);
+
+    (void)args;
+    (void)kwargs;
+    if (self == NULL)
+        return NULL;
+    self->fd      = -1;
+    self->wake_fd = -1;
+    link_init(&self->peers);
+    link_init(&self->xfers);
+    atomic_init(&self->closed, false);
+    if (pthread_mutex_init(&self->lock, NULL) != 0) {
+        Py_TYPE(self)->tp_free((PyObject *)self);
+        return PyErr_NoMemory();
+    }
+    self->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (self->wake_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
 }
 
 static void agent_dealloc(AgentObject *self)
 {
-    /* every Peer holds a reference to its agent, so none is left here */
-    PyObject *result = agent_close(self, NULL);
+    static bool told; /* about a leak, once per process */
 
-    if (result == NULL)
-        PyErr_WriteUnraisable((PyObject *)self);
-    Py_XDECREF(result);
+    /* Peers and views hold references to the agent: none is left. */
+    atomic_store(&self->closed, true);
+    if (agent_shutdown(self, true) != KVX_OK && !told) {
+        told = true;
+        fprintf(stderr, "kvx: an agent could not be destroyed, left allocated: %s\n",
+                kvx_errmsg());
+    }
+    if (self->agent != NULL) { /* left allocated: it must never call into freed memory */
+        kvx_agent_set_release_callback(self->agent, NULL, NULL);
+        kvx_agent_set_log_callback(self->agent, NULL, NULL);
+    }
+    free(self->released.ids);
+    for (size_t i = 0; i < self->logs.count; i++)
+        free(self->logs.lines[i]);
+    free(self->logs.lines);
+    if (self->wake_fd >= 0)
+        close(self->wake_fd);
+    pthread_mutex_destroy(&self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static kvx_agent_t *agent_get(AgentObject *self)
-{
-    if (self->agent == NULL)
-        PyErr_SetString(PyExc_ValueError, "the agent is closed");
-    return self->agent;
 }
 
 /* The names agent_init takes from its params dict: kvx_agent_params_t's fields. */
@@ -501,6 +815,7 @@ static int agent_params_check(PyObject *params)
 }
 
 /* Agent(layout, memory, params): memory is a sequence with one entry per storage, None or a
+
  * writable C-contiguous buffer of at least the storage's size; params a dict of
  * kvx_agent_params_t's fields by name. */
 static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
@@ -510,6 +825,7 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
     PyObject *memory;
     PyObject *params;
     kvx_agent_params_t p = {0};
+    kvx_agent_t *agent   = NULL;
     void **bases         = NULL;
     size_t n;
     kvx_status_t status;
@@ -520,7 +836,7 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OO!", keywords, &LayoutType, &layout, &memory,
                                      &PyDict_Type, &params))
         return -1;
-    if (self->agent != NULL) {
+    if (self->agent != NULL || self->memory != NULL || atomic_load(&self->closed)) {
         PyErr_SetString(PyExc_RuntimeError, "Agent.__init__ called twice");
         return -1;
     }
@@ -645,7 +961,7 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
         p.auth_key = key.buf;
     }
     Py_BEGIN_ALLOW_THREADS
-    status = kvx_agent_create(layout->layout, &p, &self->agent);
+    status = kvx_agent_create(layout->layout, &p, &agent);
     Py_END_ALLOW_THREADS
     if (key.obj != NULL)
         PyBuffer_Release(&key);
@@ -653,76 +969,184 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
     PyMem_Free(bases);
     bases = NULL;
     if (status != KVX_OK) {
-        self->agent = NULL;
         raise_status(status, NULL);
         goto fail;
     }
+    /* The object is not shared yet: no other thread can call it before this returns. */
+    kvx_agent_set_release_callback(agent, on_release, self);
+    kvx_agent_set_log_callback(agent, on_log, self);
+    self->fd    = kvx_agent_fd(agent);
+    self->agent = agent;
     return 0;
 
 fail:
     if (key.obj != NULL)
         PyBuffer_Release(&key);
     PyMem_Free(bases);
-    for (size_t s = 0; s < self->num_storages; s++) {
-        if (self->memory[s].obj != NULL)
-            PyBuffer_Release(&self->memory[s]);
-    }
-    PyMem_Free(self->memory);
-    self->memory       = NULL;
-    self->num_storages = 0;
+    agent_release_memory(self);
     return -1;
 }
 
+
 static PyObject *agent_listen_address(AgentObject *self, PyObject *unused)
 {
-    kvx_agent_t *agent = agent_get(self);
-    const char *address;
+    kvx_agent_t *agent;
+    char *address = NULL;
+    bool copied   = true;
+    PyObject *result;
 
     (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self);
+    if (agent != NULL && kvx_agent_listen_address(agent) != NULL)
+        copied = (address = strdup(kvx_agent_listen_address(agent))) != NULL;
+    agent_leave(self);
+    Py_END_ALLOW_THREADS
     if (agent == NULL)
-        return NULL;
-    address = kvx_agent_listen_address(agent);
+        return raise_gone(GONE_AGENT);
+    if (!copied)
+        return PyErr_NoMemory();
     if (address == NULL)
         Py_RETURN_NONE;
-    return PyUnicode_FromString(address);
+    result = PyUnicode_FromString(address);
+    free(address);
+    return result;
 }
 
+/* agent_loop sleeps at most this long at a time while UCX operations of ours may be in flight,
+ * as kvx_agent_progress does: UCX's wakeup descriptor signals what arrives, not every local
+ * completion (a put or flush that finishes). */
+#define PENDING_SLEEP_MS 1
+/* ... and for this long after the last one was seen: a pull's done notifications leave once
+ * its gets completed, through UCX too. */
+#define BUSY_LINGER_MS 10
+
+/* Whether UCX operations of ours may be in flight (lock held): a transfer in progress, a push
+ * being served, an operation UCX still owes a completion, or any of them less than
+ * BUSY_LINGER_MS ago. */
+static bool agent_busy(AgentObject *self, kvx_agent_t *agent, uint64_t now)
+{
+    bool busy = false;
+    kvx_agent_stats_t stats;
+
+    for (struct link *l = self->xfers.next; !busy && l != &self->xfers; l = l->next)
+        busy = kvx_xfer_status(LINK_OWNER(l, XferObject)->xfer) == KVX_INPROGRESS;
+    if (!busy) {
+        kvx_agent_stats(agent, &stats, sizeof(stats));
+        busy = stats.pushes_serving > 0 || stats.ops_orphaned > 0;
+    }
+    if (busy)
+        self->busy_until = now + BUSY_LINGER_MS;
+    return now < self->busy_until;
+}
+
+/* The loop behind progress() and wait(), run with the GIL released. Each round takes the lock
+ * for one kvx_agent_progress(agent, 0) turn, then sleeps on the agent's descriptor and the wake
+ * eventfd without it (at most PENDING_SLEEP_MS while agent_busy), so other threads get the
+ * agent between turns and close() wakes the sleeper. It ends, with KVX_OK:
+ * - for wait (`xfer` given): once the transfer completed or failed, its status in *xfer_status_p;
+ * - for progress: after the turn that followed an event on the descriptor, or at `timeout_ms`.
+ * KVX_ERR_INVALID with *gone set: the agent was closed or the transfer released meanwhile. */
+static kvx_status_t agent_loop(AgentObject *self, XferObject *xfer, uint64_t timeout_ms,
+                               kvx_status_t *xfer_status_p, enum gone *gone)
+{
+    uint64_t start = monotonic_ms();
+    bool event     = false;
+    bool busy      = false;
+
+    for (;;) {
+        kvx_agent_t *agent;
+        uint64_t now = start;
+        uint64_t sleep;
+        bool done = false;
+        struct pollfd fds[2];
+
+        pthread_mutex_lock(&self->lock);
+        /* cleared before `closed` is read: close() sets it before it wakes us */
+        wake_clear(self);
+        agent = atomic_load(&self->closed) ? NULL : self->agent;
+        *gone = agent == NULL ? GONE_AGENT : xfer != NULL && xfer->xfer == NULL ? GONE_XFER : GONE_NOT;
+        if (*gone == GONE_NOT) {
+            kvx_agent_progress(agent, 0);
+            now  = monotonic_ms();
+            busy = agent_busy(self, agent, now);
+            if (xfer != NULL)
+                done = (*xfer_status_p = kvx_xfer_status(xfer->xfer)) != KVX_INPROGRESS;
+            else
+                done = event;
+        }
+        pthread_mutex_unlock(&self->lock);
+        if (*gone != GONE_NOT)
+            return KVX_ERR_INVALID;
+        if (done || now - start >= timeout_ms)
+            break;
+        sleep = timeout_ms - (now - start);
+        if (busy && sleep > PENDING_SLEEP_MS)
+            sleep = PENDING_SLEEP_MS;
+        fds[0] = (struct pollfd){.fd = self->fd, .events = POLLIN};
+        fds[1] = (struct pollfd){.fd = self->wake_fd, .events = POLLIN};
+        event  = poll(fds, 2, sleep > INT_MAX ? INT_MAX : (int)sleep) > 0 && fds[0].revents != 0;
+    }
+    /* Another thread asleep here may have planned its sleep before the work in flight now was
+     * posted, and this thread, which saw it, leaves: wake it to look again. */
+    if (busy)
+        wake_pollers(self);
+    return KVX_OK;
+}
+
+/* progress(timeout_ms): runs the agent's loop until the turn after an event, or the timeout;
+ * 0 turns once. Other threads use the agent between its turns. */
 static PyObject *agent_progress(AgentObject *self, PyObject *arg)
 {
-    kvx_agent_t *agent = agent_get(self);
-    long timeout_ms    = PyLong_AsLong(arg);
+    long timeout_ms = PyLong_AsLong(arg);
+    enum gone gone;
     kvx_status_t status;
 
-    if (agent == NULL || (timeout_ms == -1 && PyErr_Occurred()))
+    if (timeout_ms == -1 && PyErr_Occurred())
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = kvx_agent_progress(agent, timeout_ms > INT32_MAX ? INT32_MAX : (int)timeout_ms);
+    status = agent_loop(self, NULL, timeout_ms > 0 ? (uint64_t)timeout_ms : 0, NULL, &gone);
     Py_END_ALLOW_THREADS
     if (status != KVX_OK)
-        return raise_status(status, NULL);
+        return raise_gone(gone);
     Py_RETURN_NONE;
 }
 
 static PyObject *agent_fileno(AgentObject *self, PyObject *unused)
 {
-    kvx_agent_t *agent = agent_get(self);
+    kvx_agent_t *agent;
 
     (void)unused;
-    return agent != NULL ? PyLong_FromLong(kvx_agent_fd(agent)) : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self);
+    agent_leave(self);
+    Py_END_ALLOW_THREADS
+    return agent != NULL ? PyLong_FromLong(self->fd) : raise_gone(GONE_AGENT);
 }
 
 static PyObject *agent_stats(AgentObject *self, PyObject *unused)
 {
-    kvx_agent_t *agent = agent_get(self);
-    kvx_agent_stats_t s;
+    kvx_agent_t *agent;
+    kvx_agent_stats_t s        = {0};
+    uint64_t released_dropped = 0;
+    uint64_t logs_dropped     = 0;
     PyObject *dict;
 
     (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self);
+    if (agent != NULL) {
+        kvx_agent_stats(agent, &s, sizeof(s));
+        released_dropped = self->released.dropped;
+        logs_dropped     = self->logs.dropped;
+    }
+    agent_leave(self);
+    Py_END_ALLOW_THREADS
     if (agent == NULL)
-        return NULL;
-    kvx_agent_stats(agent, &s, sizeof(s));
+        return raise_gone(GONE_AGENT);
     {
-        /* the counters of kvx_agent_stats_t by name (histograms are C's only) */
+        /* the counters of kvx_agent_stats_t by name (histograms are C's only), then this
+         * binding's own: what released() and logs() could not keep */
         const struct {
             const char *name;
             uint64_t value;
@@ -756,6 +1180,8 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
             {"verify_ns", s.verify_ns},
             {"verify_served", s.verify_served},
             {"verify_refused", s.verify_refused},
+            {"released_dropped", released_dropped},
+            {"logs_dropped", logs_dropped},
         };
 
         dict = PyDict_New();
@@ -770,43 +1196,164 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
     return dict;
 }
 
-/* storage(index): a writable memoryview of the storage's bytes, valid while the agent is
- * open (the Python layer keeps the agent alive through it). */
+/* released(): the request ids whose holds were released (every consumer's done, or the lease)
+ * since the last call, in release order; the queue is emptied. */
+static PyObject *agent_released(AgentObject *self, PyObject *unused)
+{
+    kvx_agent_t *agent;
+    struct released_queue taken = {0};
+    PyObject *list;
+
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self);
+    if (agent != NULL) {
+        taken              = self->released;
+        self->released.ids = NULL;
+        self->released.count = self->released.capacity = 0;
+    }
+    agent_leave(self);
+    Py_END_ALLOW_THREADS
+    if (agent == NULL)
+        return raise_gone(GONE_AGENT);
+    list = PyList_New((Py_ssize_t)taken.count);
+    for (size_t i = 0; list != NULL && i < taken.count; i++) {
+        PyObject *id = PyLong_FromUnsignedLongLong(taken.ids[i]);
+
+        if (id == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, id);
+    }
+    free(taken.ids);
+    return list;
+}
+
+/* logs(): the agent's log lines since the last call (kvx_agent_set_log_callback), emptied. */
+static PyObject *agent_logs(AgentObject *self, PyObject *unused)
+{
+    kvx_agent_t *agent;
+    struct log_queue taken = {0};
+    PyObject *list;
+
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self);
+    if (agent != NULL) {
+        taken                = self->logs;
+        self->logs.lines     = NULL;
+        self->logs.count     = 0;
+    }
+    agent_leave(self);
+    Py_END_ALLOW_THREADS
+    if (agent == NULL)
+        return raise_gone(GONE_AGENT);
+    list = PyList_New((Py_ssize_t)taken.count);
+    for (size_t i = 0; i < taken.count; i++) {
+        PyObject *line = list != NULL ? PyUnicode_DecodeUTF8(taken.lines[i],
+                                                             (Py_ssize_t)strlen(taken.lines[i]),
+                                                             "replace")
+                                      : NULL;
+
+        if (line == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, line);
+        free(taken.lines[i]);
+    }
+    free(taken.lines);
+    return list;
+}
+
+static int storage_getbuffer(StorageObject *self, Py_buffer *view, int flags)
+{
+    if (atomic_load(&self->agent->closed)) {
+        view->obj = NULL;
+        raise_gone(GONE_AGENT);
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->base, self->size, 0, flags) != 0)
+        return -1;
+    self->agent->exports++;
+    return 0;
+}
+
+static void storage_releasebuffer(StorageObject *self, Py_buffer *view)
+{
+    AgentObject *agent = self->agent;
+
+    (void)view;
+    /* close() left the C agent to the last view: destroy it now. A failure is told by the
+     * agent's dealloc, which tries again. */
+    if (--agent->exports == 0 && atomic_load(&agent->closed))
+        (void)agent_shutdown(agent, true);
+}
+
+static void storage_dealloc(StorageObject *self)
+{
+    Py_XDECREF(self->agent);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* storage(index): a writable memoryview of a host storage's bytes. The view keeps the memory:
+ * close() destroys the C agent (and lets the engine's buffers go) only once every view of its
+ * storages is released; after close() no new view is made. */
 static PyObject *agent_storage(AgentObject *self, PyObject *arg)
 {
-    kvx_agent_t *agent = agent_get(self);
-    Py_ssize_t index   = PyLong_AsSsize_t(arg);
-    uint64_t size;
-    void *base;
+    Py_ssize_t index = PyLong_AsSsize_t(arg);
+    kvx_agent_t *agent;
+    uint64_t size = 0;
+    void *base    = NULL;
+    kvx_mem_type_t mem = KVX_MEM_DRAM;
+    StorageObject *storage;
+    PyObject *view;
 
-    if (agent == NULL || (index == -1 && PyErr_Occurred()))
+    if (index == -1 && PyErr_Occurred())
         return NULL;
-    base = index >= 0 ? kvx_agent_storage(agent, (size_t)index, &size) : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self);
+    if (agent != NULL && index >= 0) {
+        base = kvx_agent_storage(agent, (size_t)index, &size);
+        mem  = kvx_agent_storage_mem(agent, (size_t)index);
+    }
+    agent_leave(self);
+    Py_END_ALLOW_THREADS
+    if (agent == NULL)
+        return raise_gone(GONE_AGENT);
     if (base == NULL) {
         PyErr_SetString(PyExc_IndexError, "storage index out of range");
         return NULL;
     }
-    if (kvx_agent_storage_mem(agent, (size_t)index) == KVX_MEM_VRAM) {
+    if (mem == KVX_MEM_VRAM) {
         PyErr_Format(PyExc_ValueError,
                      "storage %zd is GPU memory, which the host cannot address: copy with "
                      "read_storage and write_storage",
                      index);
         return NULL;
     }
-    return PyMemoryView_FromMemory(base, (Py_ssize_t)size, PyBUF_WRITE);
+    storage = PyObject_New(StorageObject, &StorageType);
+    if (storage == NULL)
+        return NULL;
+    Py_INCREF(self);
+    storage->agent = self;
+    storage->base  = base;
+    storage->size  = (Py_ssize_t)size;
+    view           = PyMemoryView_FromObject((PyObject *)storage); /* fails once closed */
+    Py_DECREF(storage);
+    return view;
 }
 
 /* read_storage(index, offset, nbytes) -> bytes, whatever the storage's memory kind. */
 static PyObject *agent_read_storage(AgentObject *self, PyObject *args)
 {
-    kvx_agent_t *agent = agent_get(self);
+    kvx_agent_t *agent;
     Py_ssize_t index;
     unsigned long long offset;
     Py_ssize_t nbytes;
     PyObject *out;
-    kvx_status_t status;
+    kvx_status_t status = KVX_OK;
 
-    if (agent == NULL || !PyArg_ParseTuple(args, "nKn", &index, &offset, &nbytes))
+    if (!PyArg_ParseTuple(args, "nKn", &index, &offset, &nbytes))
         return NULL;
     if (index < 0 || nbytes < 0) {
         PyErr_SetString(PyExc_ValueError, "read_storage: a negative index or size");
@@ -816,12 +1363,15 @@ static PyObject *agent_read_storage(AgentObject *self, PyObject *args)
     if (out == NULL)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = kvx_agent_storage_read(agent, (size_t)index, offset, PyBytes_AS_STRING(out),
-                                    (size_t)nbytes);
+    agent = agent_enter(self);
+    if (agent != NULL)
+        status = kvx_agent_storage_read(agent, (size_t)index, offset, PyBytes_AS_STRING(out),
+                                        (size_t)nbytes);
+    agent_leave(self);
     Py_END_ALLOW_THREADS
-    if (status != KVX_OK) {
+    if (agent == NULL || status != KVX_OK) {
         Py_DECREF(out);
-        return raise_status(status, NULL);
+        return agent == NULL ? raise_gone(GONE_AGENT) : raise_status(status, NULL);
     }
     return out;
 }
@@ -829,13 +1379,13 @@ static PyObject *agent_read_storage(AgentObject *self, PyObject *args)
 /* write_storage(index, offset, data): data is any buffer of host memory. */
 static PyObject *agent_write_storage(AgentObject *self, PyObject *args)
 {
-    kvx_agent_t *agent = agent_get(self);
+    kvx_agent_t *agent;
     Py_ssize_t index;
     unsigned long long offset;
     Py_buffer data;
-    kvx_status_t status;
+    kvx_status_t status = KVX_OK;
 
-    if (agent == NULL || !PyArg_ParseTuple(args, "nKy*", &index, &offset, &data))
+    if (!PyArg_ParseTuple(args, "nKy*", &index, &offset, &data))
         return NULL;
     if (index < 0) {
         PyBuffer_Release(&data);
@@ -843,9 +1393,14 @@ static PyObject *agent_write_storage(AgentObject *self, PyObject *args)
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    status = kvx_agent_storage_write(agent, (size_t)index, offset, data.buf, (size_t)data.len);
+    agent = agent_enter(self);
+    if (agent != NULL)
+        status = kvx_agent_storage_write(agent, (size_t)index, offset, data.buf, (size_t)data.len);
+    agent_leave(self);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
+    if (agent == NULL)
+        return raise_gone(GONE_AGENT);
     if (status != KVX_OK)
         return raise_status(status, NULL);
     Py_RETURN_NONE;
@@ -870,73 +1425,89 @@ static int token_convert(PyObject *obj, kvx_token_t *token)
 
 static PyObject *agent_hold(AgentObject *self, PyObject *args)
 {
-    kvx_agent_t *agent = agent_get(self);
+    kvx_agent_t *agent;
     unsigned long long request_id;
     PyObject *blocks;
     PyObject *token_obj;
     unsigned int consumers;
     struct ids ids;
     kvx_token_t token;
-    kvx_status_t status;
+    kvx_status_t status = KVX_OK;
 
-    if (agent == NULL ||
-        !PyArg_ParseTuple(args, "KOIO", &request_id, &blocks, &consumers, &token_obj) ||
+    if (!PyArg_ParseTuple(args, "KOIO", &request_id, &blocks, &consumers, &token_obj) ||
         token_convert(token_obj, &token) != 0 || ids_convert(blocks, &ids) != 0)
         return NULL;
-    status = kvx_hold(agent, request_id, ids.groups, ids.num_groups, consumers, &token);
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self);
+    if (agent != NULL)
+        status = kvx_hold(agent, request_id, ids.groups, ids.num_groups, consumers, &token);
+    agent_leave(self);
+    Py_END_ALLOW_THREADS
     ids_free(&ids);
+    if (agent == NULL)
+        return raise_gone(GONE_AGENT);
     if (status != KVX_OK)
         return raise_status(status, NULL);
     Py_RETURN_NONE;
 }
 
-/* connect(addresses): a Peer of every prefill rank in the sequence, connected in order; none
- * is kept when one fails. */
+/* connect(addresses): a Peer of every prefill rank in the sequence, connected in order under
+ * one hold of the lock (other threads wait for the handshakes); none is kept when one fails. */
 static PyObject *agent_connect(AgentObject *self, PyObject *arg)
 {
-    kvx_agent_t *agent = agent_get(self);
+    kvx_agent_t *agent;
     PyObject *seq;
     PeerObject *peer;
+    const char *addresses[KVX_MAX_TP];
     Py_ssize_t n;
     kvx_status_t status = KVX_OK;
 
-    if (agent == NULL || (seq = PySequence_Fast(arg, "connect: a sequence of addresses")) == NULL)
+    if ((seq = PySequence_Fast(arg, "connect: a sequence of addresses")) == NULL)
         return NULL;
-    n    = PySequence_Fast_GET_SIZE(seq);
-    peer = n > 0 && n <= KVX_MAX_TP ? PyObject_New(PeerObject, &PeerType) : NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > KVX_MAX_TP) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "connect: %zd addresses (1..%d)", n, KVX_MAX_TP);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* UTF-8 kept by the strings, which `seq` holds */
+        if ((addresses[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i))) == NULL) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    peer = PyObject_New(PeerObject, &PeerType);
     if (peer == NULL) {
         Py_DECREF(seq);
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "connect: %zd addresses (1..%d)", n, KVX_MAX_TP);
         return NULL;
     }
+    Py_INCREF(self);
     peer->agent     = self;
+    peer->link      = (struct link){NULL, NULL};
     peer->num_peers = 0;
     peer->xfers     = 0;
-    peer->peers     = PyMem_Calloc((size_t)n, sizeof(*peer->peers));
-    Py_INCREF(self);
+    peer->peers     = calloc((size_t)n, sizeof(*peer->peers));
     if (peer->peers == NULL) {
         Py_DECREF(seq);
         Py_DECREF(peer);
         return PyErr_NoMemory();
     }
-    for (Py_ssize_t i = 0; i < n && status == KVX_OK; i++) {
-        const char *address = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
-
-        if (address == NULL) {
-            Py_DECREF(seq);
-            Py_DECREF(peer); /* closes the ranks connected so far */
-            return NULL;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        status = kvx_agent_connect(agent, address, &peer->peers[i]);
-        Py_END_ALLOW_THREADS
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self);
+    for (Py_ssize_t i = 0; agent != NULL && i < n && status == KVX_OK; i++) {
+        status = kvx_agent_connect(agent, addresses[i], &peer->peers[i]);
         if (status == KVX_OK)
             peer->num_peers++;
     }
+    if (agent != NULL && status == KVX_OK)
+        link_insert(&self->peers, &peer->link); /* close() destroys it from now on */
+    else
+        peer_destroy_locked(peer); /* the ranks connected so far */
+    agent_leave(self);
+    Py_END_ALLOW_THREADS
     Py_DECREF(seq);
-    if (status != KVX_OK) {
-        raise_status(status, NULL);
+    if (agent == NULL || status != KVX_OK) {
+        agent == NULL ? raise_gone(GONE_AGENT) : raise_status(status, NULL);
         Py_DECREF(peer);
         return NULL;
     }
@@ -944,11 +1515,15 @@ static PyObject *agent_connect(AgentObject *self, PyObject *arg)
 }
 
 static PyMethodDef agent_methods[] = {
-    {"close", (PyCFunction)agent_close, METH_NOARGS, "destroy the agent (no peer may be left)"},
+    {"close", (PyCFunction)agent_close, METH_NOARGS,
+     "close the agent for every thread; idempotent"},
     {"listen_address", (PyCFunction)agent_listen_address, METH_NOARGS, "HOST:PORT bound"},
     {"progress", (PyCFunction)agent_progress, METH_O, "run the loop up to TIMEOUT_MS"},
     {"fileno", (PyCFunction)agent_fileno, METH_NOARGS, "the descriptor to wait on"},
     {"stats", (PyCFunction)agent_stats, METH_NOARGS, "the counters, as a dict"},
+    {"released", (PyCFunction)agent_released, METH_NOARGS,
+     "request ids released since the last call"},
+    {"logs", (PyCFunction)agent_logs, METH_NOARGS, "log lines since the last call"},
     {"storage", (PyCFunction)agent_storage, METH_O, "storage INDEX as a writable memoryview"},
     {"read_storage", (PyCFunction)agent_read_storage, METH_VARARGS,
      "read_storage(index, offset, nbytes) -> bytes"},
@@ -959,38 +1534,45 @@ static PyMethodDef agent_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static void peers_destroy(PeerObject *self)
-{
-    for (size_t i = 0; self->peers != NULL && i < self->num_peers; i++)
-        kvx_peer_destroy(self->peers[i]);
-    PyMem_Free(self->peers);
-    self->peers     = NULL;
-    self->num_peers = 0;
-}
-
+/* close(): destroys the peer's connections; refused while a Transfer of it exists. Nothing to
+ * do once the agent is closed. */
 static PyObject *peer_close(PeerObject *self, PyObject *unused)
 {
+    kvx_agent_t *agent;
+    bool refused = false;
+
     (void)unused;
-    if (self->xfers > 0) {
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self->agent);
+    if (agent != NULL && self->xfers > 0)
+        refused = true;
+    else if (agent != NULL)
+        peer_destroy_locked(self);
+    agent_leave(self->agent);
+    Py_END_ALLOW_THREADS
+    if (refused) {
         PyErr_SetString(PyExc_RuntimeError, "the peer has transfers: let them go first");
         return NULL;
     }
-    peers_destroy(self);
     Py_RETURN_NONE;
 }
 
 static void peer_dealloc(PeerObject *self)
 {
-    peers_destroy(self); /* transfers hold a reference: none is left */
+    /* transfers hold a reference: none is left */
+    if (self->agent != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->agent->lock);
+        /* alive until close()'s teardown, even once `closed` is set: it must not be freed
+         * listed */
+        if (self->link.next != NULL)
+            peer_destroy_locked(self);
+        agent_leave(self->agent);
+        Py_END_ALLOW_THREADS
+    }
+    free(self->peers);
     Py_XDECREF(self->agent);
     Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static kvx_peer_t *const *peers_get(PeerObject *self)
-{
-    if (self->peers == NULL)
-        PyErr_SetString(PyExc_ValueError, "the peer is closed");
-    return self->peers;
 }
 
 /* post(push, blocks, remote_blocks, request_id, token): a Transfer of one request from every
@@ -1009,11 +1591,11 @@ static PyObject *peer_post(PeerObject *self, PyObject *args)
     kvx_request_t request;
     kvx_xfer_t *handle = NULL;
     XferObject *xfer;
-    kvx_status_t status;
+    kvx_status_t status = KVX_OK;
     kvx_agent_t *agent;
+    enum gone gone;
 
-    if (peers_get(self) == NULL || (agent = agent_get(self->agent)) == NULL ||
-        !PyArg_ParseTuple(args, "pOOKO", &push, &blocks, &remote_blocks, &request_id, &token_obj))
+    if (!PyArg_ParseTuple(args, "pOOKO", &push, &blocks, &remote_blocks, &request_id, &token_obj))
         return NULL;
     if (token_obj != Py_None && token_convert(token_obj, &token) != 0)
         return NULL;
@@ -1029,46 +1611,84 @@ static PyObject *peer_post(PeerObject *self, PyObject *args)
         ids_free(&remote);
         return NULL;
     }
-    request = (kvx_request_t){local.groups, local.num_groups,
-                              remote_blocks != Py_None ? remote.groups : NULL, remote.num_groups,
-                              token_obj != Py_None ? &token : NULL};
+    Py_INCREF(self);
+    xfer->peer = self;
+    xfer->xfer = NULL;
+    xfer->link = (struct link){NULL, NULL};
+    request    = (kvx_request_t){local.groups, local.num_groups,
+                                 remote_blocks != Py_None ? remote.groups : NULL, remote.num_groups,
+                                 token_obj != Py_None ? &token : NULL};
     Py_BEGIN_ALLOW_THREADS
-    status = push ? kvx_write_post(agent, self->peers, self->num_peers, request_id, &request, NULL,
-                                   NULL, &handle)
-                  : kvx_read_post(agent, self->peers, self->num_peers, request_id, &request, NULL,
-                                  NULL, &handle);
+    agent = peer_enter(self, &gone);
+    if (agent != NULL) {
+        status = push ? kvx_write_post(agent, self->peers, self->num_peers, request_id, &request,
+                                       NULL, NULL, &handle)
+                      : kvx_read_post(agent, self->peers, self->num_peers, request_id, &request,
+                                      NULL, NULL, &handle);
+        if (status == KVX_OK) {
+            xfer->xfer = handle;
+            self->xfers++;
+            link_insert(&self->agent->xfers, &xfer->link);
+        }
+    }
+    agent_leave(self->agent);
+    if (agent != NULL && status == KVX_OK)
+        wake_pollers(self->agent); /* a sleeper keeps its sleeps short now (agent_busy) */
     Py_END_ALLOW_THREADS
     ids_free(&local);
     ids_free(&remote);
-    Py_INCREF(self);
-    xfer->peer = self;
-    xfer->xfer = status == KVX_OK ? handle : NULL;
-    if (status != KVX_OK) {
+    if (agent == NULL || status != KVX_OK) {
         Py_DECREF(xfer);
-        return raise_status(status, NULL);
+        return agent == NULL ? raise_gone(gone) : raise_status(status, NULL);
     }
-    self->xfers++;
     return (PyObject *)xfer;
 }
+
+/* One rank's transports and down reason, copied out under the lock. */
+struct rank_info {
+    char *transports;
+    char *down; /* NULL while up */
+};
 
 /* info(): [(transports, down reason or None)] by rank. */
 static PyObject *peer_info(PeerObject *self, PyObject *unused)
 {
-    kvx_peer_t *const *peers = peers_get(self);
-    PyObject *list;
+    struct rank_info info[KVX_MAX_TP] = {{0}};
+    size_t n        = 0;
+    bool copied     = true;
+    PyObject *list  = NULL;
+    kvx_agent_t *agent;
+    enum gone gone;
 
     (void)unused;
-    if (peers == NULL || (list = PyList_New((Py_ssize_t)self->num_peers)) == NULL)
-        return NULL;
-    for (size_t i = 0; i < self->num_peers; i++) {
-        PyObject *item =
-            Py_BuildValue("(sz)", kvx_peer_transports(peers[i]), kvx_peer_down_reason(peers[i]));
+    Py_BEGIN_ALLOW_THREADS
+    agent = peer_enter(self, &gone);
+    for (; agent != NULL && n < self->num_peers; n++) {
+        const char *down = kvx_peer_down_reason(self->peers[n]);
 
-        if (item == NULL) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+        info[n].transports = strdup(kvx_peer_transports(self->peers[n]));
+        info[n].down       = down != NULL ? strdup(down) : NULL;
+        copied &= info[n].transports != NULL && (down == NULL || info[n].down != NULL);
+    }
+    agent_leave(self->agent);
+    Py_END_ALLOW_THREADS
+    if (agent == NULL)
+        raise_gone(gone);
+    else if (!copied)
+        PyErr_NoMemory();
+    else
+        list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list != NULL && i < n; i++) {
+        PyObject *item = Py_BuildValue("(sz)", info[i].transports, info[i].down);
+
+        if (item == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    for (size_t i = 0; i < n; i++) {
+        free(info[i].transports);
+        free(info[i].down);
     }
     return list;
 }
@@ -1076,19 +1696,21 @@ static PyObject *peer_info(PeerObject *self, PyObject *unused)
 /* reconnect(): every rank that is down handshakes again. */
 static PyObject *peer_reconnect(PeerObject *self, PyObject *unused)
 {
-    kvx_peer_t *const *peers = peers_get(self);
-    kvx_status_t status      = KVX_OK;
+    kvx_status_t status = KVX_OK;
+    kvx_agent_t *agent;
+    enum gone gone;
 
     (void)unused;
-    if (peers == NULL)
-        return NULL;
-    for (size_t i = 0; i < self->num_peers && status == KVX_OK; i++) {
-        if (kvx_peer_down_reason(peers[i]) == NULL)
-            continue;
-        Py_BEGIN_ALLOW_THREADS
-        status = kvx_peer_reconnect(peers[i]);
-        Py_END_ALLOW_THREADS
+    Py_BEGIN_ALLOW_THREADS
+    agent = peer_enter(self, &gone);
+    for (size_t i = 0; agent != NULL && i < self->num_peers && status == KVX_OK; i++) {
+        if (kvx_peer_down_reason(self->peers[i]) != NULL)
+            status = kvx_peer_reconnect(self->peers[i]);
     }
+    agent_leave(self->agent);
+    Py_END_ALLOW_THREADS
+    if (agent == NULL)
+        return raise_gone(gone);
     if (status != KVX_OK)
         return raise_status(status, NULL);
     Py_RETURN_NONE;
@@ -1103,15 +1725,20 @@ static PyMethodDef peer_methods[] = {
 };
 
 /* release(): lets the C transfer go now (one in progress is cancelled, its peers'
- * connections closed before this returns); later calls but release raise. */
+ * connections closed before this returns); later calls but release raise. Nothing to do once
+ * the agent is closed. */
 static PyObject *xfer_release(XferObject *self, PyObject *unused)
 {
+    AgentObject *agent = self->peer->agent;
+
     (void)unused;
-    if (self->xfer != NULL) {
-        kvx_xfer_destroy(self->xfer);
-        self->xfer = NULL;
-        self->peer->xfers--;
-    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&agent->lock);
+    /* alive until close()'s teardown, even once `closed` is set: it must not be freed listed */
+    if (self->xfer != NULL)
+        xfer_destroy_locked(self);
+    agent_leave(agent);
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
@@ -1122,145 +1749,301 @@ static void xfer_dealloc(XferObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static kvx_xfer_t *xfer_get(XferObject *self)
-{
-    if (self->xfer == NULL)
-        PyErr_SetString(PyExc_ValueError, "the transfer was released");
-    return self->xfer;
-}
-
 /* status(): (status, message): KVX_INPROGRESS (1), 0, or the failure. */
 static PyObject *xfer_status(XferObject *self, PyObject *unused)
 {
-    kvx_status_t status;
+    kvx_xfer_t *xfer;
+    kvx_status_t status = KVX_OK;
+    char *message       = NULL;
+    enum gone gone;
+    PyObject *result;
 
     (void)unused;
-    if (xfer_get(self) == NULL)
-        return NULL;
-    status = kvx_xfer_status(self->xfer);
-    return Py_BuildValue("(is)", (int)status, status < 0 ? kvx_xfer_error(self->xfer) : "");
+    Py_BEGIN_ALLOW_THREADS
+    xfer = xfer_enter(self, &gone);
+    if (xfer != NULL && (status = kvx_xfer_status(xfer)) < 0)
+        message = strdup(kvx_xfer_error(xfer));
+    agent_leave(self->peer->agent);
+    Py_END_ALLOW_THREADS
+    if (xfer == NULL)
+        return raise_gone(gone);
+    if (status < 0 && message == NULL)
+        return PyErr_NoMemory();
+    result = Py_BuildValue("(is)", (int)status, message != NULL ? message : "");
+    free(message);
+    return result;
 }
 
-/* wait(): progresses the agent until the transfer settles (GIL released); its status. */
+/* wait(): progresses the agent until the transfer settles (GIL released, and the lock between
+ * turns, as progress()); its status. */
 static PyObject *xfer_wait(XferObject *self, PyObject *unused)
 {
-    kvx_status_t status;
+    kvx_status_t status = KVX_INPROGRESS;
+    kvx_status_t looped;
+    enum gone gone;
 
     (void)unused;
-    if (xfer_get(self) == NULL)
-        return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = kvx_xfer_wait(self->xfer);
+    /* the transfer's deadline ends it: UINT64_MAX is never reached */
+    looped = agent_loop(self->peer->agent, self, UINT64_MAX, &status, &gone);
     Py_END_ALLOW_THREADS
+    if (looped != KVX_OK)
+        return raise_gone(gone);
     return PyLong_FromLong((long)status);
 }
 
 static PyObject *xfer_stats(XferObject *self, PyObject *unused)
 {
     kvx_read_stats_t stats;
+    kvx_xfer_t *xfer;
+    enum gone gone;
 
     (void)unused;
-    if (xfer_get(self) == NULL)
-        return NULL;
-    kvx_xfer_stats(self->xfer, &stats);
+    Py_BEGIN_ALLOW_THREADS
+    xfer = xfer_enter(self, &gone);
+    if (xfer != NULL)
+        kvx_xfer_stats(xfer, &stats);
+    agent_leave(self->peer->agent);
+    Py_END_ALLOW_THREADS
+    if (xfer == NULL)
+        return raise_gone(gone);
     return Py_BuildValue("(KKKd)", (unsigned long long)stats.descriptors,
                          (unsigned long long)stats.posted, (unsigned long long)stats.bytes,
                          stats.seconds);
 }
 
-/* verify(): kvx_xfer_verify, with the GIL released (a completed transfer is verified now):
- * (status, message); verify_result() has the details. */
+/* verify(): kvx_xfer_verify, with the GIL released (a completed transfer is verified now, the
+ * lock held meanwhile): (status, message); verify_result() has the details. */
 static PyObject *xfer_verify(XferObject *self, PyObject *unused)
 {
-    kvx_status_t status;
+    kvx_status_t status = KVX_OK;
+    kvx_xfer_t *xfer;
+    enum gone gone;
 
     (void)unused;
-    if (xfer_get(self) == NULL)
-        return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = kvx_xfer_verify(self->xfer);
+    xfer = xfer_enter(self, &gone);
+    if (xfer != NULL)
+        status = kvx_xfer_verify(xfer);
+    agent_leave(self->peer->agent);
     Py_END_ALLOW_THREADS
+    if (xfer == NULL)
+        return raise_gone(gone);
     if (status == KVX_ERR_INVALID) /* not a verifiable transfer: a mistake of the caller's */
         return raise_status(status, NULL);
     return Py_BuildValue("(is)", (int)status, status == KVX_OK ? "" : kvx_errmsg());
 }
 
-/* One reported mismatch as a dict, its views by name. */
-static PyObject *mismatch_dict(const kvx_regions_t *regions, const kvx_verify_mismatch_t *m)
-{
-    PyObject *views = PyList_New((Py_ssize_t)m->num_views);
-    PyObject *dict;
+/* A transfer's verification result, copied out under the lock with the names it points to:
+ * the transfer, and the agent's region table, may be gone before Python reads them. */
+struct mismatch_copy {
+    kvx_verify_mismatch_t m; /* its region_name and views are not to be read: */
+    char *region_name;
+    char **view_names; /* m.num_views */
+};
 
-    for (size_t v = 0; views != NULL && v < m->num_views; v++)
-        PyList_SET_ITEM(views, (Py_ssize_t)v,
-                        PyUnicode_FromString(kvx_regions_view_name(regions, m->views[v])));
+struct verify_copy {
+    kvx_verify_result_t r; /* its reported is not to be read: */
+    struct mismatch_copy *reported; /* r.num_reported */
+};
+
+static void verify_copy_free(struct verify_copy *c)
+{
+    for (size_t i = 0; c->reported != NULL && i < c->r.num_reported; i++) {
+        struct mismatch_copy *m = &c->reported[i];
+
+        free(m->region_name);
+        for (size_t v = 0; m->view_names != NULL && v < m->m.num_views; v++)
+            free(m->view_names[v]);
+        free(m->view_names);
+    }
+    free(c->reported);
+    c->reported = NULL;
+}
+
+static char *strdup_or_empty(const char *s)
+{
+    return strdup(s != NULL ? s : "");
+}
+
+/* Lock held; false when out of memory (verify_copy_free frees what was copied). */
+static bool verify_copy(const kvx_agent_t *agent, const kvx_xfer_t *xfer, struct verify_copy *c)
+{
+    const kvx_regions_t *regions = kvx_agent_regions(agent);
+    bool copied;
+
+    kvx_xfer_verify_result(xfer, &c->r);
+    c->reported = calloc(c->r.num_reported > 0 ? c->r.num_reported : 1, sizeof(*c->reported));
+    copied      = c->reported != NULL;
+    for (size_t i = 0; copied && i < c->r.num_reported; i++) {
+        const kvx_verify_mismatch_t *from = &c->r.reported[i];
+        struct mismatch_copy *to          = &c->reported[i];
+
+        to->m           = *from;
+        to->region_name = strdup_or_empty(from->region_name);
+        to->view_names  = calloc(from->num_views > 0 ? from->num_views : 1, sizeof(char *));
+        copied          = to->region_name != NULL && to->view_names != NULL;
+        for (size_t v = 0; copied && v < from->num_views; v++)
+            copied = (to->view_names[v] =
+                          strdup_or_empty(kvx_regions_view_name(regions, from->views[v]))) != NULL;
+    }
+    if (c->reported == NULL)
+        c->r.num_reported = 0;
+    c->r.reported = NULL;
+    return copied;
+}
+
+/* One reported mismatch as a dict, its views by name. */
+static PyObject *mismatch_dict(const struct mismatch_copy *copy)
+{
+    const kvx_verify_mismatch_t *m = &copy->m;
+    PyObject *views                = PyList_New((Py_ssize_t)m->num_views);
+
+    for (size_t v = 0; views != NULL && v < m->num_views; v++) {
+        PyObject *name = PyUnicode_FromString(copy->view_names[v]);
+
+        if (name == NULL)
+            Py_CLEAR(views);
+        else
+            PyList_SET_ITEM(views, (Py_ssize_t)v, name);
+    }
     if (views == NULL)
         return NULL;
-    dict = Py_BuildValue(
+    return Py_BuildValue(
         "{s:n,s:s,s:N,s:K,s:K,s:I,s:K,s:(IK),s:(IK),s:K,s:K,s:K}", "region",
         m->region == SIZE_MAX ? (Py_ssize_t)-1 : (Py_ssize_t)m->region, "region_name",
-        m->region_name, "views", views, "block", (unsigned long long)m->block, "descriptor",
+        copy->region_name, "views", views, "block", (unsigned long long)m->block, "descriptor",
         (unsigned long long)m->descriptor, "remote_rank", (unsigned)m->remote_rank, "remote_block",
         (unsigned long long)m->remote_block, "local", (unsigned)m->range.local_storage,
         (unsigned long long)m->range.local_offset, "remote", (unsigned)m->range.remote_storage,
         (unsigned long long)m->range.remote_offset, "len", (unsigned long long)m->range.len,
         "local_checksum", (unsigned long long)m->local_checksum, "remote_checksum",
         (unsigned long long)m->remote_checksum);
-    return dict;
 }
 
 /* verify_result(): None without a verification, else (status, segments, bytes, mismatches,
  * seconds, [the reported mismatches as dicts]). */
 static PyObject *xfer_verify_result(XferObject *self, PyObject *unused)
 {
-    kvx_verify_result_t r;
-    PyObject *reported;
+    struct verify_copy c = {0};
+    bool copied          = false;
+    kvx_xfer_t *xfer;
+    enum gone gone;
+    PyObject *reported = NULL;
+    PyObject *result   = NULL;
 
     (void)unused;
-    if (xfer_get(self) == NULL)
-        return NULL;
-    kvx_xfer_verify_result(self->xfer, &r);
-    if (!r.requested)
-        Py_RETURN_NONE;
-    reported = PyList_New((Py_ssize_t)r.num_reported);
-    for (size_t i = 0; reported != NULL && i < r.num_reported; i++) {
-        PyObject *m = mismatch_dict(kvx_agent_regions(self->peer->agent->agent), &r.reported[i]);
-
-        if (m == NULL) {
-            Py_CLEAR(reported);
-            break;
-        }
-        PyList_SET_ITEM(reported, (Py_ssize_t)i, m);
+    Py_BEGIN_ALLOW_THREADS
+    xfer = xfer_enter(self, &gone);
+    if (xfer != NULL)
+        copied = verify_copy(self->peer->agent->agent, xfer, &c);
+    agent_leave(self->peer->agent);
+    Py_END_ALLOW_THREADS
+    if (xfer == NULL)
+        return raise_gone(gone);
+    if (!copied) {
+        PyErr_NoMemory();
+        goto cleanup;
     }
-    if (reported == NULL)
-        return NULL;
-    return Py_BuildValue("(iKKKdN)", (int)r.status, (unsigned long long)r.segments,
-                         (unsigned long long)r.bytes, (unsigned long long)r.mismatches, r.seconds,
-                         reported);
+    if (!c.r.requested) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto cleanup;
+    }
+    reported = PyList_New((Py_ssize_t)c.r.num_reported);
+    for (size_t i = 0; reported != NULL && i < c.r.num_reported; i++) {
+        PyObject *m = mismatch_dict(&c.reported[i]);
+
+        if (m == NULL)
+            Py_CLEAR(reported);
+        else
+            PyList_SET_ITEM(reported, (Py_ssize_t)i, m);
+    }
+    if (reported != NULL)
+        result = Py_BuildValue("(iKKKdN)", (int)c.r.status, (unsigned long long)c.r.segments,
+                               (unsigned long long)c.r.bytes, (unsigned long long)c.r.mismatches,
+                               c.r.seconds, reported);
+
+cleanup:
+    verify_copy_free(&c);
+    return result;
+}
+
+/* A failed transfer's block ids, copied out under the lock. */
+struct groups_copy {
+    kvx_group_ids_t *groups;
+    size_t num_groups;
+};
+
+static void groups_copy_free(struct groups_copy *c)
+{
+    for (size_t g = 0; c->groups != NULL && g < c->num_groups; g++)
+        free((void *)c->groups[g].ids);
+    free(c->groups);
+    c->groups = NULL;
+}
+
+/* Lock held; false when out of memory (groups_copy_free frees what was copied). */
+static bool groups_copy(const kvx_xfer_t *xfer, struct groups_copy *c)
+{
+    const kvx_group_ids_t *groups;
+    bool copied;
+
+    kvx_xfer_failed_blocks(xfer, &groups, &c->num_groups);
+    c->groups = calloc(c->num_groups > 0 ? c->num_groups : 1, sizeof(*c->groups));
+    copied    = c->groups != NULL;
+    for (size_t g = 0; copied && g < c->num_groups; g++) {
+        uint64_t *ids = malloc((groups[g].count > 0 ? groups[g].count : 1) * sizeof(*ids));
+
+        if ((copied = ids != NULL)) {
+            memcpy(ids, groups[g].ids, groups[g].count * sizeof(*ids));
+            c->groups[g] = (kvx_group_ids_t){ids, groups[g].count};
+        }
+    }
+    return copied;
 }
 
 /* failed_blocks(): {group: [ids]} that a failed transfer did not load ({} unless failed). */
 static PyObject *xfer_failed_blocks(XferObject *self, PyObject *unused)
 {
-    const kvx_group_ids_t *groups;
-    size_t num_groups;
-    PyObject *dict;
+    struct groups_copy c = {0};
+    bool copied          = false;
+    kvx_xfer_t *xfer;
+    enum gone gone;
+    PyObject *dict = NULL;
 
     (void)unused;
-    if (xfer_get(self) == NULL || (dict = PyDict_New()) == NULL)
-        return NULL;
-    kvx_xfer_failed_blocks(self->xfer, &groups, &num_groups);
-    for (size_t g = 0; dict != NULL && g < num_groups; g++) {
-        PyObject *ids = PyList_New((Py_ssize_t)groups[g].count);
-        PyObject *key = PyLong_FromSize_t(g);
+    Py_BEGIN_ALLOW_THREADS
+    xfer = xfer_enter(self, &gone);
+    if (xfer != NULL)
+        copied = groups_copy(xfer, &c);
+    agent_leave(self->peer->agent);
+    Py_END_ALLOW_THREADS
+    if (xfer == NULL)
+        return raise_gone(gone);
+    if (copied)
+        dict = PyDict_New();
+    else
+        PyErr_NoMemory();
+    for (size_t g = 0; dict != NULL && g < c.num_groups; g++) {
+        const kvx_group_ids_t *group = &c.groups[g];
+        PyObject *ids                = PyList_New((Py_ssize_t)group->count);
+        PyObject *key                = PyLong_FromSize_t(g);
 
-        for (size_t i = 0; ids != NULL && i < groups[g].count; i++)
-            PyList_SET_ITEM(ids, (Py_ssize_t)i, PyLong_FromUnsignedLongLong(groups[g].ids[i]));
-        if (ids == NULL || key == NULL || (groups[g].count > 0 && PyDict_SetItem(dict, key, ids)))
+        for (size_t i = 0; ids != NULL && i < group->count; i++) {
+            PyObject *id = PyLong_FromUnsignedLongLong(group->ids[i]);
+
+            if (id == NULL)
+                Py_CLEAR(ids);
+            else
+                PyList_SET_ITEM(ids, (Py_ssize_t)i, id);
+        }
+        if (ids == NULL || key == NULL || (group->count > 0 && PyDict_SetItem(dict, key, ids)))
             Py_CLEAR(dict);
         Py_XDECREF(ids);
         Py_XDECREF(key);
     }
+    groups_copy_free(&c);
     return dict;
 }
 
@@ -1275,6 +2058,7 @@ static PyMethodDef xfer_methods[] = {
     {"release", (PyCFunction)xfer_release, METH_NOARGS, "let the C transfer go now"},
     {NULL, NULL, 0, NULL},
 };
+
 
 /* ---- the module ------------------------------------------------------------------------ */
 
@@ -1302,7 +2086,20 @@ static PyTypeObject AgentType = {
     .tp_flags                              = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_methods                            = agent_methods,
     .tp_init                               = (initproc)agent_init,
-    .tp_new                                = PyType_GenericNew,
+    .tp_new                                = agent_new,
+};
+
+static PyBufferProcs storage_buffer = {
+    .bf_getbuffer     = (getbufferproc)storage_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)storage_releasebuffer,
+};
+
+static PyTypeObject StorageType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx._kvx.Storage",
+    .tp_basicsize                          = sizeof(StorageObject),
+    .tp_dealloc                            = (destructor)storage_dealloc,
+    .tp_flags                              = Py_TPFLAGS_DEFAULT,
+    .tp_as_buffer                          = &storage_buffer,
 };
 
 static PyTypeObject PeerType = {
@@ -1449,6 +2246,8 @@ PyMODINIT_FUNC PyInit__kvx(void)
         if (PyType_Ready(types[i]) != 0)
             return NULL;
     }
+    if (PyType_Ready(&StorageType) != 0) /* made by Agent.storage only */
+        return NULL;
     m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
