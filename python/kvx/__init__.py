@@ -2,12 +2,20 @@
 
 A thin layer over the C extension `kvx._kvx` (include/kvx.h); docs/python.md has the API,
 ownership and threading rules. Every call that can wait releases the GIL; callbacks run only
-inside progress() and the blocking calls, never on their own."""
+inside progress() and the blocking calls, never on their own.
+
+Threads: an Agent, its Peers and Transfers may be used from several threads at once (a
+model-runner thread posting and polling, a progress thread driving the loop): a lock per agent
+serializes every C call, progress() and wait() let the other threads in between their turns,
+and close() from any thread makes every call in progress or later raise InvalidError("the
+agent is closed")."""
 
 import collections
 import collections.abc
+import itertools
 import json
 import os
+import threading
 import time
 
 from . import _kvx
@@ -238,13 +246,14 @@ class Transfer:
         return VerifyResult(*r) if r is not None else None
 
     def wait(self):
-        """Progresses the agent until it completed or failed (GIL released): result()."""
+        """Progresses the agent until it completed or failed (GIL released; other threads use
+        the agent between its turns): result(). InvalidError if the agent is closed meanwhile."""
         self._handle.wait()
         return self.result()
 
     def release(self):
         """Lets the transfer go now (one in progress is cancelled); a Peer closes only once
-        its transfers are released or collected."""
+        its transfers are released or collected. Does nothing once the agent is closed."""
         self._handle.release()
 
     def __await__(self):
@@ -337,6 +346,8 @@ class Peer:
         self._handle.reconnect()
 
     def close(self):
+        """Closes the connections to the ranks; refused while a Transfer of the peer exists.
+        Does nothing once the agent is closed."""
         self._handle.close()
         self._agent._peers.discard(self)
 
@@ -350,7 +361,11 @@ class Agent:
     torch.Tensor, CuPy; docs/gpu.md). Without it kvx allocates every storage
     (agent.storage(name)). The C agent is made on first use: call listen() first on
     a prefill agent. auth is a key file's path or the secret's bytes (default: the file
-    KVX_AUTH_FILE names); insecure=True allows no secret, on loopback only."""
+    KVX_AUTH_FILE names); insecure=True allows no secret, on loopback only.
+
+    Thread-safe: any thread may call any method of the agent, its peers and transfers at any
+    time (docs/python.md, "Ownership and threading"). Released holds are named by released(),
+    the agent's log lines by logs()."""
 
     def __init__(self, layout, memory=None, *, auth=None, insecure=False, tp_rank=0, tp_size=1,
                  **params):
@@ -366,7 +381,9 @@ class Agent:
             self._params["auth_key"] = self._auth_key(auth)
         self._handle = None
         self._peers = set()
-        self._request_id = 0
+        self._request_ids = itertools.count(1)  # next() is atomic: threads post at once
+        self._create_lock = threading.Lock()  # one C agent, whichever thread uses it first
+        self._closed = False
 
     def _memory_list(self, memory):
         if memory is None:
@@ -410,18 +427,20 @@ class Agent:
         return _kvx.auth_key_load(os.fspath(auth))
 
     def _agent(self, listen=None):
-        if self._handle is None:
-            params = dict(self._params)
-            if listen is not None:
-                params["listen"] = listen
-            self._handle = _kvx.Agent(self._layout._handle, self._memory, params)
-        elif listen is not None:
-            raise InvalidError("listen() must come before any other use of the agent", -1)
-        return self._handle
+        with self._create_lock:
+            if self._closed:
+                raise InvalidError("the agent is closed", -1)
+            if self._handle is None:
+                params = dict(self._params)
+                if listen is not None:
+                    params["listen"] = listen
+                self._handle = _kvx.Agent(self._layout._handle, self._memory, params)
+            elif listen is not None:
+                raise InvalidError("listen() must come before any other use of the agent", -1)
+            return self._handle
 
     def _next_request_id(self):
-        self._request_id += 1
-        return self._request_id
+        return next(self._request_ids)
 
     def listen(self, address):
         """Binds the side channel at HOST:PORT (port 0: a free one); returns the real address."""
@@ -436,16 +455,47 @@ class Agent:
         return peer
 
     def progress(self, timeout_ms=0):
+        """Runs the agent's loop until the turn after an event, or `timeout_ms` (0: one turn).
+        It sleeps on the agent's descriptor without the agent's lock and takes it one turn at
+        a time, so other threads (posting, polling, another progress()) get in between; while
+        transfers are in flight it looks again every 1 ms. Raises InvalidError once the agent
+        is closed, from any thread, also while it sleeps."""
         self._agent().progress(timeout_ms)
 
     def fileno(self):
         return self._agent().fileno()
 
     def stats(self):
+        """kvx's counters as a dict, and this layer's: released_dropped and logs_dropped count
+        what released() and logs() could not keep (more than 2^20 ids, 1024 lines undrained)."""
         return self._agent().stats()
 
+    def released(self):
+        """Prefill side: the request ids whose holds were released (every consumer's done, or
+        the lease ended) since the last call, in release order. Queued by the agent's loop
+        (whichever thread runs it) and emptied by this call; at most 2^20 ids wait, more are
+        counted in stats()["released_dropped"]."""
+        handle = self._handle_if_made()
+        return handle.released() if handle is not None else []
+
+    def logs(self):
+        """The agent's log lines (peers connected, dead, restarted; transfers failed; leases
+        expired) since the last call, emptied by it; at most 1024 wait, more are counted in
+        stats()["logs_dropped"]."""
+        handle = self._handle_if_made()
+        return handle.logs() if handle is not None else []
+
+    def _handle_if_made(self):
+        """The C agent, None if not made yet (nothing happened to it); raises once closed."""
+        with self._create_lock:
+            if self._closed:
+                raise InvalidError("the agent is closed", -1)
+            return self._handle
+
     def storage(self, name):
-        """Storage `name` (or its index) as a writable memoryview; host storages only."""
+        """Storage `name` (or its index) as a writable memoryview; host storages only. The
+        view keeps the memory alive: close() destroys the C agent (and lets go of the engine's
+        buffers) only once every such view is released (view.release(), or collected)."""
         return self._agent().storage(self._index(name))
 
     def read_storage(self, name, offset, nbytes):
@@ -467,12 +517,18 @@ class Agent:
         return token
 
     def close(self):
-        """Closes every peer and the agent. Transfers must be let go first (del them)."""
-        for peer in list(self._peers):
-            peer.close()
-        if self._handle is not None:
-            self._handle.progress(0)  # cancelled transfers settle
-            self._handle.close()
+        """Closes the agent, from any thread: a progress() or wait() in another thread wakes
+        and raises InvalidError("the agent is closed"), as does every later call on the
+        agent, its peers and transfers (but close(), Peer.close() and Transfer.release(),
+        which have nothing left to do). Transfers in flight are cancelled and peers closed. It
+        waits for a call holding the agent in another thread (a connect's handshake at most
+        its timeout). Idempotent."""
+        with self._create_lock:
+            self._closed = True
+            handle = self._handle
+        if handle is not None:
+            handle.close()
+        self._peers.clear()
 
     def __enter__(self):
         return self
