@@ -3,11 +3,18 @@
  *
  * Rules kept here, for every call:
  * - A buffer the engine hands in (agent memory) is held with PyObject_GetBuffer for as long
- *   as the C agent lives, so it cannot be freed or resized under a registration.
- * - Every call that can wait (progress, connect, read, write) or copy releases the GIL; the
- *   C handles are used by one thread at a time (a lock per agent says so to Python threads).
- * - Callbacks never run from here: only kvx's own progress calls run them, and this layer
- *   registers none that call Python.
+ *   as the C agent lives, so it cannot be freed or resized under a registration. A storage()
+ *   view keeps the C agent alive too: close() destroys it once the last view is released.
+ * - Any Python thread may use an agent, its peers and transfers at any time: a lock per agent
+ *   (a pthread mutex) is held around every kvx call on them, waited for only with the GIL
+ *   released, and never held while taking the GIL ("Threading" below). progress() and wait()
+ *   sleep on the agent's descriptor without it and take it one turn at a time.
+ * - close() works from any thread: calls in progress elsewhere wake and raise InvalidError
+ *   ("the agent is closed"), and so does every later call on the agent, its peers and
+ *   transfers.
+ * - Callbacks never call Python: the release and log callbacks this layer registers run
+ *   inside kvx_agent_progress (lock held, no GIL) and only queue ids and lines in C, which
+ *   released() and logs() drain. No transfer callback is registered.
  * - Errors become kvx.Error subclasses carrying kvx's status and message. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
