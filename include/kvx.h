@@ -722,6 +722,12 @@ typedef struct kvx_agent_stats {
     uint64_t verify_served;       /* prefill side: checksum requests answered */
     uint64_t verify_refused;      /* prefill side: checksum requests refused (malformed, or a
                                      range outside our storages) */
+    /* answered dones (issue 21) */
+    uint64_t dones_refused; /* decode side: dones a prefill rank refused (wrong token, hold
+                               released or expired, repeated, no such request), each failing
+                               its read with KVX_ERR_PEER_REFUSED */
+    uint64_t dones_early;   /* prefill side: dones and pushes with a token that came before
+                               their hold and waited for it */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):

@@ -7,6 +7,7 @@
 
 #include "checksum_serve.h"
 #include "clock.h"
+#include "done_serve.h"
 #include "error.h"
 #include "gate.h"
 #include "gpu.h"
@@ -325,21 +326,12 @@ static void serve_heartbeat(void *arg, const struct sidechan_request *request)
     sidechan_reply(agent->side, &request->origin, reply, strlen(reply));
 }
 
-/* VERB_DONE: a decode rank has its data: counted once per rank, with the hold's token only.
- * Not answered; anything malformed is counted and dropped. */
+/* VERB_DONE: a decode rank has its data; it learns whether the hold was alive for it. */
 static void serve_done(void *arg, const struct sidechan_request *request)
 {
     kvx_agent_t *agent = arg;
-    uint64_t request_id;
-    uint32_t rank;
-    kvx_token_t token;
 
-    if (!notify_done_parse(request->body, request->body_size, &request_id, &rank, &token)) {
-        agent->core.stats.notifications_dropped++;
-        return;
-    }
-    agent->core.stats.notifications++;
-    hold_table_done(&agent->holds, request_id, rank, &token);
+    done_serve(&agent->core, agent->side, request);
 }
 
 static void serve_push(void *arg, const struct sidechan_request *request)
@@ -408,6 +400,7 @@ static void agent_free(kvx_agent_t *agent)
     struct core *core = &agent->core;
 
     push_server_destroy(agent->pushes);
+    dones_drop(core);
     xfer_set_destroy(agent->xfers);
     agent_queue_drop(agent);
     if (agent->side != NULL) {
@@ -630,6 +623,7 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
     core->instance       = agent_instance();
     agent->holds.release = agent_on_release;
     agent->holds.arg     = agent;
+    core->holds          = &agent->holds;
     loop_timer_init(&agent->lease_timer, agent_lease_fire);
     core->zmq = zmq_ctx_new();
     if ((status = loop_init(&core->loop)) != KVX_OK || (status = agent_settings(agent, params)) ||
@@ -738,6 +732,7 @@ void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_
     stats.ops_orphaned   = transport_ops_orphaned(agent->core.transport);
     stats.pushes_serving = agent->pushes != NULL ? push_jobs(agent->pushes) : 0;
     stats.tokens_refused = agent->holds.forged;
+    stats.dones_early    = agent->core.early.parked;
     if (agent->gate != NULL) {
         const struct gate_counters *gate = gate_counters(agent->gate);
 
@@ -798,9 +793,12 @@ kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_i
         return error_set(KVX_ERR_INVALID, "hold: agent and token are required");
     status =
         hold_table_add(&agent->holds, request_id, token, groups, num_groups, consumers, clock_ms());
-    if (status == KVX_OK)
-        agent_lease_timer_update(agent);
-    return status;
+    if (status != KVX_OK)
+        return status;
+    /* Dones and pushes that came first are served now, as if they had just arrived. */
+    early_release(&agent->core.early, request_id);
+    agent_lease_timer_update(agent);
+    return KVX_OK;
 }
 
 /* One turn of the loop, its phases in order (docs/agent.md "The loop"); returns the events

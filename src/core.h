@@ -5,6 +5,7 @@
 #define KVX_SRC_CORE_H
 
 #include "auth.h"
+#include "early.h"
 #include "kvx.h"
 #include "loop.h"
 #include "transport.h"
@@ -15,7 +16,8 @@
 /* Side-channel verbs (sidechan.h frames them), all behind the gate (gate.h). */
 #define VERB_METADATA      "kvx-metadata 3"
 #define VERB_HEARTBEAT     "kvx-heartbeat 3"     /* body: wanted requests and tokens (notify.h) */
-#define VERB_DONE          "kvx-done 3"          /* body: a done notification; no answer */
+#define VERB_DONE          "kvx-done 4"          /* body: a done notification (notify.h); answered
+                                                    "kvx-counted ..." or "kvx-error ..." */
 #define VERB_PUSH_REGISTER "kvx-push-register 3" /* body: the requester's push metadata */
 #define VERB_PUSH_PROOF    "kvx-push-proof 3"    /* body: the proof its worker received */
 #define VERB_PUSH          "kvx-push 3"          /* body: a push request (push_request.h) */
@@ -25,10 +27,13 @@
 #define REPLY_ERROR        "kvx-error "     /* then the message */
 
 struct xfer_set;
+struct hold_table;
 
 struct core {
     struct kvx_agent *agent; /* whose core this is */
     struct xfer_set *xfers;  /* the agent's transfers (xfer.c) */
+    struct hold_table *holds; /* prefill side: the requests held (hold.c; the agent's) */
+    struct early_list early;  /* prefill side: dones and pushes waiting for their hold */
     kvx_regions_t *regions;
     struct transport *transport;
     const char *transports; /* the UCX_TLS list given to the transport */

@@ -217,11 +217,76 @@ static void hold_remove(struct hold_table *t, size_t i)
     t->count--;
 }
 
+/* Remembers that request_id's hold ended, and how, overwriting the oldest entry. */
+static void ended_add(struct hold_table *t, uint64_t request_id, bool expired)
+{
+    t->ended[t->ended_next] = (struct hold_ended){request_id, expired};
+    t->ended_next           = (t->ended_next + 1) % HOLD_ENDED_MAX;
+    if (t->ended_count < HOLD_ENDED_MAX)
+        t->ended_count++;
+}
+
+/* The newest ring entry of request_id (a request held again and ended twice has two), or
+ * NULL. A linear scan: only a done or push for a request not held pays it, and it is
+ * bounded by the ring, 64 KiB. */
+static const struct hold_ended *ended_find(const struct hold_table *t, uint64_t request_id)
+{
+    for (size_t k = 1; k <= t->ended_count; k++) {
+        const struct hold_ended *e = &t->ended[(t->ended_next + HOLD_ENDED_MAX - k) % HOLD_ENDED_MAX];
+
+        if (e->request_id == request_id)
+            return e;
+    }
+    return NULL;
+}
+
+enum hold_state hold_table_state(const struct hold_table *t, uint64_t request_id)
+{
+    const struct hold_ended *e;
+
+    if (hold_find((struct hold_table *)t, request_id) != NULL)
+        return HOLD_HELD;
+    e = ended_find(t, request_id);
+    if (e == NULL)
+        return HOLD_NONE;
+    return e->expired ? HOLD_ENDED_EXPIRED : HOLD_ENDED_RELEASED;
+}
+
+bool hold_token_given(const kvx_token_t *token)
+{
+    for (size_t i = 0; i < KVX_TOKEN_LEN; i++) {
+        if (token->bytes[i] != 0)
+            return true;
+    }
+    return false;
+}
+
+const char *hold_done_reason(enum hold_done done)
+{
+    switch (done) {
+    case HOLD_DONE_COUNTED:
+    case HOLD_DONE_RELEASED:
+        return "";
+    case HOLD_DONE_REPEATED:
+        return "repeated done: this rank reported the request already";
+    case HOLD_DONE_UNKNOWN:
+        return "no such request: it is not held here";
+    case HOLD_DONE_FORGED:
+        return "wrong token: the request is held with another";
+    case HOLD_DONE_ENDED:
+        return "hold released already: the blocks may have been reused";
+    case HOLD_DONE_EXPIRED:
+        return "hold's lease expired: the blocks may have been reused";
+    }
+    return "refused";
+}
+
 /* Removes hold h and hands its blocks to the release hook. */
 static void hold_release(struct hold_table *t, struct hold *h, bool expired)
 {
     struct hold_release *released = h->released;
 
+    ended_add(t, h->request_id, expired);
     free(h->ranks);
     hold_remove(t, (size_t)(h - t->slots));
     released->expired = expired;
@@ -237,19 +302,55 @@ static bool hold_token_ok(struct hold_table *t, const struct hold *h, const kvx_
     return false;
 }
 
-enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank,
-                               const kvx_token_t *token)
+/* What a done of `rank` for request_id would do, with the hold it acts on in *h_p (NULL
+ * unless COUNTED or RELEASED). Counts a wrong token; changes nothing else. */
+static enum hold_done hold_judge(struct hold_table *t, uint64_t request_id, uint32_t rank,
+                                 const kvx_token_t *token, struct hold **h_p)
 {
     struct hold *h = hold_find(t, request_id);
     size_t word    = rank / 64;
     uint64_t bit   = (uint64_t)1 << (rank % 64);
 
+    *h_p = NULL;
     if (h == NULL) {
-        t->unknown++;
-        return HOLD_DONE_UNKNOWN;
+        switch (hold_table_state(t, request_id)) {
+        case HOLD_ENDED_RELEASED:
+            return HOLD_DONE_ENDED;
+        case HOLD_ENDED_EXPIRED:
+            return HOLD_DONE_EXPIRED;
+        default:
+            return HOLD_DONE_UNKNOWN;
+        }
     }
     if (!hold_token_ok(t, h, token))
         return HOLD_DONE_FORGED;
+    if (word < h->rank_words && (h->ranks[word] & bit))
+        return HOLD_DONE_REPEATED;
+    *h_p = h;
+    return h->reported + 1 < h->consumers ? HOLD_DONE_COUNTED : HOLD_DONE_RELEASED;
+}
+
+enum hold_done hold_table_check(struct hold_table *t, uint64_t request_id, uint32_t rank,
+                                const kvx_token_t *token)
+{
+    struct hold *h;
+
+    return hold_judge(t, request_id, rank, token, &h);
+}
+
+enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank,
+                               const kvx_token_t *token)
+{
+    struct hold *h;
+    enum hold_done done = hold_judge(t, request_id, rank, token, &h);
+    size_t word         = rank / 64;
+
+    if (done == HOLD_DONE_UNKNOWN || done == HOLD_DONE_ENDED || done == HOLD_DONE_EXPIRED)
+        t->unknown++;
+    if (done == HOLD_DONE_REPEATED)
+        t->repeated++;
+    if (h == NULL)
+        return done;
     if (word >= h->rank_words) {
         uint64_t *grown = realloc(h->ranks, (word + 1) * sizeof(*grown));
 
@@ -259,11 +360,7 @@ enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32
         h->ranks      = grown;
         h->rank_words = word + 1;
     }
-    if (h->ranks[word] & bit) {
-        t->repeated++;
-        return HOLD_DONE_REPEATED;
-    }
-    h->ranks[word] |= bit;
+    h->ranks[word] |= (uint64_t)1 << (rank % 64);
     if (++h->reported < h->consumers)
         return HOLD_DONE_COUNTED;
     t->released++;
@@ -330,5 +427,10 @@ void hold_table_free(struct hold_table *t)
     }
     free(t->slots);
     free(t->heap);
-    *t = (struct hold_table){.lease_ms = t->lease_ms};
+    t->slots      = NULL;
+    t->heap       = NULL;
+    t->size       = 0;
+    t->count      = 0;
+    t->heap_count = 0;
+    t->heap_max   = 0;
 }

@@ -28,8 +28,30 @@ enum hold_done {
     HOLD_DONE_COUNTED,  /* a consumer rank reported for the first time */
     HOLD_DONE_RELEASED, /* ... and it was the last one: the request is released */
     HOLD_DONE_REPEATED, /* this rank reported already: ignored */
-    HOLD_DONE_UNKNOWN,  /* no such request is held (never, or released already) */
+    HOLD_DONE_UNKNOWN,  /* not held, and not among the holds that ended lately */
     HOLD_DONE_FORGED,   /* held, but the done carried another token: ignored */
+    HOLD_DONE_ENDED,    /* not held: it was released after its consumers reported */
+    HOLD_DONE_EXPIRED,  /* not held: its lease expired */
+};
+
+/* Why a done that did not count was refused, as the answer says it ("" for one that
+ * counted). Fixed text. */
+const char *hold_done_reason(enum hold_done done);
+
+/* True when `token` is one: a done or push without a token carries zeros. */
+bool hold_token_given(const kvx_token_t *token);
+
+/* Where a request stands: held now, ended lately (how), or not known (never held, or ended
+ * longer ago than the ring of ended holds remembers). */
+enum hold_state { HOLD_NONE, HOLD_HELD, HOLD_ENDED_RELEASED, HOLD_ENDED_EXPIRED };
+
+/* Holds that ended, the last HOLD_ENDED_MAX of them: a done or push that comes after its
+ * hold ended (a reference used twice, or a stale one) is refused at once by name, where the
+ * blocks may have been reused already. 4096 entries of 16 bytes. */
+#define HOLD_ENDED_MAX 4096
+struct hold_ended {
+    uint64_t request_id;
+    bool expired;
 };
 
 /* A lease in the expiry heap; stale once its hold was released or extended. */
@@ -51,6 +73,9 @@ struct hold_table {
     uint64_t unknown;
     uint64_t repeated;
     uint64_t forged; /* dones and heartbeats with a wrong token */
+    struct hold_ended ended[HOLD_ENDED_MAX]; /* a ring: the newest at ended_next - 1 */
+    size_t ended_next;
+    size_t ended_count;
     void (*release)(void *arg, struct hold_release *release); /* required */
     void *arg;
 };
@@ -74,10 +99,19 @@ uint64_t hold_table_next_expiry(const struct hold_table *t);
 
 /* The `done` of consumer rank `rank` (< KVX_MAX_TP) for request_id: each rank counts once (a
  * bitmap per hold), and the request is released once `consumers` distinct ranks reported.
- * A done whose token is not the hold's changes nothing. Counts unknown, forged and repeated
- * dones. */
+ * A done whose token is not the hold's changes nothing. A done for a request not held says
+ * whether the ring remembers its end (ENDED, EXPIRED) or not (UNKNOWN), and changes nothing.
+ * Counts unknown (every one not held), forged and repeated dones. */
 enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank,
                                const kvx_token_t *token);
+
+/* What hold_table_done would answer now, without counting or changing anything except
+ * `forged` (a push checks before it writes; a wrong token is refused there and counted). */
+enum hold_done hold_table_check(struct hold_table *t, uint64_t request_id, uint32_t rank,
+                                const kvx_token_t *token);
+
+/* Held, ended lately, or not known. O(1) when held; a scan of the ring otherwise. */
+enum hold_state hold_table_state(const struct hold_table *t, uint64_t request_id);
 
 void hold_table_free(struct hold_table *t);
 

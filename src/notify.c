@@ -33,6 +33,50 @@ bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, ui
     return true;
 }
 
+/* Text an answer may carry: printable ASCII, spaces included, not empty. */
+static bool reason_valid(const char *text, size_t length)
+{
+    if (length == 0 || length >= DONE_REASON_SIZE)
+        return false;
+    for (size_t i = 0; i < length; i++) {
+        if (text[i] < ' ' || text[i] > '~')
+            return false;
+    }
+    return true;
+}
+
+size_t done_answer_format(char *text, size_t size, bool counted, const char *what)
+{
+    int n;
+
+    if (what == NULL || !reason_valid(what, strlen(what)))
+        return 0;
+    n = snprintf(text, size, "%s %s", counted ? DONE_ANSWER_COUNTED : DONE_ANSWER_REFUSED, what);
+    return n > 0 && (size_t)n < size ? (size_t)n : 0;
+}
+
+bool done_answer_parse(const void *data, size_t size, bool *counted_p,
+                       char reason[DONE_REASON_SIZE])
+{
+    static const char *const kinds[2] = {DONE_ANSWER_REFUSED " ", DONE_ANSWER_COUNTED " "};
+    const char *text                  = data;
+
+    if (data == NULL)
+        return false;
+    for (int counted = 0; counted < 2; counted++) {
+        size_t prefix = strlen(kinds[counted]);
+
+        if (size <= prefix || memcmp(text, kinds[counted], prefix) != 0 ||
+            !reason_valid(text + prefix, size - prefix))
+            continue;
+        memcpy(reason, text + prefix, size - prefix);
+        reason[size - prefix] = '\0';
+        *counted_p            = counted == 1;
+        return true;
+    }
+    return false;
+}
+
 bool heartbeat_ids_parse(const void *data, size_t size, size_t *count_p)
 {
     if ((data == NULL && size > 0) || size % sizeof(struct heartbeat_entry) != 0 ||

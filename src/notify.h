@@ -18,6 +18,14 @@
 #define ALIVE_ANSWER         "kvx-alive" /* then " INSTANCE ENGINE_ID" */
 #define ALIVE_ENGINE_ID_SIZE 256
 
+/* The answer to a done: "kvx-counted WHAT" (it counted: "counted", "released", or "nothing
+ * held" for a done without a token for a request never held), or the side channel's error
+ * reply "kvx-error REASON" (refused). WHAT and REASON are printable, shorter than
+ * DONE_REASON_SIZE. */
+#define DONE_ANSWER_COUNTED "kvx-counted"
+#define DONE_ANSWER_REFUSED "kvx-error"
+#define DONE_REASON_SIZE    256
+
 /* A notification on the wire: fixed size, little-endian like every kvx host. */
 struct notify {
     uint32_t magic;
@@ -42,6 +50,15 @@ struct notify notify_done(uint64_t request_id, uint32_t tp_rank, const kvx_token
  * KVX_MAX_TP; its request id, the sender's rank and the token it presents. */
 bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p,
                        kvx_token_t *token_p);
+
+/* The answer's text into `text`; returns its length, 0 when it does not fit or `what` is
+ * not printable or too long. */
+size_t done_answer_format(char *text, size_t size, bool counted, const char *what);
+
+/* True when `data` is an answer of either kind: *counted_p says which, `reason` receives
+ * WHAT or REASON, NUL-terminated. Anything else (malformed, unprintable) is false. */
+bool done_answer_parse(const void *data, size_t size, bool *counted_p,
+                       char reason[DONE_REASON_SIZE]);
 
 /* True when `data` is a list of at most HEARTBEAT_MAX_IDS entries; *count_p of them, read
  * with heartbeat_entry (the bytes need not be aligned). */

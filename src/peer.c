@@ -590,13 +590,14 @@ kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
     return status;
 }
 
-kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token)
+kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
+                            peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
 {
     struct notify note = notify_done(request_id, peer->core->tp_rank, token);
 
     if (peer_is_down(peer))
         return error_set(peer->down_status, "peer %s is down (%s)", peer->address, peer->down);
-    return sidechan_client_send(peer->link.client, VERB_DONE, 0, &note, sizeof(note));
+    return peer_request_send(peer, VERB_DONE, &note, sizeof(note), on_reply, arg, id_p);
 }
 
 void peers_forward_proof(struct core *core, const struct push_proof *proof)

@@ -63,6 +63,9 @@ kvx_status_t push_request_decode(const void *buf, size_t size, struct push_reque
     if (status == KVX_OK && msg->handle.len != PUSH_HANDLE_LEN)
         status = error_set(KVX_ERR_INVALID, "push request: a writer handle of %zu bytes (%d)",
                            msg->handle.len, PUSH_HANDLE_LEN);
+    if (status == KVX_OK && msg->token.len != 0 && msg->token.len != KVX_TOKEN_LEN)
+        status = error_set(KVX_ERR_INVALID, "push request: a hold token of %zu bytes (0 or %d)",
+                           msg->token.len, KVX_TOKEN_LEN);
     if (status == KVX_OK) {
         req->request_id = msg->request_id;
         req->num_groups = msg->n_local;
@@ -73,6 +76,9 @@ kvx_status_t push_request_decode(const void *buf, size_t size, struct push_reque
     }
     if (status == KVX_OK) {
         memcpy(req->handle, msg->handle.data, PUSH_HANDLE_LEN);
+        req->has_token = msg->token.len == KVX_TOKEN_LEN;
+        if (req->has_token)
+            memcpy(req->token.bytes, msg->token.data, KVX_TOKEN_LEN);
         status = groups_copy(msg->local, msg->n_local, req->groups, &total);
     }
     if (status == KVX_OK && req->has_remote)
@@ -113,6 +119,8 @@ kvx_status_t push_request_encode(uint64_t request_id, const uint8_t handle[PUSH_
     }
     msg.request_id = request_id;
     msg.handle     = (ProtobufCBinaryData){PUSH_HANDLE_LEN, (uint8_t *)handle};
+    if (request->token != NULL)
+        msg.token = (ProtobufCBinaryData){KVX_TOKEN_LEN, (uint8_t *)request->token->bytes};
     msg.n_local    = n;
     msg.local      = local;
     msg.n_remote   = nr;

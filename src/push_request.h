@@ -24,16 +24,20 @@ struct push_proof {
 struct push_proof push_proof_make(uint64_t instance, const uint8_t nonce[PUSH_NONCE_LEN]);
 bool push_proof_parse(const void *data, size_t size, struct push_proof *proof);
 
-/* A decoded push request: the writer handle and block ids, all owned. groups holds
- * num_groups local groups, then, when has_remote, num_groups remote ones. */
+/* A decoded push request: the writer handle, the hold token when it carries one, and block
+ * ids, all owned. groups holds num_groups local groups, then, when has_remote, num_groups
+ * remote ones. */
 struct push_request {
     uint64_t request_id;
     uint8_t handle[PUSH_HANDLE_LEN];
+    bool has_token;
+    kvx_token_t token;
     kvx_group_ids_t *groups;
     size_t num_groups;
     bool has_remote;
 };
 
+/* Encodes request->token too, when it is set. */
 kvx_status_t push_request_encode(uint64_t request_id, const uint8_t handle[PUSH_HANDLE_LEN],
                                  const kvx_request_t *request, void **buf_p, size_t *size_p);
 

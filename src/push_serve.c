@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "conn.h"
 #include "error.h"
+#include "hold.h"
 #include "push_request.h"
 #include "regions.h"
 #include "wire.h"
@@ -43,10 +44,13 @@ struct push_writer {
 enum push_step { PUSH_PUT, PUSH_FLUSH };
 
 struct push_job {
+    struct early_entry early; /* while it waits for its hold (a token, not held yet) */
     struct push_server *server;
     struct push_writer *writer;
     struct sidechan_origin origin;
     uint64_t request_id;
+    struct push_request req; /* its ids, kept while it waits for its hold */
+    bool is_done;            /* it carries a token: it counts as the registrant rank's done */
     enum push_step step;
     struct transport_op *op;
     struct loop_timer deadline;
@@ -72,6 +76,7 @@ struct push_server {
 };
 
 static void job_deadline(struct loop_timer *timer);
+static void job_held(struct early_entry *entry);
 static void proof_deadline(struct loop_timer *timer);
 
 kvx_status_t push_server_create(struct core *core, struct sidechan_server *side, const char *tls,
@@ -124,6 +129,8 @@ static void job_free(struct push_job *job)
 {
     struct push_server *s = job->server;
 
+    early_unpark(&s->core->early, &job->early);
+    push_request_free(&job->req);
     loop_timer_stop(&s->core->loop, &job->deadline);
     transport_op_release(job->op);
     if (job->ready) { /* rare: failed with its step done; take it out of the ready list */
@@ -404,10 +411,11 @@ static kvx_status_t job_op_new(struct push_job *job)
     return transport_op_create(job->writer->conn->transport, job_step_done, job, &job->op);
 }
 
-/* Posts this rank's share of `req` as puts, from the decode side's plan: its "local" side is
- * our destination. */
-static kvx_status_t job_put(struct push_job *job, const struct push_request *req)
+/* Posts this rank's share of the job's request as puts, from the decode side's plan: its
+ * "local" side is our destination. */
+static kvx_status_t job_put(struct push_job *job)
 {
+    const struct push_request *req   = &job->req;
     struct push_server *s            = job->server;
     struct conn *conn                = job->writer->conn;
     kvx_request_t request            = {req->groups, req->num_groups,
@@ -459,6 +467,92 @@ static void push_eager(struct push_server *server, struct push_writer *w)
     }
 }
 
+/* Posts a job's puts and takes a few progress rounds of its writer; a failure fails the job
+ * and closes its writer. */
+static void job_start(struct push_job *job)
+{
+    kvx_status_t status = job_put(job);
+
+    if (status != KVX_OK) {
+        job_fail(job);
+        return;
+    }
+    transport_op_arm(job->op);
+    push_eager(job->server, job->writer);
+}
+
+/* A refusal that is no fault of the writer (kvx_errmsg() says why): answered, and only the
+ * job goes. */
+static void job_refuse(struct push_job *job)
+{
+    reply_error(job->server, &job->origin);
+    job_free(job);
+}
+
+/* The registrant's TP rank, as its checked push metadata says: the rank a push counts for. */
+static uint32_t job_rank(const struct push_job *job)
+{
+    return job->writer->conn->tp_rank;
+}
+
+/* Whether a job may write now. A push with a token is its rank's done: the hold must be
+ * alive, with that token, and the rank must not have reported yet; a request not held yet
+ * parks the job until its hold (job_held) or its deadline. False when the job was refused
+ * (and freed) or parked. */
+static bool job_hold_ready(struct push_job *job)
+{
+    struct hold_table *holds = job->server->core->holds;
+    enum hold_done done;
+
+    if (!job->is_done)
+        return true;
+    if (hold_table_state(holds, job->request_id) == HOLD_NONE) {
+        if (early_park(&job->server->core->early, &job->early))
+            return false;
+        error_set(KVX_ERR_BUSY, "push %" PRIu64 ": too many early dones: %d wait for their hold",
+                  job->request_id, EARLY_MAX);
+        job_refuse(job);
+        return false;
+    }
+    done = hold_table_check(holds, job->request_id, job_rank(job), &job->req.token);
+    if (done == HOLD_DONE_COUNTED || done == HOLD_DONE_RELEASED)
+        return true;
+    error_set(KVX_ERR_PEER_REFUSED, "push %" PRIu64 ": %s", job->request_id,
+              hold_done_reason(done));
+    job_refuse(job);
+    return false;
+}
+
+/* Its hold was made (kvx_hold): checked as if the push had just arrived, then written. */
+static void job_held(struct early_entry *entry)
+{
+    struct push_job *job = (struct push_job *)entry;
+
+    if (job_hold_ready(job))
+        job_start(job);
+}
+
+/* The writes are at the target: a push that is a done counts now, and the answer says
+ * whether it counted. The hold may have ended while we wrote (its lease): then the blocks
+ * may have changed under the puts, and the push is refused. */
+static void job_answer(struct push_job *job)
+{
+    struct push_server *s = job->server;
+    enum hold_done done;
+
+    if (job->is_done) {
+        done = hold_table_done(s->core->holds, job->request_id, job_rank(job), &job->req.token);
+        if (done != HOLD_DONE_COUNTED && done != HOLD_DONE_RELEASED) {
+            error_set(KVX_ERR_PEER_REFUSED, "push %" PRIu64 ": written, but %s", job->request_id,
+                      hold_done_reason(done));
+            job_refuse(job);
+            return;
+        }
+    }
+    reply_text(s, &job->origin, REPLY_PUSHED);
+    job_free(job);
+}
+
 void push_serve(void *server, const struct sidechan_request *request)
 {
     struct push_server *s = server;
@@ -501,7 +595,10 @@ void push_serve(void *server, const struct sidechan_request *request)
     job->writer     = writer;
     job->origin     = request->origin;
     job->request_id = req.request_id;
+    job->req        = req; /* the job's now */
+    job->is_done    = req.has_token && hold_token_given(&req.token);
     job->step       = PUSH_PUT;
+    job->early      = (struct early_entry){.request_id = req.request_id, .held = job_held};
     loop_timer_init(&job->deadline, job_deadline);
     job->next = s->jobs;
     if (s->jobs != NULL)
@@ -509,28 +606,23 @@ void push_serve(void *server, const struct sidechan_request *request)
     s->jobs = job;
     s->num_jobs++;
     writer->jobs++;
-    status = job_put(job, &req);
-    push_request_free(&req);
-    if (status == KVX_OK)
-        status = loop_timer_start(&core->loop, &job->deadline, clock_ms() + core->timeout_ms);
+    status = loop_timer_start(&core->loop, &job->deadline, clock_ms() + core->timeout_ms);
     if (status != KVX_OK) {
         job_fail(job);
         return;
     }
-    transport_op_arm(job->op);
-    push_eager(s, writer);
+    if (job_hold_ready(job))
+        job_start(job);
 }
 
 /* The next step of a job whose step completed: flush after the puts; after the flush the data
  * is at the target, and the answer says so. */
 static void job_advance(struct push_job *job)
 {
-    struct push_server *s = job->server;
-    kvx_status_t status   = transport_op_status(job->op, job->step == PUSH_PUT ? "put" : "flush");
+    kvx_status_t status = transport_op_status(job->op, job->step == PUSH_PUT ? "put" : "flush");
 
     if (status == KVX_OK && job->step == PUSH_FLUSH) {
-        reply_text(s, &job->origin, REPLY_PUSHED);
-        job_free(job);
+        job_answer(job);
         return;
     }
     if (status == KVX_OK)
@@ -552,6 +644,15 @@ static void job_advance(struct push_job *job)
 static void job_deadline(struct loop_timer *timer)
 {
     struct push_job *job = (struct push_job *)((char *)timer - offsetof(struct push_job, deadline));
+
+    if (job->early.parked) { /* never held: nothing was written, its writer is fine */
+        hold_table_done(job->server->core->holds, job->request_id, job_rank(job),
+                        &job->req.token); /* counted unknown, as a done would be */
+        error_set(KVX_ERR_PEER_REFUSED, "push %" PRIu64 ": no such request: not held within %" PRIu32 " ms",
+                  job->request_id, job->server->core->timeout_ms);
+        job_refuse(job);
+        return;
+    }
 
     error_set(KVX_ERR_PEER_TIMEOUT,
               "push %" PRIu64 ": not written within %" PRIu32 " ms; the writer is closed",

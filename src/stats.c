@@ -176,6 +176,12 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
     counter(&t, l, "verify_refused_total",
             "Checksum requests refused: malformed, or a range outside the storages.",
             s->verify_refused);
+    counter(&t, l, "dones_refused_total",
+            "Dones a prefill rank refused: wrong token, hold ended, repeated, no such request.",
+            s->dones_refused);
+    counter(&t, l, "dones_early_total",
+            "Dones and pushes that came before their hold and waited for it (prefill side).",
+            s->dones_early);
     text_printf(&t,
                 "# HELP kvx_ops_orphaned Operation records closed connections are still owed.\n"
                 "# TYPE kvx_ops_orphaned gauge\nkvx_ops_orphaned{%s} %" PRIu64 "\n"

@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "conn.h"
 #include "error.h"
+#include "notify.h"
 #include "peer.h"
 #include "push_request.h"
 #include "regions.h"
@@ -29,7 +30,7 @@ struct xfer_leg {
     struct kvx_xfer *xfer;
     kvx_peer_t *peer;
     struct transport_op *op; /* pull: its gets */
-    uint64_t reply_id;       /* push: the request awaiting its answer; 0: none */
+    uint64_t reply_id;       /* the push or done awaiting its answer; 0: none */
 };
 
 struct kvx_xfer {
@@ -40,7 +41,8 @@ struct kvx_xfer {
     size_t num_legs;
     size_t num_reads;
     size_t legs_capacity;
-    size_t ops_left;   /* operations (pull) or answers (push) the transfer waits for */
+    size_t ops_left;   /* operations or answers (to the dones, to a push) it waits for */
+    bool answering;    /* a pull whose dones were sent: ops_left counts their answers */
     kvx_token_t token; /* the prefill side's hold token, sent with the dones */
     bool has_token;
     struct loop_timer deadline;
@@ -88,6 +90,8 @@ struct xfer_set {
 
 static void xfer_deadline_fire(struct loop_timer *timer);
 static void xfer_completion_run(struct loop_event *event);
+__attribute__((format(printf, 3, 4))) static void xfer_end(kvx_xfer_t *x, kvx_status_t status,
+                                                           const char *format, ...);
 
 kvx_status_t xfer_set_create(struct core *core, struct xfer_set **set_p)
 {
@@ -406,6 +410,11 @@ static void xfer_deadline_fire(struct loop_timer *timer)
                   "write %" PRIu64 ": %zu of %zu prefill ranks did not answer within %" PRIu32
                   " ms",
                   x->request_id, x->ops_left, x->num_reads, x->set->core->timeout_ms);
+    else if (x->answering) /* every get completed: nothing of the peers' to stop */
+        xfer_end(x, KVX_ERR_PEER_TIMEOUT,
+                 "read %" PRIu64 ": %zu of %zu prefill ranks did not answer its done within %" PRIu32
+                 " ms: the hold is not known to have been alive for it",
+                 x->request_id, x->ops_left, x->num_legs, ms);
     else
         xfer_fail(x, KVX_ERR_PEER_TIMEOUT,
                   "read %" PRIu64 ": %zu of %zu operations still pending at the %" PRIu32
@@ -736,11 +745,7 @@ static void xfer_settle(kvx_xfer_t *x)
         pull_notify(x);
 }
 
-/* Every get completed: the data is here, so each rank read from or only notified gets its
- * `done` (on the side channel, which carries it only to that peer), and the transfer is
- * complete. A done that cannot be queued (a peer gone, or one that reads its side channel
- * slower than we finish reads: PEER_SEND_HWM are waiting) fails nothing: the bytes arrived,
- * and the peer's hold ends at its lease instead; notifications_failed counts it. */
+/* Every get completed: the data is here (verified, if asked). */
 static void pull_complete(kvx_xfer_t *x)
 {
     kvx_status_t status = KVX_OK;
@@ -756,15 +761,62 @@ static void pull_complete(kvx_xfer_t *x)
     xfer_settle(x);
 }
 
-/* A pull whose data is here (and verified, if asked): the dones, then completion. */
+/* A prefill rank's answer to our done: counted (the hold was alive for us, or there was
+ * none and we gave no token), or refused, which fails the read: the bytes we have may be
+ * another request's (the blocks were released and perhaps reused), or not ours to take. */
+static void done_reply(void *arg, const char *reply, size_t size)
+{
+    struct xfer_leg *leg = arg;
+    kvx_xfer_t *x        = leg->xfer;
+    char reason[DONE_REASON_SIZE];
+    bool counted = false;
+
+    leg->reply_id = 0;
+    if (!done_answer_parse(reply, size, &counted, reason)) {
+        xfer_end(x, KVX_ERR_IO, "read %" PRIu64 ": remote rank %" PRIu32
+                 ": a malformed answer to its done (%zu bytes)",
+                 x->request_id, peer_rank(leg->peer), size);
+        return;
+    }
+    if (!counted) {
+        x->set->core->stats.dones_refused++;
+        xfer_end(x, KVX_ERR_PEER_REFUSED, "read %" PRIu64 ": remote rank %" PRIu32 ": %s",
+                 x->request_id, peer_rank(leg->peer), reason);
+        return;
+    }
+    if (--x->ops_left == 0)
+        xfer_finish(x, KVX_OK);
+}
+
+/* A pull whose data is here (and verified, if asked): each rank read from or only notified
+ * gets its `done` as a request on the side channel, and the transfer completes once every
+ * one answered that it counted, within the transfer's deadline. A done that cannot be
+ * queued (a peer gone, or PEER_SEND_HWM waiting for one that reads its side channel slower
+ * than we finish reads) fails the read: without the answer nothing says the bytes were
+ * held for us. notifications_failed counts it. */
 static void pull_notify(kvx_xfer_t *x)
 {
+    const kvx_token_t *token = x->has_token ? &x->token : NULL;
+
+    x->answering = true;
+    x->ops_left  = x->num_legs;
     for (size_t i = 0; i < x->num_legs; i++) {
-        if (peer_send_done(x->legs[i].peer, x->request_id, x->has_token ? &x->token : NULL) !=
-            KVX_OK)
+        struct xfer_leg *leg = &x->legs[i];
+        kvx_status_t status =
+            peer_send_done(leg->peer, x->request_id, token, done_reply, leg, &leg->reply_id);
+
+        if (status != KVX_OK) {
+            char what[300];
+
+            snprintf(what, sizeof(what), "%s", kvx_errmsg());
             x->set->core->stats.notifications_failed++;
+            xfer_end(x, status, "read %" PRIu64 ": remote rank %" PRIu32 ": its done: %s",
+                     x->request_id, peer_rank(leg->peer), what);
+            return;
+        }
     }
-    xfer_finish(x, KVX_OK);
+    if (x->ops_left == 0)
+        xfer_finish(x, KVX_OK);
 }
 
 size_t xfers_advance(struct xfer_set *set)

@@ -142,7 +142,8 @@ static int run_two_consumer_prefill(int ready, int go)
 }
 
 /* Issue 10 finding 3: decode ranks 0 and 1 (TP 2) both read request 7; rank 0 reads it three
- * times (a retry, a repeat), and the prefill side still holds the blocks until rank 1's done. */
+ * times (a retry, a repeat), and the prefill side still holds the blocks until rank 1's done.
+ * Issue 21: the repeated dones are refused, so rank 0's second and third reads fail. */
 static void repeated_done_never_releases_another_ranks_blocks(void **state)
 {
     char listen[ADDRESS_SIZE];
@@ -169,7 +170,11 @@ static void repeated_done_never_releases_another_ranks_blocks(void **state)
         assert_int_equal(kvx_agent_connect(agents[r], listen, &peers[r]), KVX_OK);
     }
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(kvx_read(agents[0], &peers[0], 1, 7, &request, NULL), KVX_OK);
+        /* issue 21: the repeats are answered, refused, and fail their reads */
+        assert_int_equal(kvx_read(agents[0], &peers[0], 1, 7, &request, NULL),
+                         i == 0 ? KVX_OK : KVX_ERR_PEER_REFUSED);
+        if (i > 0)
+            assert_non_null(strstr(kvx_errmsg(), "read 7: remote rank 0: repeated done"));
         assert_true(bytes_match(agents[0], 5 * PAGE, 0, 5 * PAGE, PAGE));
     }
     assert_int_equal(read(ready, &said, 1), 1);

@@ -418,7 +418,7 @@ static void forged_pushes_are_refused_and_change_no_byte(void **state)
 }
 
 /* Attack 4: a done and a heartbeat with a wrong token change no hold; the real token's done
- * releases it. */
+ * releases it. Issue 21: the reads whose dones were refused fail, saying why. */
 static void a_wrong_token_releases_nothing(void **state)
 {
     struct prefill p;
@@ -435,8 +435,10 @@ static void a_wrong_token_releases_nothing(void **state)
     agent = decode_agent(NULL);
     assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
     assert_int_equal(kvx_heartbeat(agent, &peer, 1, &id, &wrong, 1), KVX_OK);
-    assert_int_equal(read_block5(agent, peer, &wrong), KVX_OK); /* its done is forged */
-    assert_int_equal(read_block5(agent, peer, NULL), KVX_OK);   /* no token at all */
+    assert_int_equal(read_block5(agent, peer, &wrong), KVX_ERR_PEER_REFUSED); /* forged */
+    assert_non_null(strstr(kvx_errmsg(), "remote rank 0: wrong token"));
+    assert_int_equal(read_block5(agent, peer, NULL), KVX_ERR_PEER_REFUSED); /* no token at all */
+    assert_non_null(strstr(kvx_errmsg(), "remote rank 0: wrong token"));
     do
         r = prefill_report(&p);
     while (r.stats.tokens_refused < 3);
