@@ -67,9 +67,10 @@ class Prefill:
         return report
 
 
-def repeat(mode, layout_path, repetitions=REPETITIONS):
+def repeat(mode, layout_path, repetitions=REPETITIONS, quiet=False):
     """Runs threads_decode.py MODE `repetitions` times, each in a fresh process with request
-    ids of its own, against one prefill process; every run must exit 0."""
+    ids of its own, against one prefill process; every run must exit 0 (and, if `quiet`,
+    write nothing on stderr)."""
     prefill = Prefill(layout_path,
                       [(1, repetitions * IDS_PER_REPETITION, {0: list(range(16))})])
     try:
@@ -77,9 +78,10 @@ def repeat(mode, layout_path, repetitions=REPETITIONS):
             run = subprocess.run(
                 [sys.executable, str(HERE / "threads_decode.py"), mode, str(layout_path),
                  prefill.address, prefill.token.hex(), str(1 + rep * IDS_PER_REPETITION)],
-                capture_output=True, text=True, env=ENV, timeout=300)
+                capture_output=True, text=True, env=ENV, timeout=120)
             assert run.returncode == 0, "repetition %d of %d exited %d:\n%s" % (
                 rep + 1, repetitions, run.returncode, run.stderr[-4000:])
+            assert not (quiet and run.stderr), run.stderr[-4000:]
     finally:
         report = prefill.finish()
     return report
@@ -96,6 +98,10 @@ def test_close_while_threads_are_in_progress_and_wait(layout_path):
 
 def test_storage_views_outlive_close(layout_path):
     repeat("views", layout_path, repetitions=1)
+
+
+def test_an_agent_dropped_with_a_transfer_in_flight_is_destroyed(layout_path):
+    repeat("drop", layout_path, quiet=True)
 
 
 def test_released_names_the_holds_the_decode_side_finished(layout_path):

@@ -6,7 +6,10 @@ status, not the end of pytest. usage: threads_decode.py MODE LAYOUT ADDRESS TOKE
   closes the agent: both raise InvalidError("the agent is closed"), and so does every later
   call on the agent, its peer and transfers.
 - views: storage() views used after close(), kvx's memory and the engine's, then released.
+- drop: an agent dropped, never closed, right after its transfer in flight was: destroyed
+  once the cancelled transfer settled (stderr stays silent), not left allocated.
 Exit status 0: passed; otherwise a traceback (or the signal that killed it)."""
+import gc
 import sys
 import threading
 import time
@@ -159,8 +162,17 @@ def views_after_close(layout, address, token, first):
     view.release()
 
 
+def dropped_with_a_transfer_in_flight(layout, address, token, first):
+    memory = np.zeros(layout.storage_sizes()[0], dtype=np.uint8)
+    agent = kvx.Agent(layout, {"kv": memory})
+    peer = agent.connect(address)
+    transfer = peer.read_async({0: list(range(16))}, request_id=first, token=token)
+    del transfer, peer, agent  # cancelled, then the peer and the agent go: nothing settled yet
+    gc.collect()
+
+
 MODES = {"progress": two_threads_progress, "close": close_during_progress_and_wait,
-         "views": views_after_close}
+         "views": views_after_close, "drop": dropped_with_a_transfer_in_flight}
 
 
 def main():
