@@ -916,42 +916,54 @@ static struct auth_keys test_keys(void)
 }
 
 /* Sends `size` bytes of `note` to the peer's side channel as a done, the way a decode agent's
- * done travels, without a read; a heartbeat's answer after it on the same connection says it
- * was served (one connection is served in order). */
-static void notify_send(kvx_agent_t *agent, kvx_peer_t *peer, const void *note, size_t size)
+ * done travels, without a read, and returns P's answer to it in `answer` (issue 21: every
+ * done is answered); a heartbeat's answer after it on the same connection says it was
+ * served (one connection is served in order). */
+static void notify_send(kvx_agent_t *agent, kvx_peer_t *peer, const void *note, size_t size,
+                        char answer[DONE_REASON_SIZE + 32])
 {
     struct auth_keys keys = test_keys();
     void *zmq             = zmq_ctx_new();
     struct sidechan_client *client;
-    uint64_t id;
+    uint64_t id = 0;
     char *reply = NULL;
     size_t reply_size;
 
     (void)agent;
+    answer[0] = '\0';
     assert_int_equal(sidechan_client_create(zmq, peer_address(peer), &keys, 8, &client), KVX_OK);
-    assert_int_equal(sidechan_client_send(client, VERB_DONE, 0, note, size), KVX_OK);
+    assert_int_equal(sidechan_client_send(client, VERB_DONE, 2, note, size), KVX_OK);
     assert_int_equal(sidechan_client_send(client, VERB_HEARTBEAT, 1, NULL, 0), KVX_OK);
-    assert_true(sidechan_client_wait(client, 5000));
-    assert_true(sidechan_client_recv(client, &id, &reply, &reply_size));
-    assert_int_equal(id, 1);
-    free(reply);
+    while (id != 1) {
+        assert_true(sidechan_client_wait(client, 5000));
+        assert_true(sidechan_client_recv(client, &id, &reply, &reply_size));
+        if (id == 2)
+            snprintf(answer, DONE_REASON_SIZE + 32, "%s", reply);
+        free(reply);
+    }
     sidechan_client_destroy(client);
     zmq_ctx_term(zmq);
 }
 
-static void done_send(kvx_agent_t *agent, kvx_peer_t *peer, uint64_t request_id)
+/* A done of `request_id` from rank 0 with its held token (none if not held); P's answer in
+ * `answer`. */
+static void done_send(kvx_agent_t *agent, kvx_peer_t *peer, uint64_t request_id,
+                      char answer[DONE_REASON_SIZE + 32])
 {
     struct notify note = notify_done(request_id, 0, token_of(request_id));
 
-    notify_send(agent, peer, &note, sizeof(note));
+    notify_send(agent, peer, &note, sizeof(note), answer);
 }
 
 /* Issue 6: a done for a request P never held, and a done repeated after the release, are
- * counted as unknown and change nothing; P keeps serving and the real done releases. */
+ * counted as unknown and change nothing; P keeps serving and the real done releases.
+ * Issue 21: each is answered: a done without a token for a request never held has nothing
+ * to count ("nothing held"), and one after the release is refused by name. */
 static void unknown_and_repeated_dones_are_counted_and_ignored(void **state)
 {
     uint64_t block7 = 7;
     uint64_t block8 = 8;
+    char answer[DONE_REASON_SIZE + 32];
     struct prefill p;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
@@ -961,9 +973,12 @@ static void unknown_and_repeated_dones_are_counted_and_ignored(void **state)
     peer = prefill_connect((struct prefill_config){.hold = {7, 8}}, &p, (kvx_agent_params_t){0},
                            &agent);
 
-    done_send(agent, peer, 99); /* never held */
+    done_send(agent, peer, 99, answer); /* never held, no token */
+    assert_string_equal(answer, "kvx-counted nothing held");
     read_verified(agent, peer, 8, &block8, 1);
-    done_send(agent, peer, 8); /* repeated */
+    done_send(agent, peer, 8, answer); /* repeated */
+    assert_string_equal(answer,
+                        "kvx-error hold released already: the blocks may have been reused");
     stats = prefill_stats_reach(&p, 0, 2, 1);
     assert_int_equal(stats.done_unknown, 2);
     assert_int_equal(stats.released, 1);
@@ -1017,8 +1032,8 @@ static const struct bad_notify_case {
     {"extra_bytes", sizeof(struct notify) + 1, NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE},
 };
 
-/* Issue 6: malformed notifications over UCX are counted as dropped and ignored; P keeps
- * serving and the real done releases. */
+/* Issue 6: malformed notifications are counted as dropped, answered as malformed (issue
+ * 21) and change nothing; P keeps serving and the real done releases. */
 static void malformed_notifications_are_dropped_and_serving_goes_on(void **state)
 {
     const size_t num_cases = sizeof(bad_notify_cases) / sizeof(bad_notify_cases[0]);
@@ -1039,8 +1054,12 @@ static void malformed_notifications_are_dropped_and_serving_goes_on(void **state
         note.magic   = c->magic;
         note.version = c->version;
         note.kind    = c->kind;
+        char answer[DONE_REASON_SIZE + 32];
+
         memcpy(bytes, &note, sizeof(note));
-        notify_send(agent, peer, bytes, c->size);
+        notify_send(agent, peer, bytes, c->size, answer);
+        if (strncmp(answer, "kvx-error malformed done", 24) != 0)
+            fail_msg("%s: answered \"%s\"", c->rule, answer);
         stats = prefill_stats_reach(&p, i + 1, 0, 0);
         if (stats.notifications_dropped != i + 1 || stats.held != 1 || stats.done_unknown != 0)
             fail_msg("%s: dropped %llu, held %llu, unknown %llu", c->rule,
@@ -1533,38 +1552,48 @@ static void soak_releases_or_expires_every_hold(void **state)
     assert_int_equal(d_stats.peers_dead, 0);
 }
 
-/* Issue 13: a read whose done cannot be queued still succeeds, and is counted. The prefill
- * process is stopped, so it reads no side channel and the dones pile up until PEER_SEND_HWM
- * wait; its storage is kvx-allocated, mapped here and copied, so the reads need nothing of
- * it. Before, the read failed ("notifying peer ...: Resource temporarily unavailable"), which
- * a fast decode process met with a prefill process that was merely slower. */
-static void reads_succeed_when_their_done_cannot_be_queued(void **state)
+/* Issue 21 (which undoes issue 13's rule that a read whose done could not be queued still
+ * succeeds): a read completes only once its done is answered, so one whose prefill process
+ * is stopped fails at its deadline (moved to by the clock) with every block id, naming the
+ * missing answer; the peer is not taken down (its gets had completed), and once P continues
+ * it serves the next read and the late answer changes nothing. P's storage is kvx-allocated,
+ * mapped here and copied, so the gets need nothing of it. */
+static void a_read_whose_done_is_not_answered_fails_at_its_deadline(void **state)
 {
     kvx_agent_params_t params = {.field_mask   = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
                                  .heartbeat_ms = 600000}; /* P stays alive to us meanwhile */
     uint64_t ids[]            = {2, 7};
-    kvx_agent_stats_t stats   = {0};
+    kvx_group_ids_t group     = {ids, 2};
+    kvx_request_t request     = {&group, 1, NULL, 0, NULL};
+    struct callback_log log   = {0};
+    kvx_agent_stats_t stats;
     struct prefill p;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
-    uint64_t request_id = 1;
+    kvx_xfer_t *xfer;
 
     (void)state;
     peer = prefill_connect((struct prefill_config){.kvx_storage = true}, &p, params, &agent);
-    read_verified(agent, peer, request_id, ids, 2);
+    read_verified(agent, peer, 1, ids, 2);
     prefill_stop(&p);
-    /* the dones fill the socket buffers first, then ZeroMQ's queue */
-    while (stats.notifications_failed == 0 && request_id < 1000000) {
-        read_verified(agent, peer, ++request_id, ids, 2);
-        kvx_agent_stats(agent, &stats, sizeof(stats));
-    }
-    print_message("reads before a done could not be queued: %llu\n",
-                  (unsigned long long)request_id);
-    assert_true(stats.notifications_failed > 0);
-    assert_int_equal(stats.transfers_failed, 0);
-    assert_int_equal(stats.transfers, request_id);
+    blocks_clear(agent, ids, 2);
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 2, &request, on_xfer, &log, &xfer), KVX_OK);
+    progress_for(agent, 100);
+    assert_int_equal(kvx_xfer_status(xfer), KVX_INPROGRESS); /* the bytes came, the answer not */
+    blocks_verify(agent, ids, 2);
+    clock_advance_ms(10000); /* the agent's default timeout */
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_TIMEOUT);
+    assert_non_null(strstr(kvx_xfer_error(xfer), "did not answer its done"));
+    assert_int_equal(log.calls, 1);
+    failed_blocks_are(xfer, ids, 2);
+    assert_null(kvx_peer_down_reason(peer));
+    kvx_xfer_destroy(xfer);
     prefill_continue(&p);
-    read_verified(agent, peer, ++request_id, ids, 2);
+    read_verified(agent, peer, 3, ids, 2);
+    kvx_agent_stats(agent, &stats, sizeof(stats));
+    assert_int_equal(stats.transfers, 2);
+    assert_int_equal(stats.transfers_failed, 1);
+    assert_int_equal(stats.notifications_failed, 0);
     peer_destroy(peer);
     agent_destroy(agent);
     prefill_kill(&p);
@@ -1591,7 +1620,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(stuck_push_never_blocks_other_decode_processes, leftovers_clean),
         cmocka_unit_test_teardown(push_beyond_capacity_is_refused_before_any_put, leftovers_clean),
         cmocka_unit_test_teardown(soak_releases_or_expires_every_hold, leftovers_clean),
-        cmocka_unit_test_teardown(reads_succeed_when_their_done_cannot_be_queued, leftovers_clean),
+        cmocka_unit_test_teardown(a_read_whose_done_is_not_answered_fails_at_its_deadline,
+                                  leftovers_clean),
     };
 
     if (argc > 1)

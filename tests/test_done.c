@@ -1,0 +1,532 @@
+/* test_done.c: issue 21, "never another prompt's tokens", between real processes on
+ * loopback: a transfer succeeds only when the prefill side's hold was alive for it. A done
+ * with a wrong token, a reference read twice, a stale one (lease expired) and a done past the
+ * parking deadline fail their reads with KVX_ERR_PEER_REFUSED and change no hold; a done that
+ * comes before its hold waits for it; a push with the token is its rank's done, and one with a
+ * wrong token writes nothing. The prefill process takes commands, among them moving its clock,
+ * so no wall-clock window decides anything. */
+#include "clock.h"
+#include "prefill.h"
+#include "xfer_log.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#define PAGE 4096
+/* Ten minutes, on both sides: only the test's clock moves a lease, a parked done's wait or a
+ * deadline, never the seconds a loaded machine takes. */
+#define LEASE_MS   600000
+#define TIMEOUT_MS 600000
+
+static const char mla_layout[] =
+    "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 65536}], 'views': ["
+    "{'name': 'layers.0.mla', 'kind': 'mla', 'storage': 'kv', 'page': 4096, 'stride': 4096,"
+    " 'num_blocks': 16}]}";
+
+/* Word i of the prefill side's storage. */
+static uint64_t pattern_word(uint64_t index)
+{
+    return (index + 1) * 0x9e3779b97f4a7c15u;
+}
+
+/* Block `id` of the decode side's storage holds the prefill side's block `id`. */
+static bool block_matches(const kvx_agent_t *agent, uint64_t id)
+{
+    const uint64_t *words = kvx_agent_storage(agent, 0, NULL);
+
+    for (uint64_t i = id * PAGE / 8; i < (id + 1) * PAGE / 8; i++) {
+        if (words[i] != pattern_word(i))
+            return false;
+    }
+    return true;
+}
+
+static bool block_is_zero(const kvx_agent_t *agent, uint64_t id)
+{
+    const uint64_t *words = kvx_agent_storage(agent, 0, NULL);
+
+    for (uint64_t i = id * PAGE / 8; i < (id + 1) * PAGE / 8; i++) {
+        if (words[i] != 0)
+            return false;
+    }
+    return true;
+}
+
+static void block_clear(const kvx_agent_t *agent, uint64_t id)
+{
+    memset((char *)kvx_agent_storage(agent, 0, NULL) + id * PAGE, 0, PAGE);
+}
+
+/* What the prefill process answers each command with. */
+struct report {
+    kvx_agent_stats_t stats;
+    int releases;          /* release callbacks run */
+    uint64_t last_release; /* the request id of the last one */
+};
+
+/* A hold command: request `request_id`'s block `block` for `consumers` ranks, with `token`. */
+struct hold_command {
+    uint64_t request_id;
+    uint64_t block;
+    uint32_t consumers;
+    kvx_token_t token;
+};
+
+static void on_release(void *arg, uint64_t request_id, const kvx_group_ids_t *groups,
+                       size_t num_groups)
+{
+    struct report *report = arg;
+
+    (void)groups;
+    (void)num_groups;
+    report->releases++;
+    report->last_release = request_id;
+}
+
+/* Runs one command byte of `go`: 'H' and a struct hold_command holds; 'a' and 4 bytes of
+ * milliseconds moves this process's clock; 'e' and 4 bytes of a count serves until that many
+ * dones came early in all (or 10 s); 's' only reports. Returns false on 'q' or a broken pipe. */
+static bool prefill_command(kvx_agent_t *agent, int go, int ready, struct report *report)
+{
+    struct hold_command hold;
+    uint32_t amount = 0;
+    char command;
+
+    if (read(go, &command, 1) != 1 || command == 'q')
+        return false;
+    if (command == 'H') {
+        kvx_group_ids_t group = {&hold.block, 1};
+
+        if (read(go, &hold, sizeof(hold)) != sizeof(hold) ||
+            kvx_hold(agent, hold.request_id, &group, 1, hold.consumers, &hold.token) != KVX_OK)
+            return false;
+    } else if (command == 'a' || command == 'e') {
+        if (read(go, &amount, sizeof(amount)) != sizeof(amount))
+            return false;
+    }
+    if (command == 'a')
+        clock_advance_ms(amount);
+    for (uint64_t start = clock_ms(); command == 'e' && clock_ms() - start < 10000;) {
+        kvx_agent_stats(agent, &report->stats, sizeof(report->stats));
+        if (report->stats.dones_early >= amount)
+            break;
+        kvx_agent_progress(agent, 10);
+    }
+    for (int i = 0; i < 3; i++) /* timers fire, answers go, releases run */
+        kvx_agent_progress(agent, 0);
+    kvx_agent_stats(agent, &report->stats, sizeof(report->stats));
+    return write(ready, report, sizeof(*report)) == sizeof(*report);
+}
+
+/* The prefill process: its storage holds the pattern; serves and runs commands until 'q'. */
+static int run_prefill(int ready, int go)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
+                                               KVX_AGENT_PARAM_FIELD_LEASE_MS |
+                                               KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                 .listen     = "127.0.0.1:0",
+                                 .lease_ms   = LEASE_MS,
+                                 .timeout_ms = TIMEOUT_MS};
+    struct report report      = {0};
+    kvx_agent_t *agent;
+    uint64_t size;
+    uint64_t *words;
+
+    alarm(120);
+    if (agent_from_quoted(mla_layout, &params, &agent) != KVX_OK)
+        return 10;
+    words = kvx_agent_storage(agent, 0, &size);
+    for (uint64_t i = 0; i < size / 8; i++)
+        words[i] = pattern_word(i);
+    kvx_agent_set_release_callback(agent, on_release, &report);
+    report_serving(ready, agent);
+    for (;;) {
+        struct pollfd item = {.fd = go, .events = POLLIN};
+
+        kvx_agent_progress(agent, 10);
+        if (poll(&item, 1, 0) > 0 && !prefill_command(agent, go, ready, &report))
+            break;
+    }
+    kvx_agent_destroy(agent);
+    return 0;
+}
+
+/* One test's processes: the prefill child, and this process's decode agent and peer. */
+struct session {
+    pid_t pid;
+    int ready;
+    int go;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+};
+
+static int session_setup(void **state)
+{
+    struct session *s         = calloc(1, sizeof(*s));
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                 .timeout_ms = TIMEOUT_MS};
+    char listen[ADDRESS_SIZE];
+    int go[2];
+
+    assert_non_null(s);
+    assert_int_equal(pipe(go), 0);
+    s->pid = start_prefill(run_prefill, go[0], listen, &s->ready); /* before our agent */
+    close(go[0]);
+    s->go = go[1];
+    assert_int_equal(agent_from_quoted(mla_layout, &params, &s->agent), KVX_OK);
+    assert_int_equal(kvx_agent_connect(s->agent, listen, &s->peer), KVX_OK);
+    *state = s;
+    return 0;
+}
+
+static int session_teardown(void **state)
+{
+    struct session *s = *state;
+    int status;
+
+    kvx_peer_destroy(s->peer);
+    for (int i = 0; i < 3; i++)
+        kvx_agent_progress(s->agent, 0);
+    if (kvx_agent_destroy(s->agent) != KVX_OK) { /* the next fork would inherit UCX */
+        fprintf(stderr, "teardown: %s; stopping here\n", kvx_errmsg());
+        fflush(stdout);
+        kill(s->pid, SIGKILL);
+        _exit(1);
+    }
+    (void)!write(s->go, "q", 1);
+    waitpid(s->pid, &status, 0);
+    close(s->go);
+    close(s->ready);
+    free(s);
+    return 0;
+}
+
+/* Sends a command and returns the prefill process's report, progressing our agent while it
+ * runs (a done is sent by our progress once the gets completed). */
+static struct report command(struct session *s, char c, const void *arg, size_t size)
+{
+    struct pollfd item = {.fd = s->ready, .events = POLLIN};
+    struct report report;
+
+    assert_int_equal(write(s->go, &c, 1), 1);
+    if (size > 0)
+        assert_int_equal(write(s->go, arg, size), (ssize_t)size);
+    while (poll(&item, 1, 0) == 0)
+        kvx_agent_progress(s->agent, 5);
+    assert_int_equal(read(s->ready, &report, sizeof(report)), sizeof(report));
+    return report;
+}
+
+static struct report hold(struct session *s, uint64_t request_id, uint64_t block,
+                          const kvx_token_t *token)
+{
+    struct hold_command h = {request_id, block, 1, *token};
+
+    return command(s, 'H', &h, sizeof(h));
+}
+
+static struct report advance(struct session *s, uint32_t ms)
+{
+    return command(s, 'a', &ms, sizeof(ms));
+}
+
+/* Serves until `count` dones came early in all. */
+static struct report early_wait(struct session *s, uint32_t count)
+{
+    return command(s, 'e', &count, sizeof(count));
+}
+
+static kvx_token_t token_new(void)
+{
+    kvx_token_t token;
+
+    assert_int_equal(kvx_token_generate(&token), KVX_OK);
+    return token;
+}
+
+/* A pull or a push of request `request_id`, block `block` on both sides, presenting `token`
+ * (NULL: none); returns the status, its message in kvx_errmsg(). */
+static kvx_status_t transfer(struct session *s, bool push, uint64_t request_id, uint64_t block,
+                             const kvx_token_t *token)
+{
+    kvx_group_ids_t group = {&block, 1};
+    kvx_request_t request = {&group, 1, NULL, 0, token};
+
+    return (push ? kvx_write : kvx_read)(s->agent, &s->peer, 1, request_id, &request, NULL);
+}
+
+static kvx_xfer_t *read_post(struct session *s, uint64_t request_id, uint64_t *block,
+                             const kvx_token_t *token, struct callback_log *log)
+{
+    kvx_group_ids_t group = {block, 1};
+    kvx_request_t request = {&group, 1, NULL, 0, token};
+    kvx_xfer_t *xfer      = NULL;
+
+    assert_int_equal(kvx_read_post(s->agent, &s->peer, 1, request_id, &request, on_xfer, log, &xfer),
+                     KVX_OK);
+    return xfer;
+}
+
+static kvx_agent_stats_t decode_stats(const struct session *s)
+{
+    kvx_agent_stats_t stats;
+
+    kvx_agent_stats(s->agent, &stats, sizeof(stats));
+    return stats;
+}
+
+/* A read with a wrong token (or none) is refused, fails whole, and leaves the hold as it was
+ * until its lease; a read after the lease expired is refused as stale, and alters nothing. */
+static void a_wrong_token_is_refused_and_the_hold_stays_until_its_lease(void **state)
+{
+    struct session *s = *state;
+    kvx_token_t token = token_new();
+    kvx_token_t wrong = token;
+    uint64_t block    = 3;
+    const kvx_group_ids_t *failed;
+    size_t num_failed;
+    kvx_group_ids_t group = {&block, 1};
+    kvx_request_t request = {&group, 1, NULL, 0, &wrong};
+    struct report r;
+    kvx_xfer_t *xfer;
+
+    wrong.bytes[7] ^= 1;
+    hold(s, 1, block, &token);
+    assert_int_equal(kvx_read_post(s->agent, &s->peer, 1, 1, &request, NULL, NULL, &xfer), KVX_OK);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_REFUSED);
+    assert_string_equal(kvx_xfer_error(xfer),
+                        "read 1: remote rank 0: wrong token: the request is held with another");
+    kvx_xfer_failed_blocks(xfer, &failed, &num_failed);
+    assert_int_equal(num_failed, 1);
+    assert_int_equal(failed[0].count, 1);
+    assert_int_equal(failed[0].ids[0], block);
+    kvx_xfer_destroy(xfer);
+    assert_int_equal(transfer(s, false, 1, block, NULL), KVX_ERR_PEER_REFUSED); /* no token */
+    assert_non_null(strstr(kvx_errmsg(), "remote rank 0: wrong token"));
+    assert_int_equal(decode_stats(s).dones_refused, 2);
+    assert_null(kvx_peer_down_reason(s->peer)); /* a refusal is no transport failure */
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.tokens_refused, 2);
+    assert_int_equal(r.stats.held, 1);
+    assert_int_equal(r.releases, 0);
+
+    r = advance(s, LEASE_MS);
+    assert_int_equal(r.stats.leases_expired, 1);
+    assert_int_equal(r.releases, 1);
+    assert_int_equal(transfer(s, false, 1, block, &token), KVX_ERR_PEER_REFUSED);
+    assert_string_equal(kvx_errmsg(), "read 1: remote rank 0: hold's lease expired: the blocks "
+                                      "may have been reused");
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.releases, 1);
+    assert_int_equal(r.stats.released, 0);
+    assert_int_equal(r.stats.done_unknown, 1);
+    assert_int_equal(decode_stats(s).dones_refused, 3);
+}
+
+/* The same reference read twice: the first read releases the hold (one release callback),
+ * the second is refused, its blocks may belong to another prompt by now. */
+static void the_same_reference_read_twice_is_refused_the_second_time(void **state)
+{
+    struct session *s = *state;
+    kvx_token_t token = token_new();
+    struct report r;
+
+    hold(s, 2, 5, &token);
+    block_clear(s->agent, 5);
+    assert_int_equal(transfer(s, false, 2, 5, &token), KVX_OK);
+    assert_true(block_matches(s->agent, 5));
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.releases, 1);
+    assert_int_equal(r.last_release, 2);
+    assert_int_equal(transfer(s, false, 2, 5, &token), KVX_ERR_PEER_REFUSED);
+    assert_string_equal(kvx_errmsg(), "read 2: remote rank 0: hold released already: the blocks "
+                                      "may have been reused");
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.releases, 1);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(decode_stats(s).transfers, 1);
+    assert_int_equal(decode_stats(s).transfers_failed, 1);
+}
+
+/* A done that comes before its hold (a fast decode side in an engine) waits on the prefill
+ * side; the read completes once the hold is made, which the done then releases. One whose
+ * hold comes with another token is refused then. */
+static void a_done_before_its_hold_waits_for_it(void **state)
+{
+    struct session *s       = *state;
+    kvx_token_t token       = token_new();
+    kvx_token_t other       = token_new();
+    uint64_t block          = 6;
+    struct callback_log log = {0};
+    kvx_xfer_t *xfer;
+    struct report r;
+
+    block_clear(s->agent, block);
+    xfer = read_post(s, 3, &block, &token, &log);
+    r    = early_wait(s, 1);
+    assert_int_equal(r.stats.dones_early, 1);
+    assert_int_equal(r.stats.held, 0);
+    kvx_agent_progress(s->agent, 20);
+    assert_int_equal(kvx_xfer_status(xfer), KVX_INPROGRESS); /* the bytes came, the answer not */
+    r = hold(s, 3, block, &token);
+    assert_int_equal(r.stats.released, 1); /* applied at the hold: its only consumer */
+    assert_int_equal(r.releases, 1);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
+    assert_int_equal(log.calls, 1);
+    assert_true(block_matches(s->agent, block));
+    kvx_xfer_destroy(xfer);
+
+    xfer = read_post(s, 4, &block, &token, &log);
+    early_wait(s, 2);
+    r = hold(s, 4, block, &other);
+    assert_int_equal(r.stats.tokens_refused, 1);
+    assert_int_equal(r.stats.held, 1);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_REFUSED);
+    assert_non_null(strstr(kvx_xfer_error(xfer), "read 4: remote rank 0: wrong token"));
+    kvx_xfer_destroy(xfer);
+}
+
+/* A parked done whose hold does not come within the prefill side's timeout is answered "no
+ * such request"; one whose answer does not come within the decode side's deadline fails
+ * there, the peer still up. Both deadlines are moved to by the clocks. */
+static void parked_dones_end_at_their_deadlines(void **state)
+{
+    struct session *s       = *state;
+    kvx_token_t token       = token_new();
+    uint64_t block          = 8;
+    struct callback_log log = {0};
+    kvx_xfer_t *xfer;
+    struct report r;
+
+    xfer = read_post(s, 5, &block, &token, &log);
+    early_wait(s, 1);
+    r = advance(s, TIMEOUT_MS);
+    assert_int_equal(r.stats.done_unknown, 1);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_REFUSED);
+    assert_string_equal(kvx_xfer_error(xfer), "read 5: remote rank 0: no such request: not held "
+                                              "within 600000 ms");
+    kvx_xfer_destroy(xfer);
+
+    xfer = read_post(s, 6, &block, &token, &log);
+    early_wait(s, 2);
+    clock_advance_ms(TIMEOUT_MS); /* ours: the transfer's deadline */
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_TIMEOUT);
+    assert_non_null(strstr(kvx_xfer_error(xfer), "read 6: 1 of 1 prefill ranks did not answer"));
+    assert_null(kvx_peer_down_reason(s->peer));
+    kvx_xfer_destroy(xfer);
+    assert_int_equal(log.calls, 2);
+    block_clear(s->agent, 9);
+    assert_int_equal(transfer(s, false, 10, 9, NULL), KVX_OK); /* serves on: nothing held */
+    assert_true(block_matches(s->agent, 9));
+}
+
+/* A push with the request's token is its rank's done: the hold is released (one callback)
+ * after the writes; a second push of the same reference is refused. */
+static void a_push_with_its_token_releases_the_hold(void **state)
+{
+    struct session *s = *state;
+    kvx_token_t token = token_new();
+    struct report r;
+
+    hold(s, 7, 10, &token);
+    block_clear(s->agent, 10);
+    assert_int_equal(transfer(s, true, 7, 10, &token), KVX_OK);
+    assert_true(block_matches(s->agent, 10));
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.stats.held, 0);
+    assert_int_equal(r.releases, 1);
+    assert_int_equal(r.last_release, 7);
+    block_clear(s->agent, 10);
+    assert_int_equal(transfer(s, true, 7, 10, &token), KVX_ERR_PEER_REFUSED);
+    assert_non_null(strstr(kvx_errmsg(), "hold released already"));
+    assert_true(block_is_zero(s->agent, 10)); /* refused before any put */
+    assert_int_equal(command(s, 's', NULL, 0).releases, 1);
+}
+
+/* A push with a wrong token is refused before anything is written; the hold stays. A push
+ * without a token involves no hold. */
+static void a_push_with_a_wrong_token_writes_nothing(void **state)
+{
+    struct session *s = *state;
+    kvx_token_t token = token_new();
+    kvx_token_t wrong = token_new();
+    struct report r;
+
+    hold(s, 8, 11, &token);
+    block_clear(s->agent, 11);
+    assert_int_equal(transfer(s, true, 8, 11, &wrong), KVX_ERR_PEER_REFUSED);
+    assert_non_null(strstr(kvx_errmsg(), "by remote rank 0: push 8: wrong token"));
+    assert_true(block_is_zero(s->agent, 11));
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.tokens_refused, 1);
+    assert_int_equal(r.stats.held, 1);
+    assert_int_equal(r.releases, 0);
+    assert_int_equal(transfer(s, true, 8, 11, NULL), KVX_OK); /* no token: no hold involved */
+    assert_true(block_matches(s->agent, 11));
+    assert_int_equal(command(s, 's', NULL, 0).stats.held, 1);
+}
+
+/* A push with a token for a request not held yet waits for its hold, then writes and
+ * releases it. */
+static void a_push_before_its_hold_waits_for_it(void **state)
+{
+    struct session *s       = *state;
+    kvx_token_t token       = token_new();
+    uint64_t block          = 12;
+    kvx_group_ids_t group   = {&block, 1};
+    kvx_request_t request   = {&group, 1, NULL, 0, &token};
+    struct callback_log log = {0};
+    kvx_xfer_t *xfer;
+    struct report r;
+
+    block_clear(s->agent, block);
+    assert_int_equal(kvx_write_post(s->agent, &s->peer, 1, 9, &request, on_xfer, &log, &xfer),
+                     KVX_OK);
+    r = early_wait(s, 1);
+    assert_int_equal(r.stats.dones_early, 1);
+    assert_int_equal(r.stats.pushes_serving, 1);
+    assert_true(block_is_zero(s->agent, block)); /* nothing written before the hold */
+    r = hold(s, 9, block, &token);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
+    assert_true(block_matches(s->agent, block));
+    kvx_xfer_destroy(xfer);
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.releases, 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(a_wrong_token_is_refused_and_the_hold_stays_until_its_lease,
+                                        session_setup, session_teardown),
+        cmocka_unit_test_setup_teardown(the_same_reference_read_twice_is_refused_the_second_time,
+                                        session_setup, session_teardown),
+        cmocka_unit_test_setup_teardown(a_done_before_its_hold_waits_for_it, session_setup,
+                                        session_teardown),
+        cmocka_unit_test_setup_teardown(parked_dones_end_at_their_deadlines, session_setup,
+                                        session_teardown),
+        cmocka_unit_test_setup_teardown(a_push_with_its_token_releases_the_hold, session_setup,
+                                        session_teardown),
+        cmocka_unit_test_setup_teardown(a_push_with_a_wrong_token_writes_nothing, session_setup,
+                                        session_teardown),
+        cmocka_unit_test_setup_teardown(a_push_before_its_hold_waits_for_it, session_setup,
+                                        session_teardown),
+    };
+
+    setenv("UCX_NET_DEVICES", "lo", 1); /* never another interface */
+    alarm(600);                         /* a hang fails the run instead of stalling CI */
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
