@@ -1,5 +1,6 @@
 /* fuzz_notify.c: libFuzzer target for the small messages agents exchange (notify.c): the
- * done notification, a heartbeat's id list and its answer, each parsed from the same bytes.
+ * done notification and its answer, a heartbeat's id list and its answer, each parsed from
+ * the same bytes.
  * What parses must re-encode to the same bytes; aborts on a broken invariant. */
 #include "fuzz_invariant.h"
 #include "notify.h"
@@ -35,6 +36,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
             invariant(memcmp(&last, (const uint8_t *)data + size - sizeof(last), sizeof(last)) == 0,
                       "the last entry is readable");
+        }
+    }
+    {
+        char reason[DONE_REASON_SIZE];
+        char again[DONE_REASON_SIZE + 32];
+        bool counted = false;
+
+        if (done_answer_parse(data, size, &counted, reason)) {
+            size_t length = done_answer_format(again, sizeof(again), counted, reason);
+
+            invariant(strlen(reason) > 0 && strlen(reason) < DONE_REASON_SIZE,
+                      "a done's answer carries a bounded text");
+            invariant(length == size && memcmp(again, data, size) == 0,
+                      "a done's answer re-encodes to its bytes");
         }
     }
     if (alive_answer_parse(data, size, &instance, engine_id)) {

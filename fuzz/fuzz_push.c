@@ -1,7 +1,8 @@
 /* fuzz_push.c: libFuzzer target for the push request decoder and the writer's proof
  * (push_request.c), bytes a decode agent sends a prefill agent's side channel and bytes any
  * UCX peer can send a worker. A decoded request must respect every limit; a rejected one must
- * leave a message; a parsed proof re-encodes to its bytes. Aborts on a broken invariant. */
+ * leave a message; a token survives a round trip; a parsed proof re-encodes to its bytes.
+ * Aborts on a broken invariant. */
 #include "fuzz_invariant.h"
 #include "push_request.h"
 
@@ -28,6 +29,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     invariant(req.num_groups >= 1 && req.num_groups <= PUSH_MAX_GROUPS, "group count in range");
+    if (req.has_token) { /* a token re-encodes: the push carries it on */
+        kvx_group_ids_t *local = req.groups;
+        kvx_request_t request  = {local, req.num_groups,
+                                 req.has_remote ? req.groups + req.num_groups : NULL,
+                                 req.has_remote ? req.num_groups : 0, &req.token};
+        struct push_request back;
+        void *buf   = NULL;
+        size_t blen = 0;
+
+        invariant(push_request_encode(req.request_id, req.handle, &request, &buf, &blen) == KVX_OK,
+                  "a decoded request encodes");
+        invariant(push_request_decode(buf, blen, &back) == KVX_OK && back.has_token &&
+                      memcmp(&back.token, &req.token, sizeof(back.token)) == 0,
+                  "its token survives a round trip");
+        push_request_free(&back);
+        free(buf);
+    }
     for (size_t g = 0; g < req.num_groups * (req.has_remote ? 2 : 1); g++) {
         invariant(req.groups[g].count == 0 || req.groups[g].ids != NULL, "ids present");
         ids += req.groups[g].count;

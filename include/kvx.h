@@ -366,7 +366,9 @@ typedef struct kvx_request {
     const kvx_group_ids_t *remote;
     size_t num_remote_groups;
     const kvx_token_t *token; /* transfers: the prefill side's hold token for this request,
-                                 sent with its `done`; NULL: none (a hold ignores the done) */
+                                 sent with its `done` (a pull) or its push request; NULL:
+                                 none (a held request then refuses the done, a push involves
+                                 no hold) */
 } kvx_request_t;
 
 typedef struct kvx_pairs_stats {
@@ -761,17 +763,22 @@ KVX_API void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t
 KVX_API kvx_status_t kvx_token_generate(kvx_token_t *token_p);
 
 /* Prefill side: holds request `request_id`'s blocks (copied) until `consumers` distinct decode
- * ranks reported `done` for it, or until its lease (the agent's lease_ms) expires without
- * being extended by a heartbeat, then releases them through the callback. `token` is the
- * hold's capability (copied): a `done` or heartbeat counts only when it comes over the
- * authenticated side channel and carries it (kvx_request_t.token, kvx_want); any other is
- * counted in tokens_refused and changes nothing. Make it with kvx_token_generate, once per
+ * ranks reported `done` for it (a pull's done, or a push with the token), or until its lease (the
+ * agent's lease_ms) expires without being extended by a heartbeat, then releases them through the
+ * callback. `token` is the hold's capability (copied): a `done` or heartbeat counts only when it
+ * comes over the authenticated side channel and carries it (kvx_request_t.token, kvx_want); any
+ * other is counted in tokens_refused and changes nothing. Make it with kvx_token_generate, once per
  * request, and give the same one to every prefill rank that holds part of the request, since
  * a decode rank presents one token to all of them. Each `done` names its sender's TP rank,
  * and a rank counts once: a repeated or retried `done` from a rank that reported already
  * changes nothing (counted in done_repeated), so it can never release blocks another rank
- * has not read yet. Errors: KVX_ERR_INVALID for a request already held, no token, consumers
- * outside 1..KVX_MAX_TP, or more than KVX_MAX_HELD requests. */
+ * has not read yet. Every done is answered (docs/agent.md, "Answered dones"): one that did not
+ * count (a wrong token, a repeat, a request whose hold ended: the last 4096 ends are
+ * remembered) is refused and changes nothing, and fails its transfer. A done or push with a
+ * token for a request not held yet waits (at most 4096, each up to the agent's timeout_ms)
+ * and is applied by this call, as if it had just arrived. Errors: KVX_ERR_INVALID for a
+ * request already held, no token, consumers outside 1..KVX_MAX_TP, or more than KVX_MAX_HELD
+ * requests. */
 #define KVX_MAX_HELD 65536 /* requests held at once by one agent */
 KVX_API kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id,
                               const kvx_group_ids_t *groups, size_t num_groups, uint32_t consumers,
@@ -837,12 +844,18 @@ typedef struct kvx_xfer kvx_xfer_t;
 typedef void (*kvx_xfer_cb_t)(void *arg, kvx_xfer_t *xfer, kvx_status_t status);
 
 /* Posts a pull of one request (as kvx_read, without waiting) and returns its handle: the
- * agent's progress completes it, sends the `done` notifications once every get completed,
- * and calls `callback` (may be NULL). Each rank's pairs come from that rank's own table: ranks
- * whose tables are the same (equal SHA-256 digests, checked at connect) share one plan, and a
- * rank whose table differs is planned on its own. A transfer that misses the agent's deadline
- * fails with KVX_ERR_PEER_TIMEOUT, one whose gets fail or whose peer goes down with
- * KVX_ERR_PEER_DOWN, as a whole: the peers it was reading from are closed (their connections,
+ * agent's progress sends the `done` notifications once every get completed, completes it
+ * with KVX_OK once every prefill rank answered that its done counted (its hold was alive,
+ * with request->token; or it held nothing and no token was given), and calls `callback`
+ * (may be NULL). A refused done (wrong token, a repeat, the hold released already or its
+ * lease expired, no such request) fails it with KVX_ERR_PEER_REFUSED and
+ * "read ID: remote rank R: REASON", no answer by the deadline with KVX_ERR_PEER_TIMEOUT;
+ * either way the bytes that arrived must not be used (they may be another request's), the
+ * peers stay up, and kvx_xfer_failed_blocks() lists every block. Each rank's pairs come from that
+ * rank's own table: ranks whose tables are the same (equal SHA-256 digests, checked at connect)
+ * share one plan, and a rank whose table differs is planned on its own. A transfer that misses the
+ * agent's deadline fails with KVX_ERR_PEER_TIMEOUT, one whose gets fail or whose peer goes down
+ * with KVX_ERR_PEER_DOWN, as a whole: the peers it was reading from are closed (their connections,
  * and with them every pending get, end before the failure is reported; reconnect to use them)
  * and kvx_xfer_failed_blocks() lists the block ids not loaded. On error nothing was posted
  * and the callback never fires. */
@@ -873,8 +886,9 @@ KVX_API void kvx_xfer_destroy(kvx_xfer_t *xfer);
 
 /* Pulls one request from the prefill ranks in `peers` (one per remote TP rank this rank
  * reads from, in any order): plans it, gets every pair, and once all data is here sends a
- * `done` notification for `request_id` to each rank read from. Blocks until done or failed;
- * on failure nothing is notified and the message names the peer and step. */
+ * `done` notification for `request_id` to each rank read from, and waits for their answers
+ * (as kvx_read_post). Blocks until done or failed; on a failure of the gets nothing is
+ * notified, and the message names the peer and step. */
 KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                               uint64_t request_id, const kvx_request_t *request,
                               kvx_read_stats_t *stats_p);
@@ -884,7 +898,11 @@ KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size
  * on the side channel). kvx_write_post returns at once with a transfer handle, completed by
  * progress like a pull; kvx_write posts and waits. A rank's refusal fails it with
  * KVX_ERR_PEER_REFUSED and the writer's message, no answer within the deadline with
- * KVX_ERR_PEER_TIMEOUT. A prefill rank stops writing at its own deadline (the same timeout),
+ * KVX_ERR_PEER_TIMEOUT. With request->token, each rank's push is that decode rank's done for
+ * the prefill side's hold: checked before anything is written (a wrong token, a repeat or
+ * an ended hold is refused), waiting for the hold when it is not made yet, and counted once
+ * written, so the hold is released when every consumer pushed; without one no hold is
+ * involved. A prefill rank stops writing at its own deadline (the same timeout),
  * so blocks of a failed push may still change until then. The pairs and stats are our own
  * plan's, as for kvx_read. */
 KVX_API kvx_status_t kvx_write_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,

@@ -16,8 +16,7 @@
 /* Side-channel verbs (sidechan.h frames them), all behind the gate (gate.h). */
 #define VERB_METADATA      "kvx-metadata 3"
 #define VERB_HEARTBEAT     "kvx-heartbeat 3"     /* body: wanted requests and tokens (notify.h) */
-#define VERB_DONE          "kvx-done 4"          /* body: a done notification (notify.h); answered
-                                                    "kvx-counted ..." or "kvx-error ..." */
+#define VERB_DONE          "kvx-done 4"          /* body: a done (notify.h); answered (notify.h) */
 #define VERB_PUSH_REGISTER "kvx-push-register 3" /* body: the requester's push metadata */
 #define VERB_PUSH_PROOF    "kvx-push-proof 3"    /* body: the proof its worker received */
 #define VERB_PUSH          "kvx-push 3"          /* body: a push request (push_request.h) */

@@ -24,8 +24,8 @@ struct parked_done {
     struct loop_timer deadline;
 };
 
-static void answer(struct sidechan_server *side, const struct sidechan_origin *origin,
-                   bool counted, const char *what)
+static void answer(struct sidechan_server *side, const struct sidechan_origin *origin, bool counted,
+                   const char *what)
 {
     char text[DONE_REASON_SIZE + 32];
     size_t length = done_answer_format(text, sizeof(text), counted, what);

@@ -232,7 +232,8 @@ static void ended_add(struct hold_table *t, uint64_t request_id, bool expired)
 static const struct hold_ended *ended_find(const struct hold_table *t, uint64_t request_id)
 {
     for (size_t k = 1; k <= t->ended_count; k++) {
-        const struct hold_ended *e = &t->ended[(t->ended_next + HOLD_ENDED_MAX - k) % HOLD_ENDED_MAX];
+        const struct hold_ended *e =
+            &t->ended[(t->ended_next + HOLD_ENDED_MAX - k) % HOLD_ENDED_MAX];
 
         if (e->request_id == request_id)
             return e;

@@ -648,7 +648,8 @@ static void job_deadline(struct loop_timer *timer)
     if (job->early.parked) { /* never held: nothing was written, its writer is fine */
         hold_table_done(job->server->core->holds, job->request_id, job_rank(job),
                         &job->req.token); /* counted unknown, as a done would be */
-        error_set(KVX_ERR_PEER_REFUSED, "push %" PRIu64 ": no such request: not held within %" PRIu32 " ms",
+        error_set(KVX_ERR_PEER_REFUSED,
+                  "push %" PRIu64 ": no such request: not held within %" PRIu32 " ms",
                   job->request_id, job->server->core->timeout_ms);
         job_refuse(job);
         return;

@@ -412,7 +412,8 @@ static void xfer_deadline_fire(struct loop_timer *timer)
                   x->request_id, x->ops_left, x->num_reads, x->set->core->timeout_ms);
     else if (x->answering) /* every get completed: nothing of the peers' to stop */
         xfer_end(x, KVX_ERR_PEER_TIMEOUT,
-                 "read %" PRIu64 ": %zu of %zu prefill ranks did not answer its done within %" PRIu32
+                 "read %" PRIu64
+                 ": %zu of %zu prefill ranks did not answer its done within %" PRIu32
                  " ms: the hold is not known to have been alive for it",
                  x->request_id, x->ops_left, x->num_legs, ms);
     else
@@ -773,7 +774,8 @@ static void done_reply(void *arg, const char *reply, size_t size)
 
     leg->reply_id = 0;
     if (!done_answer_parse(reply, size, &counted, reason)) {
-        xfer_end(x, KVX_ERR_IO, "read %" PRIu64 ": remote rank %" PRIu32
+        xfer_end(x, KVX_ERR_IO,
+                 "read %" PRIu64 ": remote rank %" PRIu32
                  ": a malformed answer to its done (%zu bytes)",
                  x->request_id, peer_rank(leg->peer), size);
         return;

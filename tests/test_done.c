@@ -272,8 +272,8 @@ static kvx_xfer_t *read_post(struct session *s, uint64_t request_id, uint64_t *b
     kvx_request_t request = {&group, 1, NULL, 0, token};
     kvx_xfer_t *xfer      = NULL;
 
-    assert_int_equal(kvx_read_post(s->agent, &s->peer, 1, request_id, &request, on_xfer, log, &xfer),
-                     KVX_OK);
+    assert_int_equal(
+        kvx_read_post(s->agent, &s->peer, 1, request_id, &request, on_xfer, log, &xfer), KVX_OK);
     return xfer;
 }
 

@@ -977,8 +977,7 @@ static void unknown_and_repeated_dones_are_counted_and_ignored(void **state)
     assert_string_equal(answer, "kvx-counted nothing held");
     read_verified(agent, peer, 8, &block8, 1);
     done_send(agent, peer, 8, answer); /* repeated */
-    assert_string_equal(answer,
-                        "kvx-error hold released already: the blocks may have been reused");
+    assert_string_equal(answer, "kvx-error hold released already: the blocks may have been reused");
     stats = prefill_stats_reach(&p, 0, 2, 1);
     assert_int_equal(stats.done_unknown, 2);
     assert_int_equal(stats.released, 1);

@@ -297,15 +297,6 @@ fetch_fails_to_connect_within() {
   echo "   fetch gave up after $took ms: $(grep -m1 '^kvx: error: ' "$out")"
 }
 
-# exits_verified PID LOG: the background fetch ended with status 0 and "verified".
-exits_verified() {
-  wait_until 60 "fetch $1 to end" exited "$1" && wait "$1" &&
-    tail -n 1 "$2" | grep -qx verified || {
-    cat "$2"
-    return 1
-  }
-}
-
 # --- layouts: a Llama-style attn cache scaled to 32 blocks a layer ----------------------
 # scaled OUT PAGE SIZE: 32 layers of 32 blocks of PAGE bytes, each layer SIZE bytes.
 scaled() {
@@ -454,7 +445,9 @@ check "P stops cleanly after losing its consumers" serve_stops "$serve_pid" "$se
 
 section "a decode process stopped (SIGSTOP) while it holds a lease"
 # A stalled decode process sends no heartbeat, so P lets the lease go; continued, it reads
-# anyway (P's memory still holds the blocks here) and its late done is counted as unknown.
+# (P's memory still holds the blocks here, so even its checksums agree), but its late done is
+# refused and counted as unknown, and the read fails: after the lease the blocks may hold
+# another prompt's KV (issue 21).
 fetch_start d0 "$tmp/stall" "$attn" "${address[p0]}:7005" '0:8-11' --request 13 --want \
   --heartbeat 500 --wait-before-read 4000 --token "$token"
 fetch_pid=$pid
@@ -464,8 +457,12 @@ check "D wants request 13 and waits" \
 kill -STOP "$fetch_pid"
 check "D stopped: P releases request 13 at its lease's expiry" \
   wait_until 20 "the release of request 13" in_logs '^released request 13: 0:8-11$' "$serve_log"
+cont_ms=$(now_ms)
 kill -CONT "$fetch_pid"
-check "D continued: its pull still verifies" exits_verified "$fetch_pid" "$tmp/stall"
+check "D continued: its pull fails, refused, naming blocks 0:8-11" \
+  fetch_fails_within "$fetch_pid" "$tmp/stall" "$cont_ms" 20000 '0:8-11'
+check "the refusal says the lease expired" \
+  in_logs "read 13: remote rank 0: hold's lease expired" "$tmp/stall"
 check "P counts the lease expired and the late done as unknown" \
   wait_until 10 "the late done" metrics_are kvx_leases_expired_total 1 kvx_done_unknown_total 1
 check "P stops cleanly" serve_stops "$serve_pid" "$serve_log"
