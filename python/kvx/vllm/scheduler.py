@@ -1,0 +1,135 @@
+"""The connector's scheduler half, in vLLM's EngineCore process: which blocks P holds for D
+and under which token, which blocks D loads from where, and what the workers are told each
+step. It owns no kvx agent: the workers do (worker.py); this half only decides.
+
+P: request_finished -> a hold (kvx request id, token, block ids) for the worker, and the
+kv_transfer_params that carry the same to D. D: get_num_new_matched_tokens and
+update_state_after_alloc -> a load for the worker. docs/vllm.md has the flow."""
+
+import hashlib
+import logging
+import secrets
+import struct
+
+from .metadata import Hold, KvxMetadata, Load
+
+logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
+
+PARAMS_VERSION = 1  # of the kv_transfer_params below; D refuses others
+
+
+def prompt_digest(token_ids):
+    """What D checks its prompt against before loading: a reference handed to another prompt
+    is refused without a byte read (SHA-256 of the token ids, 16 bytes hex)."""
+    ids = list(token_ids or ())
+    return hashlib.sha256(struct.pack("<%dq" % len(ids), *ids)).hexdigest()[:32]
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+class KvxScheduler:
+    def __init__(self, vllm_config, kv_cache_config, settings):
+        self.settings = settings
+        self.kv_cache_config = kv_cache_config
+        self.block_size = vllm_config.cache_config.block_size
+        self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.engine_id = vllm_config.kv_transfer_config.engine_id
+        self.is_producer = vllm_config.kv_transfer_config.is_kv_producer
+        # transferred blocks per group: a sliding window keeps only its window's blocks
+        self.window_blocks = [
+            _cdiv(g.kv_cache_spec.sliding_window, self.block_size) + 1
+            if getattr(g.kv_cache_spec, "sliding_window", None) else 0
+            for g in kv_cache_config.transfer_groups]
+        self.addresses = {}  # P: tp rank -> "HOST:PORT" of that worker's kvx agent
+        # P: kvx request ids, unique per engine: a random 40-bit base, then a counter
+        self.next_id = secrets.randbits(40) << 20
+        self.holds = []        # P: holds for the workers' next step
+        self.loads = []        # D: loads for the workers' next step
+        self.aborted = set()   # D: loads whose request ended while in flight
+        self.loading = set()   # D: requests whose load was handed to the workers
+
+    # ---- P ---------------------------------------------------------------------------
+    def set_addresses(self, metadata):
+        """The workers' handshake metadata: {tp_rank: KvxHandshake}."""
+        for tp_rank, meta in metadata.items():
+            self.addresses[int(tp_rank)] = meta.address
+
+    def transfer_ids(self, block_ids):
+        """The block ids kvx moves: the transfer groups', a window's last blocks only."""
+        groups = self.kv_cache_config.select_transfer_block_ids(block_ids)
+        return [list(ids[-n:]) if n else list(ids)
+                for ids, n in zip(groups, self.window_blocks)]
+
+    def request_finished(self, request, block_ids):
+        params = request.kv_transfer_params
+        if not params:
+            return False, None
+        if params.get("do_remote_prefill"):
+            params["do_remote_prefill"] = False  # D: ended before its load was planned
+            return False, None
+        if request.request_id in self.loading:
+            self.aborted.add(request.request_id)  # vLLM keeps its blocks until we report
+            return False, None
+        if not params.get("do_remote_decode") or not self.is_producer:
+            return False, None
+        from vllm.v1.request import RequestStatus
+
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED,
+                                  RequestStatus.FINISHED_STOPPED):
+            return False, None  # aborted or failed on P: nothing to hand over
+        ids = self.transfer_ids(block_ids)
+        if not any(ids):
+            return False, None
+        if len(self.addresses) != self.tp_size:
+            logger.error("kvx: request %s: no kvx address for %d of %d workers; not handed "
+                         "over", request.request_id, self.tp_size - len(self.addresses),
+                         self.tp_size)
+            return False, None
+        self.next_id += 1
+        token = secrets.token_bytes(16)
+        self.holds.append(Hold(request.request_id, self.next_id, token, ids))
+        return True, {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "kvx": PARAMS_VERSION,
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": self.next_id,
+            "remote_token": token.hex(),
+            "remote_block_ids": ids,
+            "remote_addresses": [self.addresses[r] for r in range(self.tp_size)],
+            "remote_num_tokens": request.num_computed_tokens,
+            "prompt_digest": prompt_digest(request.prompt_token_ids),
+            "transfer_mode": self.settings.transfer_mode,
+        }
+
+    # ---- D ---------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill"):
+            return 0, False
+        count = len(request.prompt_token_ids or ()) - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill"):
+            return
+        params["do_remote_prefill"] = False
+        if num_external_tokens == 0:
+            return  # all local: P's hold ends at its lease
+        local = self.transfer_ids(blocks.get_unhashed_block_ids_all_groups())
+        self.loads.append(Load(request.request_id, params, local,
+                               prompt_digest(request.prompt_token_ids)))
+        self.loading.add(request.request_id)
+
+    def update_connector_output(self, output):
+        for req_id in output.finished_recving or ():
+            self.loading.discard(req_id)
+
+    # ---- both ------------------------------------------------------------------------
+    def build_connector_meta(self, scheduler_output):
+        meta = KvxMetadata(holds=self.holds, loads=self.loads, aborted=self.aborted)
+        self.holds, self.loads, self.aborted = [], [], set()
+        return meta

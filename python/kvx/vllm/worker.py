@@ -1,0 +1,258 @@
+"""The connector's worker half, one per TP rank: the kvx agent over vLLM's own cache tensors,
+and the thread that drives it.
+
+vLLM calls the worker hooks from its model-runner thread, which must never wait on the
+network. So the hooks only hand orders to a progress thread and collect what it finished:
+every kvx call (connect, hold, read, write, progress) happens on that one thread, which
+sleeps on the agent's descriptor and wakes every millisecond while transfers are in flight
+(UCX does not signal every local completion)."""
+
+import logging
+import os
+import queue
+import select
+import threading
+import time
+
+import kvx
+
+from . import layout as engine_layout
+from .config import auth_of, listen_address
+from .scheduler import PARAMS_VERSION
+
+logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
+
+IDLE_WAIT_S = 0.05   # the thread's sleep with nothing in flight (a new order wakes it at once)
+BUSY_WAIT_S = 0.001  # while a transfer is in flight
+
+
+class LoadRefused(Exception):
+    """A load that is not even tried: its parameters are wrong for this request."""
+
+
+def _aligned(local, remote):
+    """(local, remote) ids per group, paired from the end: D's blocks that hit its own prefix
+    cache are not loaded, so its list is P's tail. More local blocks than P sent is refused."""
+    if len(local) != len(remote):
+        raise LoadRefused("P sent block ids for %d groups, this engine has %d"
+                          % (len(remote), len(local)))
+    out_local, out_remote = [], []
+    for g, (lo, re) in enumerate(zip(local, remote)):
+        if len(lo) > len(re):
+            raise LoadRefused("group %d: %d blocks to load, P holds %d" % (g, len(lo), len(re)))
+        out_local.append(list(lo))
+        out_remote.append(list(re[len(re) - len(lo):]))
+    return out_local, out_remote
+
+
+class KvxWorker:
+    def __init__(self, vllm_config, kv_cache_config, settings):
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        self.vllm_config = vllm_config
+        self.kv_cache_config = kv_cache_config
+        self.settings = settings
+        self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.tp_rank = get_tensor_model_parallel_rank() if self.tp_size > 1 else 0
+        ktc = vllm_config.kv_transfer_config
+        self.is_producer = ktc.is_kv_producer
+        self.engine_id = ktc.engine_id
+        self.single_group = len(kv_cache_config.kv_cache_groups) == 1
+        self.agent = None
+        self.address = None
+        self.orders = queue.SimpleQueue()
+        self.results_lock = threading.Lock()  # the sets below, between the two threads
+        self.finished_sending = set()
+        self.finished_recving = set()
+        self.failed_recving = set()
+        self.load_errors = set()
+        self.stats = {}
+        # owned by the progress thread
+        self.held = {}       # kvx request id -> vLLM request id (P)
+        self.transfers = {}  # vLLM request id -> (Transfer, local ids, start time) (D)
+        self.aborted = set()
+        self.peers = {}      # tuple of P addresses -> kvx.Peer
+        self.thread = None
+        self.stopping = False
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+
+    # ---- model-runner thread ----------------------------------------------------------
+    def register_kv_caches(self, kv_caches):
+        layout, memory = engine_layout.build(kv_caches, self.kv_cache_config, self.vllm_config)
+        params = {"name": "vllm-%s-%d" % (self.engine_id[:16], self.tp_rank),
+                  "tp_rank": self.tp_rank, "tp_size": self.tp_size,
+                  "engine_id": str(self.engine_id)[:64]}
+        for key in ("timeout_ms", "lease_ms"):
+            if getattr(self.settings, key) is not None:
+                params[key] = getattr(self.settings, key)
+        if self.settings.verify_one_in:
+            params["verify_one_in"] = self.settings.verify_one_in
+        self.layout = kvx.Layout.from_dict(layout)
+        self.agent = kvx.Agent(self.layout, memory, **auth_of(self.settings), **params)
+        if self.is_producer:
+            self.address = self.agent.listen(listen_address(self.settings, self.tp_rank))
+        else:
+            self.agent.fileno()  # made now: its errors belong to start-up
+        regions = self.layout.regions()
+        logger.info("kvx: %d views of %d storages registered in place as %d regions%s",
+                    len(layout["views"]), len(layout["storages"]), len(regions),
+                    ", listening at %s" % self.address if self.address else "")
+        self.thread = threading.Thread(target=self._run, name="kvx-progress", daemon=True)
+        self.thread.start()
+
+    def handle(self, meta):
+        """This step's orders from the scheduler, for the progress thread."""
+        if meta is None or not (meta.holds or meta.loads or meta.aborted):
+            return
+        self.orders.put(meta)
+        os.write(self.wake_w, b"x")
+
+    def take_results(self):
+        with self.results_lock:
+            out = (self.finished_sending, self.finished_recving, self.failed_recving)
+            self.finished_sending, self.finished_recving, self.failed_recving = set(), set(), set()
+        return out
+
+    def take_load_errors(self):
+        with self.results_lock:
+            errors, self.load_errors = self.load_errors, set()
+        return errors
+
+    def take_stats(self):
+        with self.results_lock:
+            stats, self.stats = self.stats, {}
+        return stats
+
+    def shutdown(self):
+        if self.thread is not None:
+            self.stopping = True
+            os.write(self.wake_w, b"x")
+            self.thread.join(timeout=10)
+            self.thread = None
+        if self.agent is not None:
+            for transfer, _, _ in self.transfers.values():
+                transfer.release()
+            self.transfers.clear()
+            self.agent.close()
+            self.agent = None
+
+    # ---- progress thread --------------------------------------------------------------
+    def _run(self):
+        fd = self.agent.fileno()
+        while not self.stopping:
+            try:
+                self._take_orders()
+                wait = BUSY_WAIT_S if self.transfers else IDLE_WAIT_S
+                select.select([fd, self.wake_r], [], [], wait)
+                try:
+                    os.read(self.wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                self.agent.progress(0)
+                self._collect()
+            except Exception:  # never let the thread die silently: vLLM would hang
+                logger.exception("kvx: progress thread")
+                time.sleep(IDLE_WAIT_S)
+
+    def _take_orders(self):
+        while True:
+            try:
+                meta = self.orders.get_nowait()
+            except queue.Empty:
+                return
+            self.aborted |= meta.aborted
+            for hold in meta.holds:
+                self._hold(hold)
+            for load in meta.loads:
+                self._load(load)
+            for req_id in meta.aborted:
+                if req_id not in self.transfers:
+                    self._loaded(req_id, None)  # never posted: nothing writes its blocks
+
+    def _hold(self, hold):
+        try:
+            self.agent.hold(hold.kvx_id, hold.block_ids, token=hold.token)
+            self.held[hold.kvx_id] = hold.req_id
+        except kvx.Error as e:
+            logger.error("kvx: request %s: not held (%s); its blocks are freed now",
+                         hold.req_id, e.args[0])
+            with self.results_lock:
+                self.finished_sending.add(hold.req_id)
+
+    def _peer(self, addresses):
+        key = tuple(addresses)
+        peer = self.peers.get(key)
+        if peer is None:
+            peer = self.peers[key] = self.agent.connect(list(addresses))
+        elif peer.down_reason is not None:
+            peer.reconnect()
+        return peer
+
+    def _load(self, load):
+        if load.req_id in self.aborted:
+            return
+        start = time.monotonic()
+        try:
+            p = load.params
+            if p.get("kvx") != PARAMS_VERSION:
+                raise LoadRefused("kv_transfer_params are not kvx's (version %r, this is %d)"
+                                  % (p.get("kvx"), PARAMS_VERSION))
+            if p.get("prompt_digest") != load.prompt_digest:
+                raise LoadRefused("kv_transfer_params belong to another prompt")
+            addresses = p["remote_addresses"]
+            if self.tp_size > len(addresses):
+                raise LoadRefused("decode TP %d reads a prefill of TP %d: more decode ranks "
+                                  "than prefill ranks is not supported" % (self.tp_size,
+                                                                           len(addresses)))
+            local, remote = _aligned(load.local_ids, p["remote_block_ids"])
+            token = bytes.fromhex(p["remote_token"])
+            peer = self._peer(addresses)
+            post = peer.write_async if p.get("transfer_mode") == "push" else peer.read_async
+            transfer = post(local, remote, request_id=int(p["remote_request_id"]), token=token)
+        except (kvx.Error, LoadRefused, KeyError, TypeError, ValueError) as e:
+            self._failed(load.req_id, load.local_ids, e, start)
+            return
+        self.transfers[load.req_id] = (transfer, load.local_ids, start)
+
+    def _collect(self):
+        for req_id, (transfer, local_ids, start) in list(self.transfers.items()):
+            if not transfer.done:
+                continue
+            del self.transfers[req_id]
+            try:
+                stats = transfer.result()
+            except kvx.Error as e:
+                self._failed(req_id, local_ids, e, start)
+            else:
+                self._count(bytes=stats.bytes, transfers=1, seconds=time.monotonic() - start)
+                self._loaded(req_id, None)
+            finally:
+                transfer.release()
+        if self.is_producer:
+            for kvx_id in self.agent.released():
+                req_id = self.held.pop(kvx_id, None)
+                if req_id is not None:
+                    with self.results_lock:
+                        self.finished_sending.add(req_id)
+
+    def _failed(self, req_id, local_ids, error, start):
+        message = error.args[0] if error.args else str(error)
+        logger.warning("kvx: request %s: KV not loaded (%s: %s); vLLM's kv_load_failure_policy "
+                       "decides", req_id, type(error).__name__, message)
+        self._count(failures=1, seconds=time.monotonic() - start)
+        self._loaded(req_id, {b for ids in local_ids for b in ids})
+
+    def _loaded(self, req_id, failed_blocks):
+        self.aborted.discard(req_id)
+        with self.results_lock:
+            self.finished_recving.add(req_id)
+            if failed_blocks is not None:
+                self.failed_recving.add(req_id)
+                if self.single_group:  # block ids are unique only within a group
+                    self.load_errors |= failed_blocks
+
+    def _count(self, **counts):
+        with self.results_lock:
+            for key, value in counts.items():
+                self.stats[key] = self.stats.get(key, 0) + value

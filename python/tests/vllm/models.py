@@ -1,0 +1,92 @@
+"""Tiny random-weight models for the vLLM end-to-end tests, made locally (no downloads).
+
+make(kind, path, seed) writes a Hugging Face model directory vLLM's CPU build loads: a
+word-level tokenizer over a fixed vocabulary and random weights drawn from `seed`. Two calls
+with the same kind and another seed give a model of the same config and shapes whose KV cache
+differs: the negative control that proves D used P's KV. Weights are drawn wide so greedy
+output is not one repeated token (shared/VLLM.md)."""
+
+import json
+import os
+import sys
+
+VOCAB = 512
+WORDS = ["w%d" % i for i in range(VOCAB - 4)]
+
+
+def _tokenizer(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3}
+    for word in WORDS:
+        vocab[word] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(path)
+
+
+def _config(kind, layers):
+    import transformers
+
+    common = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
+                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=3, torch_dtype="bfloat16")
+    if kind == "llama":
+        return transformers.LlamaConfig(**common, tie_word_embeddings=False)
+    if kind == "gemma2":
+        # alternating full and sliding-window layers: two KV cache groups in vLLM
+        return transformers.Gemma2Config(**common, sliding_window=64, tie_word_embeddings=True,
+                                         final_logit_softcapping=None,
+                                         attn_logit_softcapping=None,
+                                         query_pre_attn_scalar=32)
+    if kind == "deepseek_v2":
+        # multi-head latent attention: one latent row per token (kv_lora_rank + rope dims)
+        return transformers.DeepseekV2Config(
+            vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
+            moe_intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32,
+            qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=None, first_k_dense_replace=layers,
+            max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+            torch_dtype="bfloat16", tie_word_embeddings=False)
+    raise ValueError("model kind %r: llama, gemma2 or deepseek_v2" % kind)
+
+
+def make(kind, path, seed=0, layers=2):
+    """Writes model `kind` with weights from `seed` to `path`; returns path."""
+    import torch
+    import transformers
+
+    if os.path.exists(os.path.join(path, "kvx-model.json")):
+        with open(os.path.join(path, "kvx-model.json")) as f:
+            if json.load(f) == {"kind": kind, "seed": seed, "layers": layers}:
+                return path
+    torch.manual_seed(seed)
+    config = _config(kind, layers)
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                continue
+            std = 0.02 if (kind == "gemma2" and "embed" in name) else (0.3 if kind == "gemma2" else 0.2)
+            p.normal_(0.0, std)
+    model.save_pretrained(path)
+    _tokenizer(path)
+    with open(os.path.join(path, "kvx-model.json"), "w") as f:
+        json.dump({"kind": kind, "seed": seed, "layers": layers}, f)
+    return path
+
+
+def prompts(lengths, seed=1):
+    """One prompt per length (in words = tokens), deterministic."""
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(n)) for n in lengths]
+
+
+if __name__ == "__main__":
+    make(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
