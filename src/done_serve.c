@@ -34,8 +34,9 @@ static void answer(struct sidechan_server *side, const struct sidechan_origin *o
 }
 
 /* Counts the done in the hold table and answers what it did. A done without a token for a
- * request never held (kvx fetch against kvx serve without holds) has nothing to count and
- * is answered "nothing held"; with a token, "no such request". */
+ * request not held now (kvx fetch against kvx serve without holds, whose request ids are
+ * labels that may repeat) involves no hold and is answered "nothing held"; with a token,
+ * one for a request not held is refused by what the ring knows of it. */
 static void done_apply(struct core *core, struct sidechan_server *side,
                        const struct sidechan_origin *origin, uint64_t request_id, uint32_t rank,
                        const kvx_token_t *token)
@@ -47,7 +48,8 @@ static void done_apply(struct core *core, struct sidechan_server *side,
         answer(side, origin, true, done == HOLD_DONE_RELEASED ? "released" : "counted");
         return;
     }
-    if (done == HOLD_DONE_UNKNOWN && !hold_token_given(token)) {
+    if ((done == HOLD_DONE_UNKNOWN || done == HOLD_DONE_ENDED || done == HOLD_DONE_EXPIRED) &&
+        !hold_token_given(token)) {
         answer(side, origin, true, "nothing held");
         return;
     }
