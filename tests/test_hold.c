@@ -235,6 +235,51 @@ static void a_wrong_token_changes_no_hold(void **state)
     hold_table_free(&table);
 }
 
+/* Issue 21: the ring of ended holds says how each of the last HOLD_ENDED_MAX ended (released
+ * or expired), newest first for a request held twice, and forgets the oldest; a check judges
+ * like a done and changes nothing but the forged count. */
+static void ended_holds_are_remembered_in_a_bounded_ring(void **state)
+{
+    struct release_log log  = {0};
+    struct hold_table table = {.lease_ms = 100, .release = on_release, .arg = &log};
+    kvx_token_t forged      = token;
+    const kvx_token_t none  = {{0}};
+
+    (void)state;
+    forged.bytes[0] ^= 1;
+    assert_false(hold_token_given(&none));
+    assert_true(hold_token_given(&token));
+    assert_int_equal(hold_table_add(&table, 1, &token, NULL, 0, 1, 0), KVX_OK);
+    assert_int_equal(hold_table_state(&table, 1), HOLD_HELD);
+    assert_int_equal(hold_table_check(&table, 1, 0, &token), HOLD_DONE_RELEASED);
+    assert_int_equal(hold_table_check(&table, 1, 0, &forged), HOLD_DONE_FORGED);
+    assert_int_equal(table.forged, 1);
+    assert_int_equal(table.count, 1); /* a check changes no hold */
+    assert_int_equal(hold_table_expire(&table, 100), 1);
+    assert_int_equal(hold_table_state(&table, 1), HOLD_ENDED_EXPIRED);
+    assert_int_equal(hold_table_done(&table, 1, 0, &token), HOLD_DONE_EXPIRED);
+    assert_int_equal(hold_table_check(&table, 1, 0, &token), HOLD_DONE_EXPIRED);
+    /* held again and released by its consumer: the newer end wins */
+    assert_int_equal(hold_table_add(&table, 1, &token, NULL, 0, 1, 200), KVX_OK);
+    assert_int_equal(hold_table_done(&table, 1, 0, &token), HOLD_DONE_RELEASED);
+    assert_int_equal(hold_table_state(&table, 1), HOLD_ENDED_RELEASED);
+    assert_int_equal(hold_table_done(&table, 1, 0, &token), HOLD_DONE_ENDED);
+    assert_int_equal(log.count, 2);
+    /* HOLD_ENDED_MAX more ends push both of request 1's out */
+    for (uint64_t id = 1000; id < 1000 + HOLD_ENDED_MAX; id++) {
+        assert_int_equal(hold_table_add(&table, id, &token, NULL, 0, 1, 300), KVX_OK);
+        assert_int_equal(hold_table_done(&table, id, 0, &token), HOLD_DONE_RELEASED);
+    }
+    assert_int_equal(hold_table_state(&table, 1), HOLD_NONE);
+    assert_int_equal(hold_table_done(&table, 1, 0, &token), HOLD_DONE_UNKNOWN);
+    assert_int_equal(hold_table_state(&table, 1000), HOLD_ENDED_RELEASED);
+    assert_int_equal(table.unknown, 3);
+    assert_string_equal(hold_done_reason(HOLD_DONE_ENDED),
+                        "hold released already: the blocks may have been reused");
+    assert_string_equal(hold_done_reason(HOLD_DONE_COUNTED), "");
+    hold_table_free(&table);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -244,6 +289,7 @@ int main(void)
         cmocka_unit_test(leases_expire_unless_extended),
         cmocka_unit_test(held_ids_are_copied),
         cmocka_unit_test(a_wrong_token_changes_no_hold),
+        cmocka_unit_test(ended_holds_are_remembered_in_a_bounded_ring),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

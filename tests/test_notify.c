@@ -122,6 +122,39 @@ static void answers_reject_anything_else(void **state)
     assert_int_equal(strlen(engine), ALIVE_ENGINE_ID_SIZE - 1);
 }
 
+/* Issue 21: a done's answer is "kvx-counted WHAT" or "kvx-error REASON" with a printable,
+ * bounded text, and round-trips; anything else is malformed. */
+static void done_answers_round_trip_and_reject_the_rest(void **state)
+{
+    char text[DONE_REASON_SIZE + 32];
+    char reason[DONE_REASON_SIZE];
+    char long_reason[DONE_REASON_SIZE + 1];
+    bool counted = false;
+    size_t n;
+
+    (void)state;
+    n = done_answer_format(text, sizeof(text), true, "released");
+    assert_string_equal(text, "kvx-counted released");
+    assert_true(done_answer_parse(text, n, &counted, reason));
+    assert_true(counted);
+    assert_string_equal(reason, "released");
+    n = done_answer_format(text, sizeof(text), false,
+                           "wrong token: the request is held with another");
+    assert_true(done_answer_parse(text, n, &counted, reason));
+    assert_false(counted);
+    assert_string_equal(reason, "wrong token: the request is held with another");
+    memset(long_reason, 'x', DONE_REASON_SIZE);
+    long_reason[DONE_REASON_SIZE] = '\0';
+    assert_int_equal(done_answer_format(text, sizeof(text), false, long_reason), 0);
+    assert_int_equal(done_answer_format(text, sizeof(text), false, "tab\there"), 0);
+    assert_false(done_answer_parse("kvx-counted", 11, &counted, reason)); /* no text */
+    assert_false(done_answer_parse("kvx-counted ", 12, &counted, reason));
+    assert_false(done_answer_parse("kvx-done", 8, &counted, reason));
+    assert_false(done_answer_parse("kvx-error a\nb", 13, &counted, reason));
+    assert_false(done_answer_parse("kvx-errorx", 10, &counted, reason));
+    assert_false(done_answer_parse(NULL, 0, &counted, reason));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -129,6 +162,7 @@ int main(void)
         cmocka_unit_test(heartbeat_ids_are_whole_and_bounded),
         cmocka_unit_test(answers_round_trip),
         cmocka_unit_test(answers_reject_anything_else),
+        cmocka_unit_test(done_answers_round_trip_and_reject_the_rest),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
