@@ -95,8 +95,9 @@ class KvxWorker:
         else:
             self.agent.fileno()  # made now: its errors belong to start-up
         regions = self.layout.regions()
-        logger.info("kvx: %d views of %d storages registered in place as %d regions%s",
-                    len(layout["views"]), len(layout["storages"]), len(regions),
+        logger.info("kvx: %d views in %d groups, %d storages registered in place as %d "
+                    "regions%s", len(layout["views"]), len({v["group"] for v in layout["views"]}),
+                    len(layout["storages"]), len(regions),
                     ", listening at %s" % self.address if self.address else "")
         self.thread = threading.Thread(target=self._run, name="kvx-progress", daemon=True)
         self.thread.start()

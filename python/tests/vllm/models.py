@@ -90,3 +90,11 @@ def prompts(lengths, seed=1):
 
 if __name__ == "__main__":
     make(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+
+
+def prompts_ids(lengths, seed=1):
+    """One prompt of token ids per length, deterministic, no special tokens."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(4, VOCAB) for _ in range(n)] for n in lengths]

@@ -1,0 +1,191 @@
+"""The driver of the vLLM end-to-end tests: engines in their own processes (engine.py), one
+command at a time, every wait with a deadline and a check that the engine still lives.
+
+Run by ctest's test_vllm with the project's .venv-vllm (scripts/install-deps --vllm) and
+PYTHONPATH=build/python. Models are made once per run under KVX_VLLM_WORK (default: a
+directory in the build tree), by the test, from fixed seeds (models.py)."""
+
+import itertools
+import subprocess
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import models  # noqa: E402
+
+LENGTHS = (1, 5, 31, 32, 33, 100)  # tokens: one block to four, edges of a 32-token block
+PROMPTS = models.prompts_ids(LENGTHS)
+
+START_S = 900     # an engine's start-up on 2 busy cores: 20-90 s measured, with margin
+COMMAND_S = 300   # one command (a batch of requests, deadlines inside included)
+_ports = itertools.count(5610)
+
+
+def work_dir():
+    path = os.environ.get("KVX_VLLM_WORK") or os.path.join(
+        os.environ.get("KVX_BINARY_DIR", "/tmp"), "vllm-work")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def model(kind, seed):
+    return models.make(kind, os.path.join(work_dir(), "%s-%d" % (kind, seed)), seed)
+
+
+class Engine:
+    """One engine process; `name` names its log file (work_dir()/NAME.log)."""
+
+    def __init__(self, name, core, **spec):
+        self.name = name
+        self.dir = work_dir()
+        self.log_path = os.path.join(self.dir, name + ".log")
+        spec_path = os.path.join(self.dir, name + ".json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = dict(os.environ, UCX_NET_DEVICES="lo", VLLM_HOST_IP="127.0.0.1",
+                   VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core),
+                   VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+                   VLLM_NIXL_SIDE_CHANNEL_PORT=str(next(_ports)))
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), spec_path],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, env=env, text=True,
+                                     start_new_session=True)  # killed with its children
+        self.ready = False
+        self.seq = 0
+
+    def wait_ready(self):
+        deadline = time.monotonic() + START_S
+        while not self.ready:
+            line = self.proc.stdout.readline()  # vLLM prints little on stdout
+            if line == "":
+                raise AssertionError("%s exited before it was ready:\n%s" % (self.name, self.tail()))
+            self.ready = line.startswith("engine ready")
+            if time.monotonic() > deadline:
+                raise AssertionError("%s not ready within %d s" % (self.name, START_S))
+        return self
+
+    def tail(self, n=40):
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+    def call(self, op, **args):
+        self.wait_ready()
+        self.seq += 1
+        out = os.path.join(self.dir, "%s-%d.out" % (self.name, self.seq))
+        self.proc.stdin.write(json.dumps(dict(args, op=op, out=out)) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + COMMAND_S
+        while not os.path.exists(out):
+            if self.proc.poll() is not None:
+                raise AssertionError("%s died during %s:\n%s" % (self.name, op, self.tail()))
+            if time.monotonic() > deadline:
+                raise AssertionError("%s: %s not answered within %d s" % (self.name, op, COMMAND_S))
+            time.sleep(0.05)
+        with open(out) as f:
+            return json.load(f)
+
+    def generate(self, prompts, max_tokens=8, params=None, remote_decode=False):
+        return self.call("generate", prompts=prompts, max_tokens=max_tokens, params=params,
+                         remote_decode=remote_decode)
+
+    def kvx_stats(self):
+        return self.call("kvx_stats")["stats"]
+
+    def log_text(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def kill(self):
+        """SIGKILL to the engine and the processes vLLM spawned (its own group)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()  # whatever of its group is left
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def engines():
+    """Engines made by a test module's fixtures, stopped at the end of the session."""
+    made = []
+    yield made
+    for engine in made:
+        engine.stop()
+
+
+def wait_for(predicate, what, timeout_s=COMMAND_S):
+    """Polls predicate() until true: for states another process reaches (a lease that ends)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("not within %d s: %s" % (timeout_s, what))
+        time.sleep(0.2)
+
+
+def auth_file():
+    key = os.path.join(work_dir(), "auth.key")
+    if not os.path.exists(key):
+        subprocess.run([os.path.join(os.environ["KVX_BINARY_DIR"], "kvx"), "auth-key", key],
+                       check=True)
+    return key
+
+
+def delta(after, before, key):
+    """How much worker 0's kvx counter `key` grew."""
+    return after[0][key] - before[0][key]
+
+
+def prefill(p, prompts=PROMPTS):
+    """P's prefill of `prompts` for a remote decode: its kv_transfer_params, one per prompt."""
+    out = p.generate(prompts, max_tokens=1, remote_decode=True)
+    assert all(params and params.get("remote_request_id") for params in out["params"]), out
+    return out["params"]
+
+
+@pytest.fixture(scope="session")
+def llama(engines):
+    """A tiny Llama's P (the secure default: a shared key file), a P of the same name and
+    config on other weights, a pulling D (policy recompute, every transfer verified) and a
+    pushing D (policy fail); ref: one instance's greedy output."""
+    extra = {"auth_file": auth_file()}
+    same, other = model("llama", 0), model("llama", 1)
+    common = dict(served="tiny-llama", connector="kvx")
+    e = {
+        "p": Engine("llama-p", 0, model=same, role="kv_producer", extra=extra, **common),
+        # the same path name and config, other weights: D must then answer differently
+        "p_other": Engine("llama-p-other", 0, model=other, role="kv_producer", extra=extra,
+                          **common),
+        "d": Engine("llama-d-pull", 1, model=same, role="kv_consumer", policy="recompute",
+                    extra=dict(extra, verify_one_in=1), **common),
+        "d_push": Engine("llama-d-push", 1, model=same, role="kv_consumer", mode="push",
+                         policy="fail", extra=extra, **common),
+    }
+    engines.extend(e.values())
+    for engine in e.values():
+        engine.wait_ready()
+    e["ref"] = e["p"].generate(PROMPTS)["tokens"]  # no kv_transfer_params: one instance
+    return e
+
+

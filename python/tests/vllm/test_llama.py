@@ -1,0 +1,117 @@
+"""vLLM P/D on kvx end to end with a tiny Llama (grouped-query attention, one KV cache group):
+D's greedy output equals one instance's in pull and in push mode, a P on other weights changes
+it, and every reference that must not be used (used twice, another prompt's, a wrong token,
+block ids out of range, a P that died, one nobody reads) is refused before vLLM uses a byte:
+recomputed under kv_load_failure_policy "recompute", a failed request under "fail"."""
+
+import copy
+
+from conftest import LENGTHS, PROMPTS, delta, prefill, wait_for
+
+
+def test_holds_nobody_reads_and_aborted_requests(llama):
+    """P holds what nobody reads (a D that died) until the lease, then frees it; a request
+    aborted on D while it waits for its KV ends on D, and P's hold ends either way. Checked by
+    this module's last test, so the 30 s lease runs meanwhile."""
+    llama["abandon_before"] = llama["p"].kvx_stats()
+    prefill(llama["p"], PROMPTS[:2])  # nobody reads these
+    params = prefill(llama["p"], PROMPTS[2:4])
+    out = llama["d"].call("abort", prompts=PROMPTS[2:4], params=params)
+    assert out["aborted"] == 2
+
+
+def released_by_dones(after, before):
+    return delta(after, before, "released") - delta(after, before, "leases_expired")
+
+
+def test_pull_equals_one_instance_and_verifies(llama):
+    p_before, d_before = llama["p"].kvx_stats(), llama["d"].kvx_stats()
+    out = llama["d"].generate(PROMPTS, params=prefill(llama["p"]))
+    assert out["tokens"] == llama["ref"]
+    d_after = llama["d"].kvx_stats()
+    assert delta(d_after, d_before, "transfers") == len(PROMPTS)
+    assert delta(d_after, d_before, "transfers_failed") == 0
+    assert delta(d_after, d_before, "transfers_verified") == len(PROMPTS)  # verify_one_in=1
+    assert delta(d_after, d_before, "verify_mismatches") == 0
+    wait_for(lambda: released_by_dones(llama["p"].kvx_stats(), p_before) == len(PROMPTS),
+             "P releases every hold once D's dones came")
+
+
+def test_push_equals_one_instance(llama):
+    p_before = llama["p"].kvx_stats()
+    out = llama["d_push"].generate(PROMPTS, params=prefill(llama["p"]))
+    assert out["tokens"] == llama["ref"]
+    wait_for(lambda: released_by_dones(llama["p"].kvx_stats(), p_before) == len(PROMPTS),
+             "a push counts as the pushing rank's done: P releases every hold")
+
+
+def test_other_weights_change_the_output(llama):
+    """The negative control: the KV really moved (a 1-token prompt is recomputed by D)."""
+    out = llama["d"].generate(PROMPTS, params=prefill(llama["p_other"]))
+    for n, tokens, ref in zip(LENGTHS, out["tokens"], llama["ref"]):
+        if n > 1:
+            assert tokens != ref, "prompt of %d tokens: D ignored P's KV" % n
+
+
+def refused(llama, params, engine="d"):
+    """Runs D on `params`: every load must fail and be recomputed; returns D's output."""
+    before = llama[engine].kvx_stats()
+    out = llama[engine].generate(PROMPTS, params=params)
+    after = llama[engine].kvx_stats()
+    assert delta(after, before, "transfers") == 0
+    return out
+
+
+def test_reference_used_twice_is_refused_and_recomputed(llama):
+    params = prefill(llama["p"])
+    assert llama["d"].generate(PROMPTS, params=params)["tokens"] == llama["ref"]
+    out = refused(llama, copy.deepcopy(params))
+    assert out["tokens"] == llama["ref"]
+    assert "released already" in llama["d"].log_text()
+
+
+def test_wrong_token_is_refused(llama):
+    params = prefill(llama["p"])
+    for p in params:
+        p["remote_token"] = "00" * 16
+    assert refused(llama, params)["tokens"] == llama["ref"]
+    assert "wrong token" in llama["d"].log_text()
+
+
+def test_block_ids_out_of_range_are_refused(llama):
+    params = prefill(llama["p"])
+    for p in params:
+        p["remote_block_ids"] = [[10**6 + b for b in g] for g in p["remote_block_ids"]]
+    assert refused(llama, params)["tokens"] == llama["ref"]
+
+
+def test_another_prompts_reference_is_refused(llama):
+    params = prefill(llama["p"])
+    swapped = params[1:] + params[:1]  # each prompt given its neighbour's reference
+    assert refused(llama, swapped)["tokens"] == llama["ref"]
+    assert "another prompt" in llama["d"].log_text()
+
+
+def test_refusal_under_policy_fail_fails_the_request(llama):
+    params = prefill(llama["p"])
+    for p in params:
+        p["remote_token"] = "11" * 16
+    out = llama["d_push"].generate(PROMPTS, params=params)
+    assert out.get("error") or out["finish"] == ["error"] * len(PROMPTS), out
+    assert not any(out.get("tokens") or [])
+
+
+def test_prefill_dead_before_read_is_recomputed(llama):
+    params = prefill(llama["p_other"])
+    llama["p_other"].kill()
+    assert refused(llama, params)["tokens"] == llama["ref"]
+
+
+def test_holds_nobody_read_ended_at_their_lease(llama):
+    before = llama["abandon_before"]
+
+    def ended():
+        now = llama["p"].kvx_stats()
+        return delta(now, before, "leases_expired") >= 2 and now[0]["held"] == 0
+
+    wait_for(ended, "P's holds nobody read end at the 30 s lease, and no hold is left")
