@@ -47,16 +47,19 @@ class Engine:
         self.dir = work_dir()
         self.log_path = os.path.join(self.dir, name + ".log")
         spec_path = os.path.join(self.dir, name + ".json")
+        self.ready_file = os.path.join(self.dir, name + ".ready")
+        if os.path.exists(self.ready_file):
+            os.unlink(self.ready_file)
         with open(spec_path, "w") as f:
-            json.dump(spec, f)
+            json.dump(dict(spec, ready_file=self.ready_file), f)
         env = dict(os.environ, UCX_NET_DEVICES="lo", VLLM_HOST_IP="127.0.0.1",
                    VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core),
                    VLLM_ALLOW_INSECURE_SERIALIZATION="1",
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(next(_ports)))
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), spec_path],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=env, text=True,
                                      start_new_session=True)  # killed with its children
         self.ready = False
         self.seq = 0
@@ -64,12 +67,12 @@ class Engine:
     def wait_ready(self):
         deadline = time.monotonic() + START_S
         while not self.ready:
-            line = self.proc.stdout.readline()  # vLLM prints little on stdout
-            if line == "":
+            if self.proc.poll() is not None:
                 raise AssertionError("%s exited before it was ready:\n%s" % (self.name, self.tail()))
-            self.ready = line.startswith("engine ready")
             if time.monotonic() > deadline:
                 raise AssertionError("%s not ready within %d s" % (self.name, START_S))
+            self.ready = os.path.exists(self.ready_file)
+            time.sleep(0.1)
         return self
 
     def tail(self, n=40):
@@ -189,3 +192,59 @@ def llama(engines):
     return e
 
 
+
+
+class Server:
+    """vLLM's OpenAI server in its own process group, on a free port of 127.0.0.1."""
+
+    def __init__(self, name, core, model, served, kv_transfer_config=None):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.log_path = os.path.join(work_dir(), name + ".log")
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                "--served-model-name", served, "--host", "127.0.0.1", "--port", str(self.port),
+                "--dtype", "bfloat16", "--block-size", "32", "--enforce-eager",
+                "--max-model-len", "4096", "--num-gpu-blocks-override", "512", "--seed", "0",
+                "--no-enable-prefix-caching"]
+        if kv_transfer_config:
+            args += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+        env = dict(os.environ, UCX_NET_DEVICES="lo", VLLM_HOST_IP="127.0.0.1",
+                   VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core))
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def wait_ready(self):
+        import urllib.request
+
+        deadline = time.monotonic() + START_S
+        while True:
+            if self.proc.poll() is not None:
+                with open(self.log_path, errors="replace") as f:
+                    raise AssertionError("server exited:\n" + "".join(f.readlines()[-40:]))
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("server not ready within %d s" % START_S)
+            time.sleep(0.5)
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.log.close()

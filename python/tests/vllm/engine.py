@@ -57,7 +57,8 @@ def main():
               enable_prefix_caching=False, max_num_seqs=16,
               num_gpu_blocks_override=spec.get("num_blocks", 512),
               kv_transfer_config=transfer_config(spec))
-    print("engine ready", flush=True)
+    with open(spec["ready_file"], "w"):
+        pass  # the driver waits for this file; stdout and stderr are vLLM's log
     for line in sys.stdin:
         cmd = json.loads(line)
         out = {}

@@ -34,7 +34,7 @@ def _config(kind, layers):
     common = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=32, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
-                  pad_token_id=3, torch_dtype="bfloat16")
+                  pad_token_id=3, dtype="bfloat16")
     if kind == "llama":
         return transformers.LlamaConfig(**common, tie_word_embeddings=False)
     if kind == "gemma2":
@@ -51,7 +51,7 @@ def _config(kind, layers):
             num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32,
             qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=None, first_k_dense_replace=layers,
             max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=3,
-            torch_dtype="bfloat16", tie_word_embeddings=False)
+            dtype="bfloat16", tie_word_embeddings=False)
     raise ValueError("model kind %r: llama, gemma2 or deepseek_v2" % kind)
 
 
@@ -66,7 +66,7 @@ def make(kind, path, seed=0, layers=2):
                 return path
     torch.manual_seed(seed)
     config = _config(kind, layers)
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:

@@ -9,7 +9,7 @@ from conftest import PROMPTS, Engine, auth_file, delta, model, prefill
 
 
 @pytest.fixture(scope="module")
-def gemma2(engines):
+def gemma2():
     common = dict(model=model("gemma2", 0), served="tiny-gemma2", connector="kvx",
                   extra={"auth_file": auth_file()})
     e = {
@@ -18,11 +18,14 @@ def gemma2(engines):
         "d_push": Engine("gemma2-d-push", 1, role="kv_consumer", mode="push",
                          policy="recompute", **common),
     }
-    engines.extend(e.values())
-    for engine in e.values():
-        engine.wait_ready()
-    e["ref"] = e["p"].generate(PROMPTS)["tokens"]
-    return e
+    try:
+        for engine in e.values():
+            engine.wait_ready()
+        e["ref"] = e["p"].generate(PROMPTS)["tokens"]
+        yield e
+    finally:
+        for engine in e.values():
+            engine.stop()
 
 
 def test_two_kv_cache_groups(gemma2):
