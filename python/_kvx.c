@@ -443,7 +443,7 @@ struct link {
     struct link *next; /* NULL: not in a list */
 };
 
-#define LINK_OWNER(node, type) ((type *)(void *)((char *)(node) - offsetof(type, link)))
+#define LINK_OWNER(node, type) ((type *)(void *)((char *)(node)-offsetof(type, link)))
 
 static void link_init(struct link *head)
 {
@@ -489,16 +489,16 @@ struct log_queue {
 
 typedef struct {
     PyObject_HEAD pthread_mutex_t lock;
-    kvx_agent_t *agent; /* lock: NULL before init and once destroyed */
-    atomic_bool closed; /* set once, by close() or dealloc */
-    int fd;             /* kvx_agent_fd(agent): polled without the lock (agent_loop) */
-    int wake_fd;        /* an eventfd that wakes the threads asleep in agent_loop */
-    struct link peers;  /* lock: PeerObjects whose C peers are alive */
-    struct link xfers;  /* lock: XferObjects whose C transfer is alive */
-    uint64_t busy_until; /* lock: agent_loop sleeps at most 1 ms at a time until then */
+    kvx_agent_t *agent;             /* lock: NULL before init and once destroyed */
+    atomic_bool closed;             /* set once, by close() or dealloc */
+    int fd;                         /* kvx_agent_fd(agent): polled without the lock (agent_loop) */
+    int wake_fd;                    /* an eventfd that wakes the threads asleep in agent_loop */
+    struct link peers;              /* lock: PeerObjects whose C peers are alive */
+    struct link xfers;              /* lock: XferObjects whose C transfer is alive */
+    uint64_t busy_until;            /* lock: agent_loop sleeps at most 1 ms at a time until then */
     struct released_queue released; /* lock */
     struct log_queue logs;          /* lock */
-    Py_buffer *memory;  /* GIL: views held by storage (obj NULL: kvx allocated it) */
+    Py_buffer *memory;              /* GIL: views held by storage (obj NULL: kvx allocated it) */
     size_t num_storages;
     Py_ssize_t exports; /* GIL: storage() views alive: the C agent outlives them */
 } AgentObject;
@@ -615,7 +615,7 @@ static void on_release(void *arg, uint64_t request_id, const kvx_group_ids_t *gr
     (void)num_groups;
     if (q->count == q->capacity) {
         size_t capacity = q->capacity > 0 ? 2 * q->capacity : 64;
-        uint64_t *ids   = capacity <= RELEASED_MAX ? realloc(q->ids, capacity * sizeof(*ids)) : NULL;
+        uint64_t *ids = capacity <= RELEASED_MAX ? realloc(q->ids, capacity * sizeof(*ids)) : NULL;
 
         if (ids == NULL) {
             q->dropped++;
@@ -772,8 +772,7 @@ static void agent_dealloc(AgentObject *self)
     atomic_store(&self->closed, true);
     if (agent_shutdown(self, true) != KVX_OK && !told) {
         told = true;
-        fprintf(stderr, "kvx: an agent could not be destroyed, left allocated: %s\n",
-                kvx_errmsg());
+        fprintf(stderr, "kvx: an agent could not be destroyed, left allocated: %s\n", kvx_errmsg());
     }
     if (self->agent != NULL) { /* left allocated: it must never call into freed memory */
         kvx_agent_set_release_callback(self->agent, NULL, NULL);
@@ -994,7 +993,6 @@ fail:
     return -1;
 }
 
-
 static PyObject *agent_listen_address(AgentObject *self, PyObject *unused)
 {
     kvx_agent_t *agent;
@@ -1072,7 +1070,10 @@ static kvx_status_t agent_loop(AgentObject *self, XferObject *xfer, uint64_t tim
         /* cleared before `closed` is read: close() sets it before it wakes us */
         wake_clear(self);
         agent = atomic_load(&self->closed) ? NULL : self->agent;
-        *gone = agent == NULL ? GONE_AGENT : xfer != NULL && xfer->xfer == NULL ? GONE_XFER : GONE_NOT;
+        if (agent == NULL)
+            *gone = GONE_AGENT;
+        else
+            *gone = xfer != NULL && xfer->xfer == NULL ? GONE_XFER : GONE_NOT;
         if (*gone == GONE_NOT) {
             kvx_agent_progress(agent, 0);
             now  = monotonic_ms();
@@ -1134,7 +1135,7 @@ static PyObject *agent_fileno(AgentObject *self, PyObject *unused)
 static PyObject *agent_stats(AgentObject *self, PyObject *unused)
 {
     kvx_agent_t *agent;
-    kvx_agent_stats_t s        = {0};
+    kvx_agent_stats_t s       = {0};
     uint64_t released_dropped = 0;
     uint64_t logs_dropped     = 0;
     PyObject *dict;
@@ -1215,9 +1216,10 @@ static PyObject *agent_released(AgentObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     agent = agent_enter(self);
     if (agent != NULL) {
-        taken              = self->released;
-        self->released.ids = NULL;
-        self->released.count = self->released.capacity = 0;
+        taken                   = self->released;
+        self->released.ids      = NULL;
+        self->released.count    = 0;
+        self->released.capacity = 0;
     }
     agent_leave(self);
     Py_END_ALLOW_THREADS
@@ -1247,9 +1249,9 @@ static PyObject *agent_logs(AgentObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     agent = agent_enter(self);
     if (agent != NULL) {
-        taken                = self->logs;
-        self->logs.lines     = NULL;
-        self->logs.count     = 0;
+        taken            = self->logs;
+        self->logs.lines = NULL;
+        self->logs.count = 0;
     }
     agent_leave(self);
     Py_END_ALLOW_THREADS
@@ -1257,10 +1259,10 @@ static PyObject *agent_logs(AgentObject *self, PyObject *unused)
         return raise_gone(GONE_AGENT);
     list = PyList_New((Py_ssize_t)taken.count);
     for (size_t i = 0; i < taken.count; i++) {
-        PyObject *line = list != NULL ? PyUnicode_DecodeUTF8(taken.lines[i],
-                                                             (Py_ssize_t)strlen(taken.lines[i]),
-                                                             "replace")
-                                      : NULL;
+        PyObject *line = list != NULL
+                             ? PyUnicode_DecodeUTF8(taken.lines[i],
+                                                    (Py_ssize_t)strlen(taken.lines[i]), "replace")
+                             : NULL;
 
         if (line == NULL)
             Py_CLEAR(list);
@@ -1309,8 +1311,8 @@ static PyObject *agent_storage(AgentObject *self, PyObject *arg)
 {
     Py_ssize_t index = PyLong_AsSsize_t(arg);
     kvx_agent_t *agent;
-    uint64_t size = 0;
-    void *base    = NULL;
+    uint64_t size      = 0;
+    void *base         = NULL;
     kvx_mem_type_t mem = KVX_MEM_DRAM;
     StorageObject *storage;
     PyObject *view;
@@ -1623,8 +1625,8 @@ static PyObject *peer_post(PeerObject *self, PyObject *args)
     xfer->xfer = NULL;
     xfer->link = (struct link){NULL, NULL};
     request    = (kvx_request_t){local.groups, local.num_groups,
-                                 remote_blocks != Py_None ? remote.groups : NULL, remote.num_groups,
-                                 token_obj != Py_None ? &token : NULL};
+                              remote_blocks != Py_None ? remote.groups : NULL, remote.num_groups,
+                              token_obj != Py_None ? &token : NULL};
     Py_BEGIN_ALLOW_THREADS
     agent = peer_enter(self, &gone);
     if (agent != NULL) {
@@ -1661,9 +1663,9 @@ struct rank_info {
 static PyObject *peer_info(PeerObject *self, PyObject *unused)
 {
     struct rank_info info[KVX_MAX_TP] = {{0}};
-    size_t n        = 0;
-    bool copied     = true;
-    PyObject *list  = NULL;
+    size_t n                          = 0;
+    bool copied                       = true;
+    PyObject *list                    = NULL;
     kvx_agent_t *agent;
     enum gone gone;
 
@@ -1850,7 +1852,7 @@ struct mismatch_copy {
 };
 
 struct verify_copy {
-    kvx_verify_result_t r; /* its reported is not to be read: */
+    kvx_verify_result_t r;          /* its reported is not to be read: */
     struct mismatch_copy *reported; /* r.num_reported */
 };
 
@@ -2065,7 +2067,6 @@ static PyMethodDef xfer_methods[] = {
     {"release", (PyCFunction)xfer_release, METH_NOARGS, "let the C transfer go now"},
     {NULL, NULL, 0, NULL},
 };
-
 
 /* ---- the module ------------------------------------------------------------------------ */
 
