@@ -80,11 +80,18 @@ class Engine:
             return "".join(f.readlines()[-n:])
 
     def call(self, op, **args):
+        return self.result(self.send(op, **args), op)
+
+    def send(self, op, **args):
+        """Sends a command without waiting: result() collects its answer."""
         self.wait_ready()
         self.seq += 1
         out = os.path.join(self.dir, "%s-%d.out" % (self.name, self.seq))
         self.proc.stdin.write(json.dumps(dict(args, op=op, out=out)) + "\n")
         self.proc.stdin.flush()
+        return out
+
+    def result(self, out, op="command"):
         deadline = time.monotonic() + COMMAND_S
         while not os.path.exists(out):
             if self.proc.poll() is not None:

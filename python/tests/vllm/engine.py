@@ -11,6 +11,8 @@ atomically, so the driver never reads half of one:
   {"op": "generate", "prompts": [[ids]], "max_tokens": N, "params": [dict] | null,
    "remote_decode": bool}  -> {"tokens", "finish", "params", "seconds"}
   {"op": "kvx_stats"}     -> {"stats": [the kvx agent's stats() of each worker]}
+  {"op": "wait_freed"}    -> once P holds no request's blocks: {"held", "end"}
+  {"op": "transfer_seconds"} -> D's transfers so far: {"seconds", "count"} (kvx or NIXL)
   {"op": "abort"}         -> requests added and aborted before a step: {"aborted": n}
 """
 
@@ -44,6 +46,41 @@ def kvx_stats(worker):
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     return get_kv_transfer_group().worker.agent.stats()
+
+
+def held(worker):
+    """Runs in each worker: requests whose blocks P still holds for a D."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    connector = get_kv_transfer_group()
+    if hasattr(connector, "connector_worker"):  # vLLM's NIXL connector
+        return len(connector.connector_worker._reqs_to_send)
+    return connector.worker.agent.stats()["held"]
+
+
+def transfer_seconds(worker):
+    """Runs in each worker: seconds D's transfers took so far (post to completion), and how
+    many. NIXL's telemetry is drained by vLLM each step, so its recorder is wrapped once to
+    keep a running sum (a benchmark's instrument, nothing else)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    connector = get_kv_transfer_group()
+    if hasattr(connector, "connector_worker"):
+        w = connector.connector_worker
+        if not hasattr(w, "kvx_bench_sum"):
+            w.kvx_bench_sum, w.kvx_bench_count = 0.0, 0
+            record = w.xfer_stats.record_transfer
+
+            def recording(res, record=record, w=w):
+                if res is not None:
+                    w.kvx_bench_sum += res.xferDuration / 1e6
+                    w.kvx_bench_count += 1
+                record(res)
+
+            w.xfer_stats.record_transfer = recording
+        return w.kvx_bench_sum, w.kvx_bench_count
+    hist = connector.worker.agent.stats()["transfer_us"]
+    return hist["sum"] / 1e6, hist["count"]
 
 
 def main():
@@ -80,8 +117,17 @@ def main():
             except Exception as e:  # policy "fail" fails the request: say how
                 out["error"] = "%s: %s" % (type(e).__name__, e)
             out["seconds"] = time.monotonic() - t0
+            out["end"] = time.monotonic()  # system-wide clock: comparable across processes
         elif cmd["op"] == "kvx_stats":
             out["stats"] = llm.collective_rpc(kvx_stats)
+        elif cmd["op"] == "wait_freed":  # until P holds nothing for a D; when that was
+            deadline = time.monotonic() + cmd.get("timeout_s", 120)
+            while sum(llm.collective_rpc(held)) > 0 and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            out["held"] = sum(llm.collective_rpc(held))
+            out["end"] = time.monotonic()
+        elif cmd["op"] == "transfer_seconds":
+            out["seconds"], out["count"] = map(sum, zip(*llm.collective_rpc(transfer_seconds)))
         elif cmd["op"] == "abort":
             engine = llm.llm_engine
             ids = ["abort-%d-%d" % (os.getpid(), i) for i in range(len(cmd["prompts"]))]

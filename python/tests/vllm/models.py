@@ -37,6 +37,12 @@ def _config(kind, layers):
                   pad_token_id=3, dtype="bfloat16")
     if kind == "llama":
         return transformers.LlamaConfig(**common, tie_word_embeddings=False)
+    if kind == "llama-bench":
+        # bench/vllm_pd.sh: 16 KB of KV per token (8 layers, 8 KV heads of 64, bf16), so that
+        # a 2,048-token prompt moves 32 MB
+        return transformers.LlamaConfig(**dict(common, hidden_size=512, intermediate_size=1024,
+                                               num_attention_heads=8, num_key_value_heads=8,
+                                               head_dim=64), tie_word_embeddings=False)
     if kind == "gemma2":
         # alternating full and sliding-window layers: two KV cache groups in vLLM
         return transformers.Gemma2Config(**common, sliding_window=64, tie_word_embeddings=True,
@@ -52,14 +58,15 @@ def _config(kind, layers):
             qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=None, first_k_dense_replace=layers,
             max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=3,
             dtype="bfloat16", tie_word_embeddings=False)
-    raise ValueError("model kind %r: llama, gemma2 or deepseek_v2" % kind)
+    raise ValueError("model kind %r: llama, llama-bench, gemma2 or deepseek_v2" % kind)
 
 
-def make(kind, path, seed=0, layers=2):
-    """Writes model `kind` with weights from `seed` to `path`; returns path."""
+def make(kind, path, seed=0, layers=None):
+    """Writes model `kind` with weights from `seed` to `path` (once); returns path."""
     import torch
     import transformers
 
+    layers = layers or (8 if kind == "llama-bench" else 2)
     if os.path.exists(os.path.join(path, "kvx-model.json")):
         with open(os.path.join(path, "kvx-model.json")) as f:
             if json.load(f) == {"kind": kind, "seed": seed, "layers": layers}:
