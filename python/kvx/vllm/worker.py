@@ -206,9 +206,9 @@ class KvxWorker:
                 raise LoadRefused("decode TP %d reads a prefill of TP %d: more decode ranks "
                                   "than prefill ranks is not supported" % (self.tp_size,
                                                                            len(addresses)))
-            local, remote = _aligned(load.local_ids, p["remote_block_ids"])
             token = bytes.fromhex(p["remote_token"])
-            peer = self._peer(addresses)
+            peer = self._peer(addresses)  # kvx's handshake first: it names what differs
+            local, remote = _aligned(load.local_ids, p["remote_block_ids"])
             post = peer.write_async if p.get("transfer_mode") == "push" else peer.read_async
             transfer = post(local, remote, request_id=int(p["remote_request_id"]), token=token)
         except (kvx.Error, LoadRefused, KeyError, TypeError, ValueError) as e:

@@ -18,13 +18,14 @@ def gemma2():
         "d_push": Engine("gemma2-d-push", 1, role="kv_consumer", mode="push",
                          policy="recompute", **common),
     }
+    engines = list(e.values())
     try:
-        for engine in e.values():
+        for engine in engines:
             engine.wait_ready()
         e["ref"] = e["p"].generate(PROMPTS)["tokens"]
         yield e
     finally:
-        for engine in e.values():
+        for engine in engines:
             engine.stop()
 
 
