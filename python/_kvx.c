@@ -1725,11 +1725,60 @@ static PyObject *peer_reconnect(PeerObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* want(request_id, token): the request is still wanted from these prefill ranks: the agent's
+ * heartbeats keep its holds' leases alive until a transfer of it completes or unwant(). */
+static PyObject *peer_want(PeerObject *self, PyObject *args)
+{
+    unsigned long long request_id;
+    PyObject *token_obj;
+    kvx_token_t token;
+    kvx_status_t status = KVX_OK;
+    kvx_agent_t *agent;
+    enum gone gone;
+
+    if (!PyArg_ParseTuple(args, "KO", &request_id, &token_obj) ||
+        token_convert(token_obj, &token) != 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    agent = peer_enter(self, &gone);
+    if (agent != NULL)
+        status = kvx_want(agent, self->peers, self->num_peers, request_id, &token);
+    agent_leave(self->agent);
+    Py_END_ALLOW_THREADS
+    if (agent == NULL)
+        return raise_gone(gone);
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    Py_RETURN_NONE;
+}
+
+/* unwant(request_id): no more heartbeats for it (an abort); its holds end at their leases. */
+static PyObject *peer_unwant(PeerObject *self, PyObject *arg)
+{
+    unsigned long long request_id = PyLong_AsUnsignedLongLong(arg);
+    kvx_agent_t *agent;
+    enum gone gone;
+
+    if (PyErr_Occurred())
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    agent = peer_enter(self, &gone);
+    if (agent != NULL)
+        kvx_unwant(agent, self->peers, self->num_peers, request_id);
+    agent_leave(self->agent);
+    Py_END_ALLOW_THREADS
+    if (agent == NULL)
+        return raise_gone(gone);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef peer_methods[] = {
     {"close", (PyCFunction)peer_close, METH_NOARGS, "destroy the peer's connections"},
     {"post", (PyCFunction)peer_post, METH_VARARGS, "post a pull or push: a Transfer"},
     {"info", (PyCFunction)peer_info, METH_NOARGS, "[(transports, down reason)] by rank"},
     {"reconnect", (PyCFunction)peer_reconnect, METH_NOARGS, "handshake again where down"},
+    {"want", (PyCFunction)peer_want, METH_VARARGS, "want(request_id, token): heartbeat it"},
+    {"unwant", (PyCFunction)peer_unwant, METH_O, "unwant(request_id): heartbeat it no more"},
     {NULL, NULL, 0, NULL},
 };
 

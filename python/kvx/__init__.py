@@ -345,6 +345,16 @@ class Peer:
     def reconnect(self):
         self._handle.reconnect()
 
+    def want(self, request_id, token):
+        """Decode side: the request (whose hold token is `token`) is still wanted from these
+        prefill ranks: the agent's progress heartbeats them, keeping its holds' leases alive,
+        until a transfer of it completes or unwant()."""
+        self._handle.want(request_id, token)
+
+    def unwant(self, request_id):
+        """No more heartbeats for the request (it was aborted): its holds end at their leases."""
+        self._handle.unwant(request_id)
+
     def close(self):
         """Closes the connections to the ranks; refused while a Transfer of the peer exists.
         Does nothing once the agent is closed."""

@@ -65,6 +65,9 @@ class KvxConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output):
         return self.scheduler.build_connector_meta(scheduler_output)
 
+    def on_new_request(self, request):
+        self.scheduler.on_new_request(request)
+
     def update_connector_output(self, connector_output):
         self.scheduler.update_connector_output(connector_output)
 

@@ -29,10 +29,19 @@ class Load:
 
 
 @dataclasses.dataclass
+class Want:
+    """D: a request waits for its turn: heartbeat P so that its hold outlives the wait."""
+    req_id: str
+    params: dict
+
+
+@dataclasses.dataclass
 class KvxMetadata(KVConnectorMetadata):
     holds: list = dataclasses.field(default_factory=list)
     loads: list = dataclasses.field(default_factory=list)
-    aborted: set = dataclasses.field(default_factory=set)  # D: requests that ended waiting
+    wants: list = dataclasses.field(default_factory=list)
+    unwants: set = dataclasses.field(default_factory=set)  # D: ended before their load
+    aborted: set = dataclasses.field(default_factory=set)  # D: requests that ended loading
 
 
 @dataclasses.dataclass

@@ -11,7 +11,7 @@ import logging
 import secrets
 import struct
 
-from .metadata import Hold, KvxMetadata, Load
+from .metadata import Hold, KvxMetadata, Load, Want
 
 logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
@@ -47,6 +47,8 @@ class KvxScheduler:
         self.next_id = secrets.randbits(40) << 20
         self.holds = []        # P: holds for the workers' next step
         self.loads = []        # D: loads for the workers' next step
+        self.wants = []        # D: requests waiting for their load: heartbeat P meanwhile
+        self.unwants = set()   # D: requests that ended before their load
         self.aborted = set()   # D: loads whose request ended while in flight
         self.loading = set()   # D: requests whose load was handed to the workers
 
@@ -68,6 +70,7 @@ class KvxScheduler:
             return False, None
         if params.get("do_remote_prefill"):
             params["do_remote_prefill"] = False  # D: ended before its load was planned
+            self.unwants.add(request.request_id)
             return False, None
         if request.request_id in self.loading:
             self.aborted.add(request.request_id)  # vLLM keeps its blocks until we report
@@ -105,6 +108,11 @@ class KvxScheduler:
         }
 
     # ---- D ---------------------------------------------------------------------------
+    def on_new_request(self, request):
+        params = request.kv_transfer_params
+        if params and params.get("do_remote_prefill") and params.get("kvx") == PARAMS_VERSION:
+            self.wants.append(Want(request.request_id, params))
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         params = request.kv_transfer_params
         if not params or not params.get("do_remote_prefill"):
@@ -130,6 +138,7 @@ class KvxScheduler:
 
     # ---- both ------------------------------------------------------------------------
     def build_connector_meta(self, scheduler_output):
-        meta = KvxMetadata(holds=self.holds, loads=self.loads, aborted=self.aborted)
-        self.holds, self.loads, self.aborted = [], [], set()
+        meta = KvxMetadata(holds=self.holds, loads=self.loads, wants=self.wants,
+                           unwants=self.unwants, aborted=self.aborted)
+        self.holds, self.loads, self.wants, self.unwants, self.aborted = [], [], [], set(), set()
         return meta

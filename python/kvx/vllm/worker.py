@@ -24,6 +24,7 @@ logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
 IDLE_WAIT_S = 0.05   # the thread's sleep with nothing in flight (a new order wakes it at once)
 BUSY_WAIT_S = 0.001  # while a transfer is in flight
+UNREACHABLE_S = 1.0  # a P whose handshake failed is not asked again for this long
 
 
 class LoadRefused(Exception):
@@ -71,7 +72,9 @@ class KvxWorker:
         self.held = {}       # kvx request id -> vLLM request id (P)
         self.transfers = {}  # vLLM request id -> (Transfer, local ids, start time) (D)
         self.aborted = set()
+        self.wanted = {}     # vLLM request id -> (Peer, kvx request id): heartbeated (D)
         self.peers = {}      # tuple of P addresses -> kvx.Peer
+        self.unreachable = {}  # tuple of P addresses -> (when, error) of a failed handshake
         self.thread = None
         self.stopping = False
         self.wake_r, self.wake_w = os.pipe()
@@ -104,7 +107,8 @@ class KvxWorker:
 
     def handle(self, meta):
         """This step's orders from the scheduler, for the progress thread."""
-        if meta is None or not (meta.holds or meta.loads or meta.aborted):
+        if meta is None or not (meta.holds or meta.loads or meta.wants or meta.unwants
+                                or meta.aborted):
             return
         self.orders.put(meta)
         os.write(self.wake_w, b"x")
@@ -165,6 +169,10 @@ class KvxWorker:
             self.aborted |= meta.aborted
             for hold in meta.holds:
                 self._hold(hold)
+            for want in meta.wants:
+                self._want(want)
+            for req_id in meta.unwants:
+                self._unwant(req_id)
             for load in meta.loads:
                 self._load(load)
             for req_id in meta.aborted:
@@ -181,13 +189,43 @@ class KvxWorker:
             with self.results_lock:
                 self.finished_sending.add(hold.req_id)
 
+    def _want(self, want):
+        """Connects to P now (the load then finds the peer ready) and heartbeats the request
+        until its load completes, so that P's lease outlasts D's queue."""
+        try:
+            peer = self._peer(want.params["remote_addresses"])
+            kvx_id = int(want.params["remote_request_id"])
+            peer.want(kvx_id, bytes.fromhex(want.params["remote_token"]))
+            self.wanted[want.req_id] = (peer, kvx_id)
+        except (kvx.Error, KeyError, TypeError, ValueError):
+            pass  # the load tries again, and reports what fails
+
+    def _unwant(self, req_id):
+        peer, kvx_id = self.wanted.pop(req_id, (None, None))
+        if peer is not None:
+            try:
+                peer.unwant(kvx_id)
+            except kvx.Error:
+                pass  # a closed peer heartbeats nothing
+
     def _peer(self, addresses):
+        """The connected Peer of P's ranks. A handshake that just failed is not tried again
+        for UNREACHABLE_S: the requests of a P that died fail at once instead of each one
+        waiting out the handshake's deadline on this thread."""
         key = tuple(addresses)
-        peer = self.peers.get(key)
-        if peer is None:
-            peer = self.peers[key] = self.agent.connect(list(addresses))
-        elif peer.down_reason is not None:
-            peer.reconnect()
+        failed = self.unreachable.get(key)
+        if failed is not None and time.monotonic() - failed[0] < UNREACHABLE_S:
+            raise failed[1]
+        try:
+            peer = self.peers.get(key)
+            if peer is None:
+                peer = self.peers[key] = self.agent.connect(list(addresses))
+            elif peer.down_reason is not None:
+                peer.reconnect()
+        except kvx.Error as e:
+            self.unreachable[key] = (time.monotonic(), e)
+            raise
+        self.unreachable.pop(key, None)
         return peer
 
     def _load(self, load):
@@ -246,6 +284,7 @@ class KvxWorker:
 
     def _loaded(self, req_id, failed_blocks):
         self.aborted.discard(req_id)
+        self._unwant(req_id)  # a completed transfer ended it already; a failed one did not
         with self.results_lock:
             self.finished_recving.add(req_id)
             if failed_blocks is not None:
