@@ -382,3 +382,28 @@ def test_a_transfer_verified_by_checksums_and_a_changed_byte_named(tmp_path, pus
 def test_a_misspelt_agent_parameter_is_refused():
     with pytest.raises(ValueError, match="'verify_one_inn' is not a parameter"):
         kvx.Agent(kvx.Layout.from_dict(SMALL), insecure=True, verify_one_inn=3).stats()
+
+
+def test_want_heartbeats_the_hold_until_a_read_or_unwant(tmp_path):
+    """peer.want heartbeats a held request with its token (what the vLLM connector does while
+    a request waits in D's queue, keeping P's lease alive); P takes them, refusing none, and
+    the read that follows still releases the hold once. The lease arithmetic itself is
+    test_hold's, on an injectable clock."""
+    prefill = Prefill(write_layout(tmp_path, SMALL), {0: [1]})
+    layout = kvx.Layout.from_dict(SMALL)
+    with kvx.Agent(layout, {"kv": np.zeros(65536, dtype=np.uint8)}, heartbeat_ms=10) as agent:
+        peer = agent.connect(prefill.address)
+        peer.want(7, prefill.token)
+        deadline = time.monotonic() + 60
+        while agent.stats()["heartbeats_sent"] < 3 and time.monotonic() < deadline:
+            agent.progress(10)
+        assert agent.stats()["heartbeats_sent"] >= 3
+        peer.read({0: [1]}, request_id=7, token=prefill.token)
+        peer.want(8, prefill.token)  # never held there: its heartbeats change nothing
+        peer.unwant(8)
+        agent.progress(20)
+        with pytest.raises(ValueError):
+            peer.want(7, b"short")
+    report = prefill.finish()
+    assert report["stats"]["released"] == 1 and report["stats"]["tokens_refused"] == 0
+    assert report["stats"]["notifications"] >= 3
