@@ -12,7 +12,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
     SupportsHMA,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
+from vllm.v1.metrics.utils import create_metric_per_engine
 
 from .config import settings_from
 from .metadata import KvxHandshake, KvxMetadata
@@ -39,6 +43,35 @@ class KvxStats(KVConnectorStats):
 
     def reset(self):
         self.data = {}
+
+
+# Prometheus counters through vLLM's own /metrics: each KvxStats key, summed over workers
+PROM_COUNTERS = {
+    "bytes": ("vllm:kvx_loaded_bytes", "Bytes of KV cache D loaded with kvx"),
+    "transfers": ("vllm:kvx_loads", "KV loads (pull or push) D completed with kvx"),
+    "failures": ("vllm:kvx_failed_loads", "KV loads that failed, left to "
+                 "kv_load_failure_policy"),
+    "seconds": ("vllm:kvx_load_seconds", "Seconds of kvx loads, post to completion, summed"),
+    "holds_released": ("vllm:kvx_holds_released", "Requests whose blocks P freed after kvx "
+                       "released their hold (done or lease)"),
+    "leases_expired": ("vllm:kvx_leases_expired", "Holds P released at their lease: nobody "
+                       "read them in time"),
+}
+
+
+class KvxPromMetrics(KVConnectorPromMetrics):
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.counters = {
+            key: create_metric_per_engine(
+                self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
+                per_engine_labelvalues)
+            for key, (name, doc) in PROM_COUNTERS.items()}
+
+    def observe(self, transfer_stats_data, engine_idx=0):
+        for key, value in transfer_stats_data.items():
+            if key in self.counters and value:
+                self.counters[key][engine_idx].inc(value)
 
 
 class KvxConnector(KVConnectorBase_V1, SupportsHMA):
@@ -86,6 +119,10 @@ class KvxConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def build_kv_connector_stats(cls, data=None):
         return KvxStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KvxPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ---- worker side ------------------------------------------------------------------
     def register_kv_caches(self, kv_caches):

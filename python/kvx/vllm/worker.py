@@ -70,6 +70,7 @@ class KvxWorker:
         self.stats = {}
         # owned by the progress thread
         self.held = {}       # kvx request id -> vLLM request id (P)
+        self.leases_expired = 0  # the agent's count, as last reported (P)
         self.transfers = {}  # vLLM request id -> (Transfer, local ids, start time) (D)
         self.aborted = set()
         self.wanted = {}     # vLLM request id -> (Peer, kvx request id): heartbeated (D)
@@ -269,11 +270,15 @@ class KvxWorker:
             finally:
                 transfer.release()
         if self.is_producer:
-            for kvx_id in self.agent.released():
-                req_id = self.held.pop(kvx_id, None)
-                if req_id is not None:
-                    with self.results_lock:
-                        self.finished_sending.add(req_id)
+            released = [self.held.pop(kvx_id, None) for kvx_id in self.agent.released()]
+            released = [req_id for req_id in released if req_id is not None]
+            if released:
+                expired = self.agent.stats()["leases_expired"]
+                self._count(holds_released=len(released),
+                            leases_expired=expired - self.leases_expired)
+                self.leases_expired = expired
+                with self.results_lock:
+                    self.finished_sending.update(released)
 
     def _failed(self, req_id, local_ids, error, start):
         message = error.args[0] if error.args else str(error)

@@ -1,0 +1,112 @@
+"""The connector's pure parts without an engine: vLLM's cache tensors to a kvx layout that kvx
+itself accepts (layout.py), and kv_connector_extra_config checked by name (config.py)."""
+
+import types
+
+import pytest
+import torch
+
+import kvx
+from kvx.vllm import config, layout
+
+
+class FullAttentionSpec:
+    def __init__(self, heads=2, block_size=32):
+        self.num_kv_heads, self.block_size = heads, block_size
+
+
+class SlidingWindowSpec(FullAttentionSpec):
+    sliding_window = 64
+
+
+class MLAAttentionSpec(FullAttentionSpec):
+    pass
+
+
+class CrossAttentionSpec:
+    block_size = 32
+
+
+def cache_config(groups, num_blocks):
+    """A KVCacheConfig's fields the layout reads: groups of (spec, layer names)."""
+    kv_groups = [types.SimpleNamespace(kv_cache_spec=spec, layer_names=names)
+                 for spec, names in groups]
+    return types.SimpleNamespace(
+        num_blocks=num_blocks, kv_cache_groups=kv_groups,
+        transfer_group_index_by_layer={n: g for g, (_, names) in enumerate(groups) for n in names})
+
+
+VLLM_CONFIG = types.SimpleNamespace(
+    cache_config=types.SimpleNamespace(block_size=32, cache_dtype="auto"),
+    model_config=types.SimpleNamespace(
+        served_model_name="tiny", model="/m", revision=None, dtype=torch.bfloat16,
+        get_total_num_kv_heads=lambda: 2, get_head_size=lambda: 32,
+        get_total_num_hidden_layers=lambda: 2))
+
+
+def test_cpu_layer_views_of_one_storage_become_one_storage_and_fold_into_regions():
+    """vLLM's CPU cache: one tensor per layer, [blocks, heads, block, 2 * head] of one
+    storage, layer after layer (shared/VLLM.md): one storage, one view per layer."""
+    blocks, per_layer = 10, 2 * 32 * 64
+    whole = torch.zeros(2 * blocks * per_layer, dtype=torch.bfloat16)
+    caches = {"l0": whole[:blocks * per_layer].view(blocks, 2, 32, 64),
+              "l1": whole[blocks * per_layer:].view(blocks, 2, 32, 64)}
+    d, memory = layout.build(caches, cache_config([(FullAttentionSpec(), ["l0", "l1"])], blocks),
+                             VLLM_CONFIG)
+    assert [s["size"] for s in d["storages"]] == [whole.numel() * 2]
+    page = per_layer * 2
+    assert [(v["offset"], v["page"], v["stride"], v["kind"], v["heads"]) for v in d["views"]] == [
+        (0, page, page, "attn", 2), (blocks * page, page, page, "attn", 2)]
+    assert memory["kv_cache0"].nbytes == whole.numel() * 2  # the whole storage, in place
+    assert d["model"]["id"] == "tiny" and d["model"]["dtype"] == "bfloat16"
+    regions = kvx.Layout.from_dict(d).regions()  # kvx accepts it
+    assert len(regions) == 2
+
+
+def test_split_k_and_v_give_two_views_per_layer_and_groups_keep_their_numbers():
+    blocks = 8
+    full = torch.zeros(2, blocks, 32, 2, 16, dtype=torch.float16)
+    window = torch.zeros(2, blocks, 32, 2, 16, dtype=torch.float16)
+    d, _ = layout.build({"full": full, "swa": window},
+                        cache_config([(FullAttentionSpec(), ["full"]),
+                                      (SlidingWindowSpec(), ["swa"])], blocks), VLLM_CONFIG)
+    assert len(d["storages"]) == 2
+    kv = [(v["name"], v["group"], v["kind"], v["offset"]) for v in d["views"]]
+    half = blocks * 32 * 2 * 16 * 2
+    assert kv == [("full", 0, "attn", 0), ("full", 0, "attn", half),
+                  ("swa", 1, "swa", 0), ("swa", 1, "swa", half)]
+    kvx.Layout.from_dict(d).regions()
+
+
+def test_mla_is_one_head_and_unknown_specs_or_shapes_are_refused_by_name():
+    assert layout.view_kind(MLAAttentionSpec()) == "mla"
+    with pytest.raises(ValueError, match="CrossAttentionSpec"):
+        layout.view_kind(CrossAttentionSpec())
+    with pytest.raises(ValueError, match="no dimension of 10 blocks"):
+        layout.build({"l0": torch.zeros(3, 4)},
+                     cache_config([(FullAttentionSpec(), ["l0"])], 10), VLLM_CONFIG)
+
+
+def test_extra_config_keys_are_checked_by_name():
+    assert config.settings_from(None) == config.Settings()
+    assert config.settings_from({"transfer_mode": "push", "lease_ms": 5}).lease_ms == 5
+    for bad, part in [({"transfer_mod": "push"}, "unknown key 'transfer_mod'"),
+                      ({"transfer_mode": "both"}, "transfer_mode"),
+                      ({"timeout_ms": -1}, "timeout_ms"), ({"insecure": "yes"}, "insecure"),
+                      ({"insecure": True, "auth_file": "/k"}, "choose one")]:
+        with pytest.raises(ValueError, match=part):
+            config.settings_from(bad)
+
+
+def test_no_secret_says_how_to_give_one(monkeypatch):
+    monkeypatch.delenv("KVX_AUTH_FILE", raising=False)
+    with pytest.raises(ValueError, match="KVX_AUTH_FILE"):
+        config.auth_of(config.Settings())
+    assert config.auth_of(config.Settings(insecure=True)) == {"insecure": True}
+
+
+def test_listen_address_per_rank(monkeypatch):
+    monkeypatch.setenv("VLLM_HOST_IP", "10.0.0.5")
+    assert config.listen_address(config.Settings(), 1) == "10.0.0.5:0"
+    assert config.listen_address(config.Settings(listen="10.0.0.6:7000"), 2) == "10.0.0.6:7002"
+    assert config.listen_address(config.Settings(listen="[::1]:7000"), 0) == "[::1]:7000"
