@@ -23,7 +23,7 @@ from .scheduler import PARAMS_VERSION
 logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
 IDLE_WAIT_S = 0.05   # the thread's sleep with nothing in flight (a new order wakes it at once)
-BUSY_WAIT_S = 0.001  # while a transfer is in flight
+BUSY_WAIT_S = 0.001  # while a transfer of ours, or a push P serves, is in flight
 UNREACHABLE_S = 1.0  # a P whose handshake failed is not asked again for this long
 
 
@@ -149,7 +149,9 @@ class KvxWorker:
         while not self.stopping:
             try:
                 self._take_orders()
-                wait = BUSY_WAIT_S if self.transfers else IDLE_WAIT_S
+                busy = self.transfers or (self.is_producer and
+                                          self.agent.stats()["pushes_serving"] > 0)
+                wait = BUSY_WAIT_S if busy else IDLE_WAIT_S
                 select.select([fd, self.wake_r], [], [], wait)
                 try:
                     os.read(self.wake_r, 4096)
