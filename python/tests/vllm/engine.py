@@ -60,25 +60,29 @@ def held(worker):
 
 def transfer_seconds(worker):
     """Runs in each worker: seconds D's transfers took so far (post to completion), and how
-    many. NIXL's telemetry is drained by vLLM each step, so its recorder is wrapped once to
-    keep a running sum (a benchmark's instrument, nothing else)."""
+    many. NIXL's telemetry is drained by vLLM each step, so its stats class's recorder is
+    wrapped once to keep a running sum (a benchmark's instrument, nothing else; on the class,
+    so that the stats objects vLLM pickles stay as they were)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     connector = get_kv_transfer_group()
     if hasattr(connector, "connector_worker"):
-        w = connector.connector_worker
-        if not hasattr(w, "kvx_bench_sum"):
-            w.kvx_bench_sum, w.kvx_bench_count = 0.0, 0
-            record = w.xfer_stats.record_transfer
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+            NixlKVConnectorStats as stats_class,
+        )
 
-            def recording(res, record=record, w=w):
+        if not hasattr(stats_class, "kvx_bench_total"):
+            stats_class.kvx_bench_total = [0.0, 0]
+            record = stats_class.record_transfer
+
+            def recording(self, res):
                 if res is not None:
-                    w.kvx_bench_sum += res.xferDuration / 1e6
-                    w.kvx_bench_count += 1
-                record(res)
+                    stats_class.kvx_bench_total[0] += res.xferDuration / 1e6
+                    stats_class.kvx_bench_total[1] += 1
+                record(self, res)
 
-            w.xfer_stats.record_transfer = recording
-        return w.kvx_bench_sum, w.kvx_bench_count
+            stats_class.record_transfer = recording
+        return tuple(stats_class.kvx_bench_total)
     hist = connector.worker.agent.stats()["transfer_us"]
     return hist["sum"] / 1e6, hist["count"]
 
