@@ -1153,8 +1153,8 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
     if (agent == NULL)
         return raise_gone(GONE_AGENT);
     {
-        /* the counters of kvx_agent_stats_t by name (histograms are C's only), then this
-         * binding's own: what released() and logs() could not keep */
+        /* the counters of kvx_agent_stats_t by name (of the histograms, the transfers' count
+         * and sum only), then this binding's own: what released() and logs() could not keep */
         const struct {
             const char *name;
             uint64_t value;
@@ -1188,6 +1188,10 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
             {"verify_ns", s.verify_ns},
             {"verify_served", s.verify_served},
             {"verify_refused", s.verify_refused},
+            {"dones_refused", s.dones_refused},
+            {"dones_early", s.dones_early},
+            {"transfer_us_count", s.transfer_us.count},
+            {"transfer_us_sum", (uint64_t)s.transfer_us.sum},
             {"released_dropped", released_dropped},
             {"logs_dropped", logs_dropped},
         };

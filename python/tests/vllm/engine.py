@@ -5,7 +5,8 @@ its engine and worker processes), driven by the test one command at a time.
 SPEC: {"model", "served", "connector" ("kvx", "nixl" or null: no connector), "role"
 (kv_producer, kv_consumer), "mode" (pull or push), "extra" (kv_connector_extra_config),
 "policy" (kv_load_failure_policy), "block_size", "max_model_len", "num_blocks" (the KV
-cache's, default 512: several engines share one small machine)}.
+cache's, default 512: several engines share one small machine), "tp" (tensor parallel size,
+default 1)}.
 Each stdin line is a command; its answer (JSON) is written to the command's "out" path,
 atomically, so the driver never reads half of one:
   {"op": "generate", "prompts": [[ids]], "max_tokens": N, "params": [dict] | null,
@@ -83,8 +84,8 @@ def transfer_seconds(worker):
 
             stats_class.record_transfer = recording
         return tuple(stats_class.kvx_bench_total)
-    hist = connector.worker.agent.stats()["transfer_us"]
-    return hist["sum"] / 1e6, hist["count"]
+    stats = connector.worker.agent.stats()
+    return stats["transfer_us_sum"] / 1e6, stats["transfer_us_count"]
 
 
 def main():
@@ -97,6 +98,7 @@ def main():
               max_model_len=spec.get("max_model_len", 4096), enforce_eager=True, seed=0,
               enable_prefix_caching=False, max_num_seqs=16,
               num_gpu_blocks_override=spec.get("num_blocks", 512),
+              tensor_parallel_size=spec.get("tp", 1),
               kv_transfer_config=transfer_config(spec))
     with open(spec["ready_file"], "w"):
         pass  # the driver waits for this file; stdout and stderr are vLLM's log
