@@ -93,11 +93,13 @@ def build(kv_caches, kv_cache_config, vllm_config):
         if layer not in group_of:
             continue  # a group vLLM does not transfer (its KVCacheConfig says so)
         spec = spec_of[layer]
-        if getattr(spec, "block_size", block_size) != block_size:
+        kind = view_kind(spec)
+        # a mamba block is one request's state, whatever its spec's token count (vLLM gives
+        # it max_model_len without prefix caching): its page is what moves
+        if kind != "mamba" and getattr(spec, "block_size", block_size) != block_size:
             raise ValueError("kvx: layer %s has blocks of %d tokens, the engine %d: one block "
                              "size for every group is supported" % (layer, spec.block_size,
                                                                     block_size))
-        kind = view_kind(spec)
         for t in _tensors(value):
             storage = t.untyped_storage()
             base = storage.data_ptr()

@@ -87,6 +87,8 @@ class Engine:
         self.wait_ready()
         self.seq += 1
         out = os.path.join(self.dir, "%s-%d.out" % (self.name, self.seq))
+        if os.path.exists(out):
+            os.unlink(out)  # an earlier run's answer under the same name is not this one's
         self.proc.stdin.write(json.dumps(dict(args, op=op, out=out)) + "\n")
         self.proc.stdin.flush()
         return out

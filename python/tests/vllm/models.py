@@ -6,6 +6,7 @@ with the same kind and another seed give a model of the same config and shapes w
 differs: the negative control that proves D used P's KV. Weights are drawn wide so greedy
 output is not one repeated token (shared/VLLM.md)."""
 
+import hashlib
 import json
 import os
 import sys
@@ -50,15 +51,37 @@ def _config(kind, layers):
                                          attn_logit_softcapping=None,
                                          query_pre_attn_scalar=32)
     if kind == "deepseek_v2":
-        # multi-head latent attention: one latent row per token (kv_lora_rank + rope dims)
+        # multi-head latent attention: one latent row per token, kv_lora_rank + rope dims =
+        # 576 (DeepSeek-V2/V3's, the only row vLLM's CPU MLA kernel takes); every layer dense
         return transformers.DeepseekV2Config(
             vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
             moe_intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-            num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32,
-            qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=None, first_k_dense_replace=layers,
+            num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=32,
+            qk_rope_head_dim=64, v_head_dim=32, n_routed_experts=1, first_k_dense_replace=layers,
             max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=3,
             dtype="bfloat16", tie_word_embeddings=False)
-    raise ValueError("model kind %r: llama, llama-bench, gemma2 or deepseek_v2" % kind)
+    if kind == "jamba":
+        # a mamba (v1) hybrid: layer 0 mamba, layer 1 attention. vLLM 0.32's CPU build fails
+        # its first step (mamba_mixer.py: conv1d.weight.size(2) of a 2-d weight)
+        return transformers.JambaConfig(
+            vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, attn_layer_period=2,
+            attn_layer_offset=1, num_experts=1, expert_layer_period=1, expert_layer_offset=0,
+            mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8,
+            max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+            dtype="bfloat16", tie_word_embeddings=False, use_mamba_kernels=False)
+    if kind == "granitemoehybrid":
+        # a mamba2 hybrid: layer 0 mamba2, layer 1 attention, no routed experts
+        return transformers.GraniteMoeHybridConfig(
+            vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, layer_types=["mamba", "attention"],
+            num_local_experts=0, shared_intermediate_size=256, mamba_n_heads=8,
+            mamba_n_groups=1, mamba_d_state=16, mamba_d_head=32, mamba_d_conv=4,
+            mamba_expand=2, mamba_chunk_size=32, position_embedding_type="rope",
+            max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+            dtype="bfloat16", tie_word_embeddings=False)
+    raise ValueError("model kind %r: llama, llama-bench, gemma2, deepseek_v2, jamba or "
+                     "granitemoehybrid" % kind)
 
 
 def make(kind, path, seed=0, layers=None):
@@ -67,12 +90,15 @@ def make(kind, path, seed=0, layers=None):
     import transformers
 
     layers = layers or (8 if kind == "llama-bench" else 2)
+    config = _config(kind, layers)
+    # a model made before its kind's config changed is made again
+    made = {"kind": kind, "seed": seed, "layers": layers,
+            "config": hashlib.sha256(config.to_json_string().encode()).hexdigest()[:16]}
     if os.path.exists(os.path.join(path, "kvx-model.json")):
         with open(os.path.join(path, "kvx-model.json")) as f:
-            if json.load(f) == {"kind": kind, "seed": seed, "layers": layers}:
+            if json.load(f) == made:
                 return path
     torch.manual_seed(seed)
-    config = _config(kind, layers)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -83,7 +109,7 @@ def make(kind, path, seed=0, layers=None):
     model.save_pretrained(path)
     _tokenizer(path)
     with open(os.path.join(path, "kvx-model.json"), "w") as f:
-        json.dump({"kind": kind, "seed": seed, "layers": layers}, f)
+        json.dump(made, f)
     return path
 
 
