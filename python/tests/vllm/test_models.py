@@ -1,16 +1,11 @@
 """vLLM P/D on kvx with other model kinds than test_llama's and test_gemma2's.
 
-- MLA (a tiny DeepSeek-V2: one 576-wide latent row per token and layer, block size 16, which
-  vLLM's CPU MLA backend forces): the connector describes and moves the cache in pull mode
-  (every prompt's blocks read). Its output is not compared with one instance's: vLLM's CPU
-  MLA backend (CPU_MLA) gives one instance different greedy tokens for the same prompts in
-  another batch order or one at a time, so no output is "one instance's".
-- A mamba hybrid (GraniteMoeHybrid: mamba2 and attention layers) runs on vLLM's CPU build
-  and registers, but D's output differs: D recomputes the last prompt token over a state that
-  already holds it. P must stop one token short, as vLLM's NIXL connector does
-  (_prefill_backoff); skipped until the scheduler does.
-- TP 2 P to TP 1 D: P TP 2 runs as one instance; D's reads of rank 1 end in "hold's lease
-  expired"; skipped until that is understood."""
+MLA (a tiny DeepSeek-V2: one 576-wide latent row per token and layer, block size 16, which
+vLLM's CPU MLA backend forces): the connector describes and moves the cache in pull mode, and
+every transfer is verified by checksums on both sides (verify_one_in 1). Its output is not
+compared with one instance's: vLLM's CPU MLA backend (CPU_MLA) gives one instance different
+greedy tokens for the same prompts in another batch order or one at a time, so no output is
+"one instance's". What did not work (a mamba hybrid, P TP 2 to D TP 1) is in docs/vllm.md."""
 
 import pytest
 
@@ -23,7 +18,8 @@ def mla():
                   extra={"auth_file": auth_file()})
     e = {
         "p": Engine("mla-p", 0, role="kv_producer", **common),
-        "d": Engine("mla-d-pull", 1, role="kv_consumer", policy="fail", **common),
+        "d": Engine("mla-d-pull", 1, role="kv_consumer", policy="fail",
+                    **dict(common, extra=dict(common["extra"], verify_one_in=1))),
     }
     try:
         for engine in e.values():
@@ -40,15 +36,7 @@ def test_mla_latent_rows_move(mla):
     out = mla["d"].generate(PROMPTS, params=prefill(mla["p"]))
     assert "error" not in out, out
     assert all(len(tokens) == 8 for tokens in out["tokens"]), out
-    assert delta(mla["d"].kvx_stats(), before, "transfers") == len(PROMPTS)
-
-
-@pytest.mark.skip(reason="mamba hybrid: P must prefill all but the last prompt token "
-                         "(scheduler.py), D's output differs from one instance's until then")
-def test_mamba_hybrid_pull_equals_one_instance():
-    pass
-
-
-@pytest.mark.skip(reason="P TP 2 -> D TP 1: D's read of rank 1 ends in \"hold's lease expired\"")
-def test_tp2_prefill_tp1_decode_equals_one_instance():
-    pass
+    after = mla["d"].kvx_stats()
+    assert delta(after, before, "transfers") == len(PROMPTS)
+    assert delta(after, before, "transfers_verified") == len(PROMPTS)  # bytes equal P's
+    assert delta(after, before, "verify_mismatches") == 0
