@@ -5,7 +5,8 @@
 Each POST to /v1/completions or /v1/chat/completions goes to P first with
 kv_transfer_params {"do_remote_decode": true} and max_tokens 1; P's answer carries the
 kv_transfer_params that name its held blocks, and the original request goes to D with them,
-verbatim. D's answer is the client's. Several prefill or decode servers are taken in turn.
+verbatim (without, when P handed nothing over: D computes the prompt). D's answer is the
+client's. Several prefill or decode servers are taken in turn.
 Streaming (stream: true) is passed to D as asked; P is always asked without it. Errors of
 either server reach the client with their status and body."""
 
@@ -38,6 +39,7 @@ class Proxy:
         self.decode = itertools.cycle(decode)
         self.lock = threading.Lock()  # the cycles, between handler threads
         self.timeout_s = timeout_s
+        self.warned = False  # said once that P handed a request nothing
 
     def forward(self, path, body):
         """(status, content type, bytes) of one request through P then D."""
@@ -55,10 +57,17 @@ class Proxy:
         except ValueError:
             return 502, "text/plain", b"prefill server answered no JSON"
         if not params:
-            return 502, "text/plain", b"prefill server answered no kv_transfer_params: is it " \
-                                      b"started with --kv-transfer-config (kv_producer)?"
-        status, headers, data = post(d_url + path, dict(body, kv_transfer_params=params),
-                                     self.timeout_s)
+            # P hands nothing over for this prompt (one token, or a kind the connector keeps
+            # local), or P runs without the connector: D computes the request itself
+            if not self.warned:
+                self.warned = True
+                print("kvx proxy: %s answered without kv_transfer_params: D computes such "
+                      "requests itself (is P started with --kv-transfer-config?)" % p_url,
+                      file=sys.stderr, flush=True)
+            status, headers, data = post(d_url + path, body, self.timeout_s)
+        else:
+            status, headers, data = post(d_url + path, dict(body, kv_transfer_params=params),
+                                         self.timeout_s)
         return status, headers.get("Content-Type", "application/json"), data
 
     def handler(self):

@@ -42,6 +42,15 @@ class KvxScheduler:
             _cdiv(g.kv_cache_spec.sliding_window, self.block_size) + 1
             if getattr(g.kv_cache_spec, "sliding_window", None) else 0
             for g in kv_cache_config.transfer_groups]
+        # a mamba group's blocks: [superseded states..., the running state, scratch slots for
+        # speculative tokens]; only the running state moves. None for other groups.
+        self.scratch_blocks = [
+            g.kv_cache_spec.num_speculative_blocks
+            if any(c.__name__ == "MambaSpec" for c in type(g.kv_cache_spec).__mro__) else None
+            for g in kv_cache_config.transfer_groups]
+        # Prompt tokens P leaves to D: a recurrent (mamba) state cannot take the last token
+        # twice, and D computes it to sample its first token, so P stops one token short.
+        self.backoff = 1 if kv_cache_config.has_mamba_layers else 0
         self.addresses = {}  # P: tp rank -> "HOST:PORT" of that worker's kvx agent
         # P: kvx request ids, unique per engine: a random 40-bit base, then a counter
         self.next_id = secrets.randbits(40) << 20
@@ -59,10 +68,18 @@ class KvxScheduler:
             self.addresses[int(tp_rank)] = meta.address
 
     def transfer_ids(self, block_ids):
-        """The block ids kvx moves: the transfer groups', a window's last blocks only."""
+        """The block ids kvx moves: the transfer groups', a window's last blocks only, a mamba
+        group's running state only."""
         groups = self.kv_cache_config.select_transfer_block_ids(block_ids)
-        return [list(ids[-n:]) if n else list(ids)
-                for ids, n in zip(groups, self.window_blocks)]
+        out = []
+        for ids, window, scratch in zip(groups, self.window_blocks, self.scratch_blocks):
+            ids = list(ids)
+            if scratch is not None and ids:
+                ids = ids[:len(ids) - min(scratch, len(ids) - 1)][-1:]
+            elif window:
+                ids = ids[-window:]
+            out.append(ids)
+        return out
 
     def request_finished(self, request, block_ids):
         params = request.kv_transfer_params
@@ -83,7 +100,11 @@ class KvxScheduler:
                                   RequestStatus.FINISHED_STOPPED):
             return False, None  # aborted or failed on P: nothing to hand over
         ids = self.transfer_ids(block_ids)
-        if not any(ids):
+        if not any(ids) or request.num_prompt_tokens <= self.backoff:
+            return False, None  # nothing D would load: it computes the prompt itself
+        if self.backoff and request.num_prompt_tokens > self.block_size:
+            # a mamba hybrid's state past its first block does not give D one instance's
+            # output yet (docs/vllm.md): D computes such a prompt itself, correctly
             return False, None
         if len(self.addresses) != self.tp_size:
             logger.error("kvx: request %s: no kvx address for %d of %d workers; not handed "
@@ -107,17 +128,40 @@ class KvxScheduler:
             "transfer_mode": self.settings.transfer_mode,
         }
 
-    # ---- D ---------------------------------------------------------------------------
     def on_new_request(self, request):
         params = request.kv_transfer_params
-        if params and params.get("do_remote_prefill") and params.get("kvx") == PARAMS_VERSION:
+        if not params:
+            return
+        if params.get("do_remote_decode") and self.is_producer:
+            self.truncate_for_prefill(request)
+        elif params.get("do_remote_prefill") and params.get("kvx") == PARAMS_VERSION:
             self.wants.append(Want(request.request_id, params))
+
+    def truncate_for_prefill(self, request):
+        """P: drops the `backoff` last prompt tokens (once, a preempted request comes back),
+        so that P's state ends where D's own computation starts."""
+        params = request.kv_transfer_params
+        ids = request.prompt_token_ids
+        if not self.backoff or params.get("_kvx_truncated") or ids is None or \
+                request.num_prompt_tokens <= self.backoff:
+            return
+        del ids[-self.backoff:]
+        del request._all_token_ids[-self.backoff:]
+        request.num_prompt_tokens -= self.backoff
+        request.max_tokens = 1
+        params["_kvx_truncated"] = True
+
+    # ---- D ---------------------------------------------------------------------------
+    def loaded_prompt(self, request):
+        """The prompt tokens D loads: all but the `backoff` last, which D computes."""
+        ids = list(request.prompt_token_ids or ())
+        return ids[:len(ids) - self.backoff]
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         params = request.kv_transfer_params
         if not params or not params.get("do_remote_prefill"):
             return 0, False
-        count = len(request.prompt_token_ids or ()) - num_computed_tokens
+        count = len(self.loaded_prompt(request)) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -129,7 +173,7 @@ class KvxScheduler:
             return  # all local: P's hold ends at its lease
         local = self.transfer_ids(blocks.get_unhashed_block_ids_all_groups())
         self.loads.append(Load(request.request_id, params, local,
-                               prompt_digest(request.prompt_token_ids)))
+                               prompt_digest(self.loaded_prompt(request))))
         self.loading.add(request.request_id)
 
     def update_connector_output(self, output):
