@@ -250,7 +250,8 @@ class KvxWorker:
             token = bytes.fromhex(p["remote_token"])
             peer = self._peer(addresses)  # kvx's handshake first: it names what differs
             local, remote = _aligned(load.local_ids, p["remote_block_ids"])
-            post = peer.write_async if p.get("transfer_mode") == "push" else peer.read_async
+            push = self.settings.transfer_mode == "push"  # D's own setting decides
+            post = peer.write_async if push else peer.read_async
             transfer = post(local, remote, request_id=int(p["remote_request_id"]), token=token)
         except (kvx.Error, LoadRefused, KeyError, TypeError, ValueError) as e:
             self._failed(load.req_id, load.local_ids, e, start)
