@@ -7,6 +7,7 @@ every kvx call (connect, hold, read, write, progress) happens on that one thread
 sleeps on the agent's descriptor and wakes every millisecond while transfers are in flight
 (UCX does not signal every local completion)."""
 
+import collections
 import logging
 import os
 import queue
@@ -25,6 +26,7 @@ logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 IDLE_WAIT_S = 0.05   # the thread's sleep with nothing in flight (a new order wakes it at once)
 BUSY_WAIT_S = 0.001  # while a transfer of ours, or a push P serves, is in flight
 UNREACHABLE_S = 1.0  # a P whose handshake failed is not asked again for this long
+ENDED_KEPT = 65536   # loads remembered as reported (an abort for one comes a step later)
 
 
 class LoadRefused(Exception):
@@ -73,6 +75,7 @@ class KvxWorker:
         self.leases_expired = 0  # the agent's count, as last reported (P)
         self.transfers = {}  # vLLM request id -> (Transfer, local ids, start time) (D)
         self.aborted = set()
+        self.ended = collections.OrderedDict()  # vLLM request ids whose load was reported
         self.wanted = {}     # vLLM request id -> (Peer, kvx request id): heartbeated (D)
         self.peers = {}      # tuple of P addresses -> kvx.Peer
         self.unreachable = {}  # tuple of P addresses -> (when, error) of a failed handshake
@@ -179,7 +182,10 @@ class KvxWorker:
             for load in meta.loads:
                 self._load(load)
             for req_id in meta.aborted:
-                if req_id not in self.transfers:
+                if req_id in self.ended:
+                    del self.ended[req_id]  # reported already: vLLM ended it for that report
+                    self.aborted.discard(req_id)
+                elif req_id not in self.transfers:
                     self._loaded(req_id, None)  # never posted: nothing writes its blocks
 
     def _hold(self, hold):
@@ -259,6 +265,8 @@ class KvxWorker:
         self.transfers[load.req_id] = (transfer, load.local_ids, start)
 
     def _collect(self):
+        for line in self.agent.logs():  # kvx's own: peers connected or dead, leases expired
+            logger.info("kvx: %s", line)
         for req_id, (transfer, local_ids, start) in list(self.transfers.items()):
             if not transfer.done:
                 continue
@@ -291,7 +299,13 @@ class KvxWorker:
         self._loaded(req_id, {b for ids in local_ids for b in ids})
 
     def _loaded(self, req_id, failed_blocks):
+        """Reports a load's end to vLLM, exactly once: a request vLLM ends because its load
+        failed comes back as an abort, and a second report would name a request vLLM has
+        forgotten (its scheduler asserts it knows every one)."""
         self.aborted.discard(req_id)
+        self.ended[req_id] = True
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
         self._unwant(req_id)  # a completed transfer ended it already; a failed one did not
         with self.results_lock:
             self.finished_recving.add(req_id)

@@ -99,6 +99,8 @@ def test_refusal_under_policy_fail_fails_the_request(llama):
     out = llama["d_push"].generate(PROMPTS, params=params)
     assert out.get("error") or out["finish"] == ["error"] * len(PROMPTS), out
     assert not any(out.get("tokens") or [])
+    # and D lives on: each failed load was reported to vLLM once
+    assert llama["d_push"].generate(PROMPTS, params=prefill(llama["p"]))["tokens"] == llama["ref"]
 
 
 def test_prefill_dead_before_read_is_recomputed(llama):
