@@ -170,7 +170,8 @@ class KvxScheduler:
             return
         params["do_remote_prefill"] = False
         if num_external_tokens == 0:
-            return  # all local: P's hold ends at its lease
+            self.unwants.add(request.request_id)  # all local: P's hold ends at its lease
+            return
         local = self.transfer_ids(blocks.get_unhashed_block_ids_all_groups())
         self.loads.append(Load(request.request_id, params, local,
                                prompt_digest(self.loaded_prompt(request))))
