@@ -24,7 +24,7 @@ from .scheduler import PARAMS_VERSION
 logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
 IDLE_WAIT_S = 0.05   # the thread's sleep with nothing in flight (a new order wakes it at once)
-BUSY_WAIT_S = 0.001  # while a transfer of ours, or a push P serves, is in flight
+BUSY_WAIT_S = 0.001  # while a transfer of ours is in flight, or P holds blocks
 UNREACHABLE_S = 1.0  # a P whose handshake failed is not asked again for this long
 ENDED_KEPT = 65536   # loads remembered as reported (an abort for one comes a step later)
 
@@ -152,8 +152,9 @@ class KvxWorker:
         while not self.stopping:
             try:
                 self._take_orders()
-                busy = self.transfers or (self.is_producer and
-                                          self.agent.stats()["pushes_serving"] > 0)
+                # in flight: our transfers, or on P holds whose dones (or pushes) may come,
+                # answered within a millisecond (bench/vllm_pd.sh: P frees a little sooner)
+                busy = self.transfers or self.held
                 wait = BUSY_WAIT_S if busy else IDLE_WAIT_S
                 select.select([fd, self.wake_r], [], [], wait)
                 try:
