@@ -23,7 +23,8 @@ PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
 def post(url, body, timeout_s):
-    """(status, headers, bytes) of a JSON POST; HTTP errors are answers too."""
+    """(status, headers, bytes) of a JSON POST; HTTP errors are answers too, and a server
+    that cannot be reached is a 502 naming it."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
@@ -31,6 +32,9 @@ def post(url, body, timeout_s):
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
+    except OSError as e:  # refused, unreachable, timed out: the client hears which server
+        reason = getattr(e, "reason", e)
+        return 502, {"Content-Type": "text/plain"}, ("cannot reach %s: %s" % (url, reason)).encode()
 
 
 class Proxy:

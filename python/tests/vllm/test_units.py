@@ -110,3 +110,34 @@ def test_listen_address_per_rank(monkeypatch):
     assert config.listen_address(config.Settings(), 1) == "10.0.0.5:0"
     assert config.listen_address(config.Settings(listen="10.0.0.6:7000"), 2) == "10.0.0.6:7002"
     assert config.listen_address(config.Settings(listen="[::1]:7000"), 0) == "[::1]:7000"
+
+
+def test_proxy_answers_every_request_naming_what_failed():
+    """kvx.vllm.proxy with no server behind it: a 502 naming the prefill server, a 400 for a
+    body that is not a JSON object, a 404 elsewhere; never a dropped connection."""
+    import json
+    import socket
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from kvx.vllm.proxy import Proxy
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
+    http = Proxy([dead], [dead], timeout_s=5).serve("127.0.0.1", 0)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    url = "http://127.0.0.1:%d" % http.server_address[1]
+    try:
+        for path, body, status, part in [
+                ("/v1/completions", json.dumps({"prompt": "a"}), 502, "cannot reach " + dead),
+                ("/v1/completions", "nope", 400, "bad JSON body"),
+                ("/v1/completions", "[1]", 400, "not an object"),
+                ("/v1/other", "{}", 404, "not found")]:
+            request = urllib.request.Request(url + path, data=body.encode())
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(request, timeout=30)
+            assert e.value.code == status and part in e.value.read().decode()
+    finally:
+        http.shutdown()
