@@ -5,8 +5,8 @@ Run by ctest's test_vllm with the project's .venv-vllm (scripts/install-deps --v
 PYTHONPATH=build/python. Models are made once per run under KVX_VLLM_WORK (default: a
 directory in the build tree), by the test, from fixed seeds (models.py)."""
 
+import contextlib
 import itertools
-import subprocess
 import json
 import os
 import signal
@@ -142,6 +142,22 @@ def engines():
     yield made
     for engine in made:
         engine.stop()
+
+
+@contextlib.contextmanager
+def running(engines, reference=True):
+    """A module's engines ({"p": P, ...}, started together), ready; with "ref", one instance's
+    greedy output of PROMPTS (P's, without kv_transfer_params). Stopped at the end."""
+    started = list(engines.values())
+    try:
+        for engine in started:
+            engine.wait_ready()
+        if reference:
+            engines["ref"] = engines["p"].generate(PROMPTS)["tokens"]
+        yield engines
+    finally:
+        for engine in started:
+            engine.stop()
 
 
 def wait_for(predicate, what, timeout_s=COMMAND_S):

@@ -5,7 +5,7 @@ a P of another model is refused at kvx's handshake, naming the difference."""
 
 import pytest
 
-from conftest import PROMPTS, Engine, auth_file, delta, model, prefill
+from conftest import PROMPTS, Engine, auth_file, delta, model, prefill, running
 
 
 @pytest.fixture(scope="module")
@@ -18,15 +18,8 @@ def gemma2():
         "d_push": Engine("gemma2-d-push", 1, role="kv_consumer", mode="push",
                          policy="recompute", **common),
     }
-    engines = list(e.values())
-    try:
-        for engine in engines:
-            engine.wait_ready()
-        e["ref"] = e["p"].generate(PROMPTS)["tokens"]
+    with running(e):
         yield e
-    finally:
-        for engine in engines:
-            engine.stop()
 
 
 def test_two_kv_cache_groups(gemma2):

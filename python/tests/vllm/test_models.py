@@ -10,7 +10,7 @@ docs/vllm.md."""
 
 import pytest
 
-from conftest import PROMPTS, Engine, auth_file, delta, model, prefill
+from conftest import PROMPTS, Engine, auth_file, delta, model, prefill, running
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +22,8 @@ def mla():
         "d": Engine("mla-d-pull", 1, role="kv_consumer", policy="fail",
                     **dict(common, extra=dict(common["extra"], verify_one_in=1))),
     }
-    try:
-        for engine in e.values():
-            engine.wait_ready()
+    with running(e, reference=False):  # no reference: see above
         yield e
-    finally:
-        for engine in e.values():
-            engine.stop()
 
 
 def test_mla_latent_rows_move(mla):
@@ -51,15 +46,8 @@ def mamba():
         "p": Engine("mamba-p", 0, role="kv_producer", **common),
         "d": Engine("mamba-d-pull", 1, role="kv_consumer", policy="fail", **common),
     }
-    engines = list(e.values())
-    try:
-        for engine in engines:
-            engine.wait_ready()
-        e["ref"] = e["p"].generate(PROMPTS)["tokens"]
+    with running(e):
         yield e
-    finally:
-        for engine in engines:
-            engine.stop()
 
 
 def test_mamba_hybrid_pull_equals_one_instance(mamba):
