@@ -273,7 +273,8 @@ static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_para
 
         bases[s] = (uint64_t)(uintptr_t)agent->core.bases[s];
         status =
-            transport_mem_pack_rkey(agent->core.transport, agent->mems[s], &key, &keys[s].size);
+            transport_mem_pack_rkey(agent->core.transport, agent->mems[s], mode == KVX_MODE_PUSH,
+                                    &key, &keys[s].size);
         keys[s].data = key;
     }
     if (status == KVX_OK)

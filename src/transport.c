@@ -6,8 +6,7 @@
 #include "clock.h"
 #include "error.h"
 #include "prefault.h"
-
-#include <ucp/api/ucp.h>
+#include "transport_private.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,73 +14,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-/* Active-message ids a transport accepts handlers for; kvx uses a handful. */
-#define TRANSPORT_AM_IDS 16
-/* Connections closed with operations pending, kept parked (transport_conn_destroy). */
-#define TRANSPORT_MAX_PARKED 16
-/* A closing connection's local operations get this long to finish (conn_settle), and
- * progress calls that do nothing end the wait sooner. */
-#define TRANSPORT_SETTLE_SECONDS 1.0
-#define TRANSPORT_SETTLE_IDLE    64
-
-struct am_slot {
-    transport_am_handler_t handler;
-    void *arg;
-};
-
-struct transport {
-    ucp_context_h context;
-    ucp_worker_h worker; /* the main worker: its address is the one peers connect to */
-    struct am_slot am[TRANSPORT_AM_IDS];
-    size_t orphaned;               /* op records released while UCX still owed completions */
-    size_t pending;                /* operations posted on live connections, not completed */
-    struct transport_conn *parked; /* closed with operations pending: never progressed again */
-    size_t num_parked;
-};
-
-struct transport_mem {
-    ucp_mem_h memh;
-    void *address;
-    size_t size; /* bytes */
-};
-
-/* A worker per connection, because UCX offers no bounded way to end the operations of one
- * endpoint without its peer-failure mode (docs/agent.md "Closing"): destroying the worker
- * is, and it takes only this connection's operations with it. */
-struct transport_conn {
-    struct transport *t;
-    ucp_worker_h worker;
-    ucp_ep_h ep;
-    ucp_rkey_h *rkeys; /* by the peer's storage index */
-    /* By the peer's storage index: where its memory is mapped into this process, minus its
-     * base in the peer's (so mapped[s] + remote address is local), or 0 where it is not. */
-    uintptr_t *mapped;
-    size_t num_rkeys;
-    size_t num_mapped;
-    struct prefault *prefault;          /* of the mapped storages; stopped before their keys go */
-    struct transport_op *ops;           /* every op record of this connection, released or not */
-    struct transport_conn *next_parked; /* in t->parked */
-    bool parked;
-    bool settling; /* closing (conn_settle): completions tell no owner */
-};
-
 static void conn_free(struct transport_conn *conn);
 
-struct transport_op {
-    struct transport_conn *conn;
-    transport_op_finished_t finished;
-    void *arg;
-    size_t posted; /* operations whose completion callback is still to come or came */
-    size_t completed;
-    int first_error; /* 0, or the UCX status of the first failure */
-    bool armed;
-    bool released;
-    struct transport_op *prev; /* in conn->ops */
-    struct transport_op *next;
-    uint8_t am[TRANSPORT_AM_MAX]; /* an active message's bytes, alive until it completes */
-};
-
-static kvx_status_t ucs_error(const char *what, ucs_status_t status)
+kvx_status_t transport_ucs_error(const char *what, ucs_status_t status)
 {
     return error_set(KVX_ERR_IO, "transport: %s: %s", what, ucs_status_string(status));
 }
@@ -92,7 +27,7 @@ static kvx_status_t worker_create(ucp_context_h context, ucp_worker_h *worker_p)
                                   .thread_mode = UCS_THREAD_MODE_SINGLE};
     ucs_status_t st            = ucp_worker_create(context, &params, worker_p);
 
-    return st == UCS_OK ? KVX_OK : ucs_error("creating a worker", st);
+    return st == UCS_OK ? KVX_OK : transport_ucs_error("creating a worker", st);
 }
 
 /* UCX settings kvx changes from UCX's defaults unless the environment sets them (UCX_...).
@@ -130,10 +65,41 @@ static ucs_status_t settings_apply(ucp_config_t *config)
     return st;
 }
 
+/* True when the UCX_TLS list names TCP: UCX emulates gets and puts over it in software, and
+ * its target writes and reads wherever the message says, key or no key. */
+static bool tls_without_keys(const char *tls)
+{
+    char list[256];
+    char *save;
+
+    snprintf(list, sizeof(list), "%s", tls);
+    for (char *name = strtok_r(list, ",", &save); name != NULL; name = strtok_r(NULL, ",", &save)) {
+        if (strcmp(name, "tcp") == 0 || strcmp(name, "all") == 0)
+            return true;
+    }
+    return false;
+}
+
+/* The grants a serving transport hands out, random per transport. */
+static kvx_status_t tokens_make(struct transport *t)
+{
+    kvx_token_t read;
+    kvx_token_t write;
+    kvx_status_t status = kvx_token_generate(&read);
+
+    if (status == KVX_OK)
+        status = kvx_token_generate(&write);
+    if (status != KVX_OK)
+        return status;
+    memcpy(t->read_token, read.bytes, TRANSPORT_TOKEN_SIZE);
+    memcpy(t->write_token, write.bytes, TRANSPORT_TOKEN_SIZE);
+    return KVX_OK;
+}
+
 kvx_status_t transport_create(const char *tls, bool one_rail, struct transport **transport_p)
 {
     ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                           .features   = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
+                           .features   = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
     struct transport *t = calloc(1, sizeof(*t));
     ucp_config_t *config;
     ucs_status_t st;
@@ -141,13 +107,24 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
 
     if (t == NULL)
         return error_no_memory("a transport");
+    if (tls == NULL)
+        tls = TRANSPORT_DEFAULT_TLS;
+    /* Without RMA a context registers none of UCX's software get and put handlers, which
+     * serve any address to whoever reaches the worker: kvx serves its own (transport_am.c). */
+    t->served = tls_without_keys(tls);
+    if (!t->served)
+        params.features |= UCP_FEATURE_RMA;
+    if (t->served && (status = tokens_make(t)) != KVX_OK) {
+        free(t);
+        return status;
+    }
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
         free(t);
-        return ucs_error("reading the UCX configuration", st);
+        return transport_ucs_error("reading the UCX configuration", st);
     }
     /* The transport list is explicit: never whatever UCX would pick on its own. */
-    st = ucp_config_modify(config, "TLS", tls != NULL ? tls : TRANSPORT_DEFAULT_TLS);
+    st = ucp_config_modify(config, "TLS", tls);
     if (st == UCS_OK && one_rail)
         st = ucp_config_modify(config, "MAX_RNDV_RAILS", "1");
     if (st == UCS_OK)
@@ -157,9 +134,11 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
     ucp_config_release(config);
     if (st != UCS_OK) {
         free(t);
-        return ucs_error("creating the context", st);
+        return transport_ucs_error("creating the context", st);
     }
     status = worker_create(t->context, &t->worker);
+    if (status == KVX_OK && (status = am_serve_set(t)) != KVX_OK)
+        ucp_worker_destroy(t->worker);
     if (status != KVX_OK) {
         ucp_cleanup(t->context);
         free(t);
@@ -167,6 +146,16 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
     }
     *transport_p = t;
     return KVX_OK;
+}
+
+bool transport_serves(const struct transport *t)
+{
+    return t->served;
+}
+
+const struct transport_data_counters *transport_data_counters(const struct transport *t)
+{
+    return &t->counters;
 }
 
 const char *kvx_ucx_version(void)
@@ -185,7 +174,9 @@ void transport_destroy(struct transport *t)
         conn_free(conn);
     }
     ucp_worker_destroy(t->worker);
+    am_records_free(&t->replies);
     ucp_cleanup(t->context);
+    free(t->mems);
     free(t);
 }
 
@@ -233,37 +224,61 @@ size_t transport_ops_orphaned(const struct transport *t)
 
 size_t transport_ops_pending(const struct transport *t)
 {
-    return t->pending;
+    return t->pending + t->serving;
+}
+
+/* Peers may read what kvx maps; writing takes a mapping of its own (mem_map_writable). Where
+ * the hardware checks keys (RDMA) it enforces this; shared memory and CMA cannot (they are the
+ * OS user boundary's), and TCP gets no keys at all (transport_serves). */
+#define MEM_PROT_READ                                                                              \
+    (UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE | UCP_MEM_MAP_PROT_REMOTE_READ)
+#define MEM_PROT_WRITE (MEM_PROT_READ | UCP_MEM_MAP_PROT_REMOTE_WRITE)
+
+static ucs_status_t memh_map(struct transport *t, void *address, size_t size, bool gpu,
+                             unsigned prot, ucp_mem_h *memh_p)
+{
+    ucp_mem_map_params_t params = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_PROT |
+                      (gpu ? UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE : 0),
+        .address     = address,
+        .length      = size,
+        .flags       = address == NULL ? UCP_MEM_MAP_ALLOCATE : 0,
+        .prot        = prot,
+        .memory_type = gpu ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
+    };
+
+    return ucp_mem_map(t->context, &params, memh_p);
 }
 
 static kvx_status_t mem_map(struct transport *t, void *address, size_t size, bool gpu,
                             struct transport_mem **mem_p)
 {
-    ucp_mem_map_params_t params = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS |
-                      (gpu ? UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE : 0),
-        .address     = address,
-        .length      = size,
-        .flags       = address == NULL ? UCP_MEM_MAP_ALLOCATE : 0,
-        .memory_type = gpu ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
-    };
     ucp_mem_attr_t attr       = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
     struct transport_mem *mem = calloc(1, sizeof(*mem));
+    struct transport_mem **mems = realloc(t->mems, (t->num_mems + 1) * sizeof(*t->mems));
     ucs_status_t st;
 
-    if (mem == NULL)
+    if (mems != NULL)
+        t->mems = mems;
+    if (mem == NULL || mems == NULL) {
+        free(mem);
         return error_no_memory("a memory map");
-    st = ucp_mem_map(t->context, &params, &mem->memh);
+    }
+    st = memh_map(t, address, size, gpu, MEM_PROT_READ, &mem->memh);
     if (st == UCS_OK && address == NULL && (st = ucp_mem_query(mem->memh, &attr)) != UCS_OK)
         ucp_mem_unmap(t->context, mem->memh);
     if (st != UCS_OK) {
         free(mem);
-        return ucs_error("mapping memory", st);
+        return transport_ucs_error("mapping memory", st);
     }
+    mem->t       = t;
     mem->address = address != NULL ? address : attr.address;
     mem->size    = size;
-    *mem_p       = mem;
+    mem->device  = gpu;
+    mem->index   = t->num_mems;
+    t->mems[t->num_mems++] = mem; /* its storage index: peers name it so (transport_am.c) */
+    *mem_p                 = mem;
     return KVX_OK;
 }
 
@@ -280,7 +295,7 @@ kvx_status_t transport_mem_map_gpu(struct transport *t, void *address, size_t si
     ucs_status_t st         = ucp_context_query(t->context, &attr);
 
     if (st != UCS_OK)
-        return ucs_error("querying the context's memory types", st);
+        return transport_ucs_error("querying the context's memory types", st);
     /* Without it UCX would treat device pointers as host memory and fault in a copy. */
     if (!(attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)))
         return error_set(KVX_ERR_INVALID,
@@ -294,6 +309,9 @@ void transport_mem_unmap(struct transport *t, struct transport_mem *mem)
 {
     if (mem == NULL)
         return;
+    t->mems[mem->index] = NULL; /* peers' requests naming it are refused from now on */
+    if (mem->write_memh != NULL)
+        ucp_mem_unmap(t->context, mem->write_memh);
     ucp_mem_unmap(t->context, mem->memh);
     free(mem);
 }
@@ -316,16 +334,34 @@ static kvx_status_t bytes_copy(const void *data, size_t size, void **buf_p, size
     return KVX_OK;
 }
 
-kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem, void **buf_p,
-                                     size_t *size_p)
+/* A grant: a prefix no UCX key starts with, then the token; the peer's connection tells the
+ * two apart (conn_unpack_keys). */
+#define GRANT_MAGIC "kvxgrnt1"
+#define GRANT_SIZE  (sizeof(GRANT_MAGIC) - 1 + TRANSPORT_TOKEN_SIZE)
+
+kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem,
+                                     bool writable, void **buf_p, size_t *size_p)
 {
     void *packed;
     size_t size;
-    ucs_status_t st = ucp_rkey_pack(t->context, mem->memh, &packed, &size);
+    ucs_status_t st;
     kvx_status_t status;
 
+    if (t->served) {
+        uint8_t grant[GRANT_SIZE];
+
+        memcpy(grant, GRANT_MAGIC, sizeof(GRANT_MAGIC) - 1);
+        memcpy(grant + sizeof(GRANT_MAGIC) - 1, writable ? t->write_token : t->read_token,
+               TRANSPORT_TOKEN_SIZE);
+        return bytes_copy(grant, sizeof(grant), buf_p, size_p);
+    }
+    if (writable && mem->write_memh == NULL &&
+        (st = memh_map(t, mem->address, mem->size, mem->device, MEM_PROT_WRITE,
+                       &mem->write_memh)) != UCS_OK)
+        return transport_ucs_error("mapping memory for peers' writes", st);
+    st = ucp_rkey_pack(t->context, writable ? mem->write_memh : mem->memh, &packed, &size);
     if (st != UCS_OK)
-        return ucs_error("packing a remote key", st);
+        return transport_ucs_error("packing a remote key", st);
     status = bytes_copy(packed, size, buf_p, size_p);
     ucp_rkey_buffer_release(packed);
     return status;
@@ -339,7 +375,7 @@ kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t 
     kvx_status_t status;
 
     if (st != UCS_OK)
-        return ucs_error("reading the worker address", st);
+        return transport_ucs_error("reading the worker address", st);
     status = bytes_copy(address, size, buf_p, size_p);
     ucp_worker_release_address(t->worker, address);
     return status;
@@ -374,6 +410,7 @@ static uintptr_t mapped_offset(ucp_rkey_h rkey, uint64_t base, uint64_t size,
 static void conn_unalloc(struct transport_conn *conn)
 {
     free(conn->rkeys);
+    free(conn->storages);
     free(conn->mapped);
     free(conn);
 }
@@ -387,15 +424,31 @@ static struct transport_conn *conn_alloc(struct transport *t, size_t num_mems)
         return NULL;
     conn->t      = t;
     conn->rkeys  = calloc(num_mems + 1, sizeof(*conn->rkeys));
-    conn->mapped = calloc(num_mems + 1, sizeof(*conn->mapped));
-    if (conn->rkeys == NULL || conn->mapped == NULL) {
+    conn->mapped   = calloc(num_mems + 1, sizeof(*conn->mapped));
+    conn->storages = calloc(num_mems + 1, sizeof(*conn->storages));
+    if (conn->rkeys == NULL || conn->mapped == NULL || conn->storages == NULL) {
         conn_unalloc(conn);
         return NULL;
     }
     return conn;
 }
 
-/* Unpacks the peer's keys; notes the storages mapped here and starts populating them. */
+/* Takes a storage's grant (the peer serves it: transport_am.c); false when `key` is a UCX
+ * key. */
+static bool conn_take_grant(struct transport_conn *conn, size_t s,
+                            const struct transport_remote_mem *mem)
+{
+    struct conn_storage *storage = &conn->storages[s];
+
+    if (mem->rkey.size != GRANT_SIZE || memcmp(mem->rkey.data, GRANT_MAGIC, 8) != 0)
+        return false;
+    storage->served = true;
+    memcpy(storage->token, (const uint8_t *)mem->rkey.data + 8, TRANSPORT_TOKEN_SIZE);
+    return true;
+}
+
+/* Unpacks the peer's keys, or takes its grants; notes the storages mapped here and starts
+ * populating them. */
 static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
                                      const struct transport_remote_mem *mems, size_t num_mems)
 {
@@ -405,12 +458,24 @@ static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
         const struct transport_remote_mem *mem = &mems[conn->num_rkeys];
         ucp_rkey_h *rkey                       = &conn->rkeys[conn->num_rkeys];
         struct prefault_range range;
-        ucs_status_t st = mem->rkey.size > 0 ? ucp_ep_rkey_unpack(conn->ep, mem->rkey.data, rkey)
-                                             : UCS_ERR_INVALID_PARAM;
+        ucs_status_t st;
 
+        conn->storages[conn->num_rkeys].size   = mem->size;
+        conn->storages[conn->num_rkeys].device = mem->device;
+        if (conn_take_grant(conn, conn->num_rkeys, mem))
+            continue;
+        if (conn->t->served) { /* no RMA in this context: a key is of no use */
+            free(ranges);
+            return error_set(KVX_ERR_INVALID,
+                             "transport: the peer hands out UCX keys (its transports have no "
+                             "tcp) and this agent's transports include tcp: give both the "
+                             "same transports");
+        }
+        st = mem->rkey.size > 0 ? ucp_ep_rkey_unpack(conn->ep, mem->rkey.data, rkey)
+                                : UCS_ERR_INVALID_PARAM;
         if (st != UCS_OK) {
             free(ranges);
-            return ucs_error("unpacking a remote key", st);
+            return transport_ucs_error("unpacking a remote key", st);
         }
         conn->mapped[conn->num_rkeys] =
             mem->device ? 0 : mapped_offset(*rkey, mem->base, mem->size, &range);
@@ -445,6 +510,8 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
     if ((conn = conn_alloc(t, num_mems)) == NULL)
         return error_no_memory("a connection");
     status = worker_create(t->context, &conn->worker);
+    if (status == KVX_OK && (status = am_conn_set(conn)) != KVX_OK)
+        ucp_worker_destroy(conn->worker);
     if (status != KVX_OK) {
         conn_unalloc(conn);
         return status;
@@ -453,7 +520,7 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
     if (st != UCS_OK) {
         conn->ep = NULL;
         transport_conn_destroy(conn);
-        return ucs_error("connecting to the peer's worker", st);
+        return transport_ucs_error("connecting to the peer's worker", st);
     }
     status = conn_unpack_keys(conn, mems, num_mems);
     if (status != KVX_OK) {
@@ -515,11 +582,15 @@ static void conn_settle(struct transport_conn *conn)
 static void conn_free(struct transport_conn *conn)
 {
     prefault_stop(conn->prefault); /* before the keys, which unmap what it populates */
-    for (size_t s = 0; s < conn->num_rkeys; s++)
-        ucp_rkey_destroy(conn->rkeys[s]); /* UCX's order: keys before their endpoint */
+    for (size_t s = 0; s < conn->num_rkeys; s++) {
+        if (conn->rkeys[s] != NULL)
+            ucp_rkey_destroy(conn->rkeys[s]); /* UCX's order: keys before their endpoint */
+    }
     for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
         op->finished = NULL; /* whatever completes during the destroy tells no owner */
     ucp_worker_destroy(conn->worker);
+    am_records_free(&conn->requests);
+    am_conn_free(conn);
     while (conn->ops != NULL)
         op_free(conn->ops);
     conn_unalloc(conn);
@@ -601,17 +672,26 @@ static void op_check_finished(struct transport_op *op)
         op->finished(op->arg, op);
 }
 
-static void op_completed(void *request, ucs_status_t status, void *user_data)
+void transport_op_complete(struct transport_op *op, ucs_status_t status)
 {
-    struct transport_op *op = user_data;
-
     op->completed++;
     if (!op->conn->parked)
         op->conn->t->pending--;
     if (status != UCS_OK && op->first_error == 0)
         op->first_error = status;
-    ucp_request_free(request);
     op_check_finished(op);
+}
+
+void transport_op_posted_one(struct transport_op *op)
+{
+    op->posted++;
+    op->conn->t->pending++;
+}
+
+static void op_completed(void *request, ucs_status_t status, void *user_data)
+{
+    ucp_request_free(request);
+    transport_op_complete(user_data, status);
 }
 
 /* Counts what ucp_*_nbx returned: a request whose callback will come, a completion in place,
@@ -621,12 +701,10 @@ static kvx_status_t op_count(struct transport_op *op, ucs_status_ptr_t sp, const
     if (UCS_PTR_IS_ERR(sp)) {
         if (op->first_error == 0)
             op->first_error = UCS_PTR_STATUS(sp);
-        return ucs_error(what, UCS_PTR_STATUS(sp));
+        return transport_ucs_error(what, UCS_PTR_STATUS(sp));
     }
-    if (sp != NULL) {
-        op->posted++; /* NULL: completed in place, no callback comes */
-        op->conn->t->pending++;
-    }
+    if (sp != NULL) /* NULL: completed in place, no callback comes */
+        transport_op_posted_one(op);
     return KVX_OK;
 }
 
@@ -652,6 +730,16 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
         ucs_status_ptr_t sp;
         kvx_status_t status;
 
+        if (conn->storages[rs].served) { /* the peer's kvx checks and serves it */
+            uint64_t offset = remote - targets->remote_bases[rs];
+
+            status = put ? am_write_post(op, rs, offset, local, p->len)
+                         : am_read_post(op, rs, offset, local, p->len,
+                                        targets->local_mems[ls] == KVX_MEM_VRAM);
+            if (status != KVX_OK)
+                return status;
+            continue;
+        }
         /* Reads from a storage mapped here are copies, done in place. Writes never are: a
          * peer's mapping proves nothing about whose memory it is (docs/security.md). */
         if (!put && conn->mapped[rs] != 0 && targets->local_mems[ls] != KVX_MEM_VRAM) {
@@ -713,7 +801,7 @@ size_t transport_op_posted(const struct transport_op *op)
 
 kvx_status_t transport_op_status(const struct transport_op *op, const char *what)
 {
-    return op->first_error == 0 ? KVX_OK : ucs_error(what, (ucs_status_t)op->first_error);
+    return op->first_error == 0 ? KVX_OK : transport_ucs_error(what, (ucs_status_t)op->first_error);
 }
 
 static ucs_status_t am_received(void *arg, const void *header, size_t header_length, void *data,
@@ -746,7 +834,7 @@ kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
                          TRANSPORT_AM_IDS);
     t->am[id] = (struct am_slot){handler, arg};
     st        = ucp_worker_set_am_recv_handler(t->worker, &param);
-    return st == UCS_OK ? KVX_OK : ucs_error("setting an active-message handler", st);
+    return st == UCS_OK ? KVX_OK : transport_ucs_error("setting an active-message handler", st);
 }
 
 /* Parses ucp_ep_print_info's lane lines, "lane[0]:  3:cma/memory.0 md[3] -> md[3]/cma/...

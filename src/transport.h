@@ -38,10 +38,28 @@ kvx_status_t transport_mem_map_gpu(struct transport *t, void *address, size_t si
 void transport_mem_unmap(struct transport *t, struct transport_mem *mem);
 void *transport_mem_address(const struct transport_mem *mem);
 
-/* The packed remote key of a mapping and the main worker's address, as malloc'd copies the
- * caller frees (they travel in the handshake metadata). */
-kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem, void **buf_p,
-                                     size_t *size_p);
+/* What a peer needs to reach a mapping, as a malloc'd copy the caller frees (it travels in
+ * the handshake metadata, to authenticated peers only): a UCX remote key that grants reads
+ * (or, `writable`, writes too: push registrations), or, where this transport serves its own
+ * memory (transport_serves), kvx's grant (a token the peer presents with each request). */
+kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem,
+                                     bool writable, void **buf_p, size_t *size_p);
+/* True when the transports include one on which UCX checks no remote key (TCP, whose gets and
+ * puts UCX emulates in software and serves at any address): then the context has no RMA at
+ * all, peers get grants instead of keys, and this transport serves their reads and writes
+ * itself, each checked against its storages (transport_am.c). */
+bool transport_serves(const struct transport *t);
+
+/* Requests of peers served (transport_serves): reads and writes, and those refused (a wrong
+ * token, a range outside every storage, a malformed message). */
+struct transport_data_counters {
+    uint64_t reads;
+    uint64_t writes;
+    uint64_t refused;
+};
+const struct transport_data_counters *transport_data_counters(const struct transport *t);
+
+/* The main worker's address, as a malloc'd copy the caller frees. */
 kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t *size_p);
 
 /* One storage of the peer: its packed remote key and where it is in the peer's process. */

@@ -1,0 +1,531 @@
+/* transport_am.c: kvx's own reads and writes, over UCX active messages, for transports on
+ * which UCX checks no remote key. Over TCP UCX emulates gets and puts in software and its
+ * target serves any address with any key (docs/security.md "The data plane"), so such a
+ * transport hands peers grants instead of keys, and serves their requests itself:
+ *
+ *   read     requester -> owner   header: read token, cookie, storage, offset, length
+ *   data     owner -> requester   header: cookie, status; then the bytes (eager or rendezvous)
+ *   write    writer -> owner      header: write token, cookie, storage, offset; then the bytes
+ *   written  owner -> writer      header: cookie, status, once the bytes are in memory
+ *
+ * The owner checks the token and that (storage, offset, length) lies inside one of its
+ * storages before it touches memory; anything else is answered "refused" and counted. The
+ * requester matches an answer to its request by the cookie (index and generation, so an
+ * answer to a request that ended finds nothing) and takes exactly the length it asked for.
+ * Large messages go by UCX's rendezvous, which moves them with the fastest lane it has (a CMA
+ * or RDMA get of the sender's own buffer). */
+#include "error.h"
+#include "transport_private.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Ids of the protocol's messages, above the ones kvx's files set (TRANSPORT_AM_IDS). */
+enum { AM_READ = 24, AM_DATA, AM_WRITE, AM_WRITTEN };
+
+#define AM_FLAG_RENDEZVOUS 1u /* the destination is device memory: never eager */
+
+enum { AM_STATUS_OK = 0, AM_STATUS_REFUSED = 1 };
+
+struct am_read_header {
+    uint8_t token[TRANSPORT_TOKEN_SIZE];
+    uint64_t cookie;
+    uint64_t offset;
+    uint64_t length;
+    uint32_t storage;
+    uint32_t flags;
+};
+
+struct am_write_header {
+    uint8_t token[TRANSPORT_TOKEN_SIZE];
+    uint64_t cookie;
+    uint64_t offset;
+    uint32_t storage;
+    uint32_t flags;
+};
+
+struct am_answer_header {
+    uint64_t cookie;
+    uint32_t status;
+    uint32_t reserved;
+};
+
+/* A read or write this side asked for, until its answer came or its send failed. */
+struct am_request {
+    struct am_record record; /* first: the list's pointer is the request's */
+    struct transport_op *op;
+    struct transport_conn *conn;
+    void *local;
+    uint64_t length;
+    uint64_t cookie; /* generation << 32 | index */
+    uint32_t index;
+    bool write;
+    bool device;
+    bool ended;     /* its operation was counted complete */
+    bool sending;   /* UCX still holds its header */
+    bool receiving; /* UCX is receiving its data (rendezvous) */
+    union {
+        struct am_read_header read;
+        struct am_write_header write;
+    } header;
+};
+
+/* The owner's side of one message: an answer being sent, or a write's bytes being received
+ * and then its answer sent. */
+struct am_reply {
+    struct am_record record;
+    struct transport *t;
+    ucp_ep_h ep;
+    struct am_answer_header header;
+};
+
+void am_record_link(struct am_record *r, struct am_record **list)
+{
+    r->list = list;
+    r->prev = NULL;
+    r->next = *list;
+    if (*list != NULL)
+        (*list)->prev = r;
+    *list = r;
+}
+
+void am_record_unlink(struct am_record *r)
+{
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        *r->list = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+}
+
+void am_records_free(struct am_record **list)
+{
+    while (*list != NULL) {
+        struct am_record *r = *list;
+
+        am_record_unlink(r);
+        free(r);
+    }
+}
+
+/* Compares in constant time: how long it takes says nothing of where a guess went wrong. */
+static bool token_equal(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t diff = 0;
+
+    for (size_t i = 0; i < TRANSPORT_TOKEN_SIZE; i++)
+        diff |= (uint8_t)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+/* The storage `index` of this transport if [offset, offset + length) lies inside it. */
+static struct transport_mem *granted(struct transport *t, uint32_t index, uint64_t offset,
+                                     uint64_t length)
+{
+    struct transport_mem *mem = index < t->num_mems ? t->mems[index] : NULL;
+
+    if (mem == NULL || offset > mem->size || length > mem->size - offset)
+        return NULL;
+    return mem;
+}
+
+/* ---- the owner's side: serving reads and writes on the main worker ---- */
+
+static void reply_free(struct am_reply *r)
+{
+    am_record_unlink(&r->record);
+    r->t->serving--;
+    free(r);
+}
+
+static void reply_sent(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status; /* a requester that went away: nothing of ours to undo */
+    ucp_request_free(request);
+    reply_free(user_data);
+}
+
+/* Sends an answer (and, for a read, the bytes); the record goes when UCX is done with it. */
+static void reply_send(struct am_reply *r, unsigned id, const void *data, uint64_t length,
+                       bool rendezvous)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .cb.send   = reply_sent,
+        .user_data = r,
+        .flags     = rendezvous ? UCP_AM_SEND_FLAG_RNDV : 0,
+    };
+    ucs_status_ptr_t sp =
+        ucp_am_send_nbx(r->ep, id, &r->header, sizeof(r->header), data, length, &param);
+
+    if (sp == NULL || UCS_PTR_IS_ERR(sp))
+        reply_free(r);
+}
+
+static struct am_reply *reply_create(struct transport *t, ucp_ep_h ep, uint64_t cookie)
+{
+    struct am_reply *r = calloc(1, sizeof(*r));
+
+    if (r == NULL)
+        return NULL;
+    r->t      = t;
+    r->ep     = ep;
+    r->header = (struct am_answer_header){.cookie = cookie, .status = AM_STATUS_OK};
+    am_record_link(&r->record, &t->replies);
+    t->serving++;
+    return r;
+}
+
+static ucs_status_t read_served(void *arg, const void *header, size_t header_length, void *data,
+                                size_t length, const ucp_am_recv_param_t *param)
+{
+    struct transport *t = arg;
+    struct am_read_header h;
+    struct transport_mem *mem;
+    struct am_reply *r;
+
+    (void)data;
+    if (header_length != sizeof(h) || length != 0 ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        t->counters.refused++; /* not kvx's: nothing to answer to */
+        return UCS_OK;
+    }
+    memcpy(&h, header, sizeof(h));
+    if ((r = reply_create(t, param->reply_ep, h.cookie)) == NULL)
+        return UCS_OK; /* the requester's deadline answers for us */
+    mem = granted(t, h.storage, h.offset, h.length);
+    /* Who may write may read, as with a UCX key mapped for writes (MEM_PROT_WRITE). */
+    if (!(token_equal(h.token, t->read_token) | token_equal(h.token, t->write_token)) ||
+        mem == NULL) {
+        t->counters.refused++;
+        r->header.status = AM_STATUS_REFUSED;
+        reply_send(r, AM_DATA, NULL, 0, false);
+        return UCS_OK;
+    }
+    t->counters.reads++;
+    reply_send(r, AM_DATA, (char *)mem->address + h.offset, h.length,
+               (h.flags & AM_FLAG_RENDEZVOUS) != 0);
+    return UCS_OK;
+}
+
+static void written_received(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    struct am_reply *r = user_data;
+
+    (void)length;
+    ucp_request_free(request);
+    r->header.status = status == UCS_OK ? AM_STATUS_OK : AM_STATUS_REFUSED;
+    reply_send(r, AM_WRITTEN, NULL, 0, false);
+}
+
+static ucs_status_t write_served(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param)
+{
+    struct transport *t = arg;
+    bool rendezvous     = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    ucp_request_param_t recv = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.recv_am   = written_received,
+    };
+    struct am_write_header h;
+    struct transport_mem *mem;
+    struct am_reply *r;
+    ucs_status_ptr_t sp;
+
+    if (header_length != sizeof(h) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        t->counters.refused++;
+        return UCS_OK; /* a rendezvous is dropped with it */
+    }
+    memcpy(&h, header, sizeof(h));
+    if ((r = reply_create(t, param->reply_ep, h.cookie)) == NULL)
+        return UCS_OK;
+    mem = granted(t, h.storage, h.offset, length);
+    /* Device memory takes no memcpy: its writer must send it by rendezvous. */
+    if (!token_equal(h.token, t->write_token) || mem == NULL || (mem->device && !rendezvous)) {
+        t->counters.refused++;
+        r->header.status = AM_STATUS_REFUSED;
+        reply_send(r, AM_WRITTEN, NULL, 0, false);
+        return UCS_OK;
+    }
+    t->counters.writes++;
+    if (!rendezvous) {
+        memcpy((char *)mem->address + h.offset, data, length);
+        reply_send(r, AM_WRITTEN, NULL, 0, false);
+        return UCS_OK;
+    }
+    recv.user_data = r;
+    sp = ucp_am_recv_data_nbx(t->worker, data, (char *)mem->address + h.offset, length, &recv);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        r->header.status = sp == NULL ? AM_STATUS_OK : AM_STATUS_REFUSED;
+        reply_send(r, AM_WRITTEN, NULL, 0, false);
+    }
+    return UCS_INPROGRESS;
+}
+
+static kvx_status_t handler_set(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb,
+                                void *arg)
+{
+    ucp_am_handler_param_t param = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id  = id,
+        .cb  = cb,
+        .arg = arg,
+    };
+    ucs_status_t st = ucp_worker_set_am_recv_handler(worker, &param);
+
+    return st == UCS_OK ? KVX_OK : transport_ucs_error("setting an active-message handler", st);
+}
+
+kvx_status_t am_serve_set(struct transport *t)
+{
+    kvx_status_t status = handler_set(t->worker, AM_READ, read_served, t);
+
+    return status == KVX_OK ? handler_set(t->worker, AM_WRITE, write_served, t) : status;
+}
+
+/* ---- the requester's side: a connection's reads and writes ---- */
+
+static void request_free_if_done(struct am_request *req)
+{
+    if (!req->ended || req->sending || req->receiving)
+        return;
+    am_record_unlink(&req->record);
+    free(req);
+}
+
+/* Counts the request's operation complete, once, and frees its cookie. */
+static void request_end(struct am_request *req, ucs_status_t status)
+{
+    struct transport_conn *conn = req->conn;
+
+    if (req->ended)
+        return;
+    req->ended                             = true;
+    conn->by_cookie[req->index]            = NULL;
+    conn->free_cookies[conn->num_free_cookies++] = req->index;
+    transport_op_complete(req->op, status);
+}
+
+/* The request an answer names, if it is still waiting for one. */
+static struct am_request *request_find(struct transport_conn *conn, const void *header,
+                                       size_t header_length, struct am_answer_header *h)
+{
+    struct am_request *req;
+    uint32_t index;
+
+    if (header_length != sizeof(*h))
+        return NULL;
+    memcpy(h, header, sizeof(*h));
+    index = (uint32_t)h->cookie;
+    if (index >= conn->num_cookies || (req = conn->by_cookie[index]) == NULL ||
+        h->cookie != req->cookie || req->receiving)
+        return NULL;
+    return req;
+}
+
+static void data_received(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    struct am_request *req = user_data;
+
+    ucp_request_free(request);
+    req->receiving = false;
+    request_end(req, status == UCS_OK && length == req->length ? status : UCS_ERR_IO_ERROR);
+    request_free_if_done(req);
+}
+
+static ucs_status_t data_arrived(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param)
+{
+    struct transport_conn *conn = arg;
+    bool rendezvous             = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    ucp_request_param_t recv    = {
+           .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+           .cb.recv_am   = data_received,
+    };
+    struct am_answer_header h;
+    struct am_request *req = request_find(conn, header, header_length, &h);
+    ucs_status_ptr_t sp;
+
+    if (req == NULL || req->write)
+        return UCS_OK; /* not an answer we wait for: dropped */
+    if (h.status != AM_STATUS_OK) {
+        request_end(req, UCS_ERR_REJECTED);
+        request_free_if_done(req);
+        return UCS_OK;
+    }
+    /* Exactly what was asked for, or nothing: a peer's length never decides where we write. */
+    if (length != req->length || (!rendezvous && req->device)) {
+        request_end(req, UCS_ERR_MESSAGE_TRUNCATED);
+        request_free_if_done(req);
+        return UCS_OK;
+    }
+    if (!rendezvous) {
+        memcpy(req->local, data, length);
+        request_end(req, UCS_OK);
+        request_free_if_done(req);
+        return UCS_OK;
+    }
+    recv.user_data = req;
+    sp             = ucp_am_recv_data_nbx(conn->worker, data, req->local, length, &recv);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        request_end(req, sp == NULL ? UCS_OK : UCS_PTR_STATUS(sp));
+        request_free_if_done(req);
+    } else {
+        req->receiving = true;
+    }
+    return UCS_INPROGRESS;
+}
+
+static ucs_status_t written_arrived(void *arg, const void *header, size_t header_length,
+                                    void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    struct am_answer_header h;
+    struct am_request *req = request_find(arg, header, header_length, &h);
+
+    (void)data;
+    (void)length;
+    (void)param;
+    if (req != NULL && req->write) {
+        request_end(req, h.status == AM_STATUS_OK ? UCS_OK : UCS_ERR_REJECTED);
+        request_free_if_done(req);
+    }
+    return UCS_OK;
+}
+
+kvx_status_t am_conn_set(struct transport_conn *conn)
+{
+    kvx_status_t status = handler_set(conn->worker, AM_DATA, data_arrived, conn);
+
+    return status == KVX_OK ? handler_set(conn->worker, AM_WRITTEN, written_arrived, conn)
+                            : status;
+}
+
+void am_conn_free(struct transport_conn *conn)
+{
+    free(conn->by_cookie);
+    free(conn->free_cookies);
+}
+
+static void request_sent(void *request, ucs_status_t status, void *user_data)
+{
+    struct am_request *req = user_data;
+
+    ucp_request_free(request);
+    req->sending = false;
+    if (status != UCS_OK)
+        request_end(req, status);
+    request_free_if_done(req);
+}
+
+/* A request record with a free cookie, linked to its connection. */
+static kvx_status_t request_create(struct transport_op *op, uint32_t storage, void *local,
+                                   uint64_t length, struct am_request **req_p)
+{
+    struct transport_conn *conn = op->conn;
+    struct am_request *req;
+
+    if (storage >= conn->num_rkeys || !conn->storages[storage].served)
+        return error_set(KVX_ERR_INTERNAL, "transport: storage %u is not served by the peer",
+                         storage);
+    if (conn->num_free_cookies == 0) {
+        size_t n         = conn->num_cookies > 0 ? conn->num_cookies * 2 : 64;
+        void *by_cookie  = realloc(conn->by_cookie, n * sizeof(*conn->by_cookie));
+        void *free_slots = by_cookie != NULL ? realloc(conn->free_cookies, n * sizeof(uint32_t))
+                                             : NULL;
+
+        if (by_cookie != NULL)
+            conn->by_cookie = by_cookie;
+        if (free_slots == NULL || n > UINT32_MAX)
+            return error_no_memory("a connection's requests");
+        conn->free_cookies = free_slots;
+        for (size_t i = n; i-- > conn->num_cookies;) {
+            conn->by_cookie[i]                           = NULL;
+            conn->free_cookies[conn->num_free_cookies++] = (uint32_t)i;
+        }
+        conn->num_cookies = n;
+    }
+    if ((req = calloc(1, sizeof(*req))) == NULL)
+        return error_no_memory("a request");
+    req->op     = op;
+    req->conn   = conn;
+    req->local  = local;
+    req->length = length;
+    req->index  = conn->free_cookies[--conn->num_free_cookies];
+    conn->by_cookie[req->index] = req;
+    /* Every request its own cookie: a late answer to an ended one never matches a new one. */
+    req->cookie = (uint64_t)++conn->generation << 32 | req->index;
+    am_record_link(&req->record, &conn->requests);
+    *req_p = req;
+    return KVX_OK;
+}
+
+/* Sends the request's message and counts it in its op; undoes the request if UCX refused. */
+static kvx_status_t request_send(struct am_request *req, unsigned id, const void *header,
+                                 size_t header_length, const void *data, uint64_t length,
+                                 uint32_t flags)
+{
+    struct transport_conn *conn = req->conn;
+    ucp_request_param_t param   = {
+          .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+          .cb.send   = request_sent,
+          .user_data = req,
+          .flags     = UCP_AM_SEND_FLAG_REPLY | flags,
+    };
+    ucs_status_ptr_t sp;
+
+    transport_op_posted_one(req->op);
+    sp = ucp_am_send_nbx(conn->ep, id, header, header_length, data, length, &param);
+    if (UCS_PTR_IS_ERR(sp)) {
+        request_end(req, UCS_PTR_STATUS(sp));
+        request_free_if_done(req);
+        return transport_ucs_error("sending a request", UCS_PTR_STATUS(sp));
+    }
+    req->sending = sp != NULL;
+    return KVX_OK;
+}
+
+kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t offset, void *local,
+                          uint64_t len, bool local_device)
+{
+    struct am_request *req;
+    kvx_status_t status = request_create(op, storage, local, len, &req);
+
+    if (status != KVX_OK)
+        return status;
+    req->device      = local_device;
+    req->header.read = (struct am_read_header){
+        .cookie  = req->cookie,
+        .offset  = offset,
+        .length  = len,
+        .storage = storage,
+        .flags   = local_device ? AM_FLAG_RENDEZVOUS : 0,
+    };
+    memcpy(req->header.read.token, op->conn->storages[storage].token, TRANSPORT_TOKEN_SIZE);
+    return request_send(req, AM_READ, &req->header.read, sizeof(req->header.read), NULL, 0,
+                        UCP_AM_SEND_FLAG_EAGER);
+}
+
+kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t offset,
+                           const void *local, uint64_t len)
+{
+    struct am_request *req;
+    kvx_status_t status = request_create(op, storage, (void *)(uintptr_t)local, len, &req);
+    bool device;
+
+    if (status != KVX_OK)
+        return status;
+    device            = op->conn->storages[storage].device;
+    req->write        = true;
+    req->header.write = (struct am_write_header){
+        .cookie  = req->cookie,
+        .offset  = offset,
+        .storage = storage,
+    };
+    memcpy(req->header.write.token, op->conn->storages[storage].token, TRANSPORT_TOKEN_SIZE);
+    return request_send(req, AM_WRITE, &req->header.write, sizeof(req->header.write), local, len,
+                        device ? UCP_AM_SEND_FLAG_RNDV : 0);
+}

@@ -1,0 +1,140 @@
+/* transport_private.h: the records transport.c and transport_am.c share (never included
+ * elsewhere): the context, mappings, connections and operation records, and the calls with
+ * which kvx's own reads and writes (transport_am.c) count operations and find storages. */
+#ifndef KVX_SRC_TRANSPORT_PRIVATE_H
+#define KVX_SRC_TRANSPORT_PRIVATE_H
+
+#include "transport.h"
+
+#include <ucp/api/ucp.h>
+
+/* Active-message ids a transport accepts handlers for; kvx uses a handful. */
+#define TRANSPORT_AM_IDS 16
+/* Connections closed with operations pending, kept parked (transport_conn_destroy). */
+#define TRANSPORT_MAX_PARKED 16
+/* A closing connection's local operations get this long to finish (conn_settle), and
+ * progress calls that do nothing end the wait sooner. */
+#define TRANSPORT_SETTLE_SECONDS 1.0
+#define TRANSPORT_SETTLE_IDLE    64
+
+/* A grant a peer presents with each read or write (transport_am.c), 128 random bits. */
+#define TRANSPORT_TOKEN_SIZE 16
+
+struct am_slot {
+    transport_am_handler_t handler;
+    void *arg;
+};
+
+/* A record of kvx's active-message protocol that UCX may still call back for (a request sent
+ * or a reply being received): kept on a list so that a worker destroyed under it frees it. */
+struct am_record {
+    struct am_record *prev;
+    struct am_record *next;
+    struct am_record **list;
+};
+
+struct transport {
+    ucp_context_h context;
+    ucp_worker_h worker; /* the main worker: its address is the one peers connect to */
+    struct am_slot am[TRANSPORT_AM_IDS];
+    size_t orphaned;               /* op records released while UCX still owed completions */
+    size_t pending;                /* operations posted on live connections, not completed */
+    struct transport_conn *parked; /* closed with operations pending: never progressed again */
+    size_t num_parked;
+    /* Its transports include one on which UCX checks no key (TCP's software RMA): the context
+     * has no RMA, peers get grants instead of keys, and kvx serves their reads and writes. */
+    bool served;
+    uint8_t read_token[TRANSPORT_TOKEN_SIZE];  /* what a peer's read must present */
+    uint8_t write_token[TRANSPORT_TOKEN_SIZE]; /* what a peer's write must present (push) */
+    struct transport_mem **mems;               /* by storage index (order of mapping) */
+    size_t num_mems;
+    struct am_record *replies; /* the main worker's: answers and writes being received */
+    size_t serving;            /* of those */
+    struct transport_data_counters counters;
+};
+
+struct transport_mem {
+    struct transport *t;
+    ucp_mem_h memh;       /* peers may read it */
+    ucp_mem_h write_memh; /* peers may write it (push), mapped when first packed; or NULL */
+    void *address;
+    size_t size; /* bytes */
+    size_t index;
+    bool device;
+};
+
+/* How a connection reaches one storage of its peer. */
+struct conn_storage {
+    bool served; /* through the peer's kvx (a grant), not a UCX key */
+    uint8_t token[TRANSPORT_TOKEN_SIZE];
+    uint64_t size;
+    bool device;
+};
+
+/* A worker per connection, because UCX offers no bounded way to end the operations of one
+ * endpoint without its peer-failure mode (docs/agent.md "Closing"): destroying the worker
+ * is, and it takes only this connection's operations with it. */
+struct transport_conn {
+    struct transport *t;
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    ucp_rkey_h *rkeys; /* by the peer's storage index; NULL where it is served */
+    struct conn_storage *storages;
+    /* By the peer's storage index: where its memory is mapped into this process, minus its
+     * base in the peer's (so mapped[s] + remote address is local), or 0 where it is not. */
+    uintptr_t *mapped;
+    size_t num_rkeys;
+    size_t num_mapped;
+    struct prefault *prefault;          /* of the mapped storages; stopped before their keys go */
+    struct transport_op *ops;           /* every op record of this connection, released or not */
+    struct transport_conn *next_parked; /* in t->parked */
+    struct am_record *requests;         /* kvx reads and writes awaiting their answer */
+    struct am_request **by_cookie;      /* the same, by the cookie's index */
+    uint32_t *free_cookies;             /* indices of by_cookie not in use */
+    size_t num_cookies;
+    size_t num_free_cookies;
+    uint32_t generation; /* of cookies: an answer to a request that ended finds nothing */
+    bool parked;
+    bool settling; /* closing (conn_settle): completions tell no owner */
+};
+
+struct transport_op {
+    struct transport_conn *conn;
+    transport_op_finished_t finished;
+    void *arg;
+    size_t posted; /* operations whose completion callback is still to come or came */
+    size_t completed;
+    int first_error; /* 0, or the UCX status of the first failure */
+    bool armed;
+    bool released;
+    struct transport_op *prev; /* in conn->ops */
+    struct transport_op *next;
+    uint8_t am[TRANSPORT_AM_MAX]; /* an active message's bytes, alive until it completes */
+};
+
+kvx_status_t transport_ucs_error(const char *what, ucs_status_t status);
+
+/* One more operation of `op` whose completion will be reported (transport_op_complete). */
+void transport_op_posted_one(struct transport_op *op);
+/* One operation of `op` completed, with a UCX status. */
+void transport_op_complete(struct transport_op *op, ucs_status_t status);
+
+void am_record_link(struct am_record *r, struct am_record **list);
+void am_record_unlink(struct am_record *r);
+
+/* transport_am.c: sets the handlers of the protocol on a worker (the main one serves reads
+ * and writes, a connection's receives their answers). */
+kvx_status_t am_serve_set(struct transport *t);
+kvx_status_t am_conn_set(struct transport_conn *conn);
+/* Posts one read or write of `len` bytes between `local` and the peer's storage `storage` at
+ * `offset`, completed in `op` when the peer answered. */
+kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t offset, void *local,
+                          uint64_t len, bool local_device);
+kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t offset,
+                           const void *local, uint64_t len);
+/* Frees what a destroyed worker left of the protocol's records on `list`. */
+void am_records_free(struct am_record **list);
+/* Frees a connection's cookie table (after its worker). */
+void am_conn_free(struct transport_conn *conn);
+
+#endif
