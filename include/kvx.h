@@ -730,6 +730,11 @@ typedef struct kvx_agent_stats {
                                its read with KVX_ERR_PEER_REFUSED */
     uint64_t dones_early;   /* prefill side: dones and pushes with a token that came before
                                their hold and waited for it */
+    /* the data plane kvx serves itself where UCX checks no key (TCP: docs/security.md) */
+    uint64_t data_reads_served;  /* peers' reads of our storages answered */
+    uint64_t data_writes_served; /* peers' writes into our storages (push) done */
+    uint64_t data_refused;       /* peers' reads and writes refused: a wrong grant, a range
+                                    outside every storage, a malformed message */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):

@@ -271,10 +271,9 @@ static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_para
     for (size_t s = 0; s < n && status == KVX_OK; s++) {
         void *key;
 
-        bases[s] = (uint64_t)(uintptr_t)agent->core.bases[s];
-        status =
-            transport_mem_pack_rkey(agent->core.transport, agent->mems[s], mode == KVX_MODE_PUSH,
-                                    &key, &keys[s].size);
+        bases[s]     = (uint64_t)(uintptr_t)agent->core.bases[s];
+        status       = transport_mem_pack_rkey(agent->core.transport, agent->mems[s],
+                                               mode == KVX_MODE_PUSH, &key, &keys[s].size);
         keys[s].data = key;
     }
     if (status == KVX_OK)
@@ -725,15 +724,18 @@ void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_
 {
     kvx_agent_stats_t stats = agent->core.stats;
 
-    stats.held           = agent->holds.count;
-    stats.released       = agent->holds.released;
-    stats.done_unknown   = agent->holds.unknown;
-    stats.done_repeated  = agent->holds.repeated;
-    stats.leases_expired = agent->holds.expired;
-    stats.ops_orphaned   = transport_ops_orphaned(agent->core.transport);
-    stats.pushes_serving = agent->pushes != NULL ? push_jobs(agent->pushes) : 0;
-    stats.tokens_refused = agent->holds.forged;
-    stats.dones_early    = agent->core.early.parked;
+    stats.held               = agent->holds.count;
+    stats.released           = agent->holds.released;
+    stats.done_unknown       = agent->holds.unknown;
+    stats.done_repeated      = agent->holds.repeated;
+    stats.leases_expired     = agent->holds.expired;
+    stats.ops_orphaned       = transport_ops_orphaned(agent->core.transport);
+    stats.pushes_serving     = agent->pushes != NULL ? push_jobs(agent->pushes) : 0;
+    stats.tokens_refused     = agent->holds.forged;
+    stats.dones_early        = agent->core.early.parked;
+    stats.data_reads_served  = transport_data_counters(agent->core.transport)->reads;
+    stats.data_writes_served = transport_data_counters(agent->core.transport)->writes;
+    stats.data_refused       = transport_data_counters(agent->core.transport)->refused;
     if (agent->gate != NULL) {
         const struct gate_counters *gate = gate_counters(agent->gate);
 

@@ -182,6 +182,13 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
     counter(&t, l, "dones_early_total",
             "Dones and pushes that came before their hold and waited for it (prefill side).",
             s->dones_early);
+    counter(&t, l, "data_reads_served_total", "Peers' reads of our storages served by kvx (TCP).",
+            s->data_reads_served);
+    counter(&t, l, "data_writes_served_total",
+            "Peers' writes into our storages served by kvx (TCP, push).", s->data_writes_served);
+    counter(&t, l, "data_refused_total",
+            "Peers' reads and writes refused: wrong grant, outside the storages, malformed.",
+            s->data_refused);
     text_printf(&t,
                 "# HELP kvx_ops_orphaned Operation records closed connections are still owed.\n"
                 "# TYPE kvx_ops_orphaned gauge\nkvx_ops_orphaned{%s} %" PRIu64 "\n"

@@ -254,8 +254,8 @@ static ucs_status_t memh_map(struct transport *t, void *address, size_t size, bo
 static kvx_status_t mem_map(struct transport *t, void *address, size_t size, bool gpu,
                             struct transport_mem **mem_p)
 {
-    ucp_mem_attr_t attr       = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
-    struct transport_mem *mem = calloc(1, sizeof(*mem));
+    ucp_mem_attr_t attr         = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
+    struct transport_mem *mem   = calloc(1, sizeof(*mem));
     struct transport_mem **mems = realloc(t->mems, (t->num_mems + 1) * sizeof(*t->mems));
     ucs_status_t st;
 
@@ -272,11 +272,11 @@ static kvx_status_t mem_map(struct transport *t, void *address, size_t size, boo
         free(mem);
         return transport_ucs_error("mapping memory", st);
     }
-    mem->t       = t;
-    mem->address = address != NULL ? address : attr.address;
-    mem->size    = size;
-    mem->device  = gpu;
-    mem->index   = t->num_mems;
+    mem->t                 = t;
+    mem->address           = address != NULL ? address : attr.address;
+    mem->size              = size;
+    mem->device            = gpu;
+    mem->index             = t->num_mems;
     t->mems[t->num_mems++] = mem; /* its storage index: peers name it so (transport_am.c) */
     *mem_p                 = mem;
     return KVX_OK;
@@ -339,8 +339,8 @@ static kvx_status_t bytes_copy(const void *data, size_t size, void **buf_p, size
 #define GRANT_MAGIC "kvxgrnt1"
 #define GRANT_SIZE  (sizeof(GRANT_MAGIC) - 1 + TRANSPORT_TOKEN_SIZE)
 
-kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem,
-                                     bool writable, void **buf_p, size_t *size_p)
+kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem, bool writable,
+                                     void **buf_p, size_t *size_p)
 {
     void *packed;
     size_t size;
@@ -422,8 +422,8 @@ static struct transport_conn *conn_alloc(struct transport *t, size_t num_mems)
 
     if (conn == NULL)
         return NULL;
-    conn->t      = t;
-    conn->rkeys  = calloc(num_mems + 1, sizeof(*conn->rkeys));
+    conn->t        = t;
+    conn->rkeys    = calloc(num_mems + 1, sizeof(*conn->rkeys));
     conn->mapped   = calloc(num_mems + 1, sizeof(*conn->mapped));
     conn->storages = calloc(num_mems + 1, sizeof(*conn->storages));
     if (conn->rkeys == NULL || conn->mapped == NULL || conn->storages == NULL) {

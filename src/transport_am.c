@@ -223,8 +223,8 @@ static void written_received(void *request, ucs_status_t status, size_t length, 
 static ucs_status_t write_served(void *arg, const void *header, size_t header_length, void *data,
                                  size_t length, const ucp_am_recv_param_t *param)
 {
-    struct transport *t = arg;
-    bool rendezvous     = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    struct transport *t      = arg;
+    bool rendezvous          = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     ucp_request_param_t recv = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.recv_am   = written_received,
@@ -303,8 +303,8 @@ static void request_end(struct am_request *req, ucs_status_t status)
 
     if (req->ended)
         return;
-    req->ended                             = true;
-    conn->by_cookie[req->index]            = NULL;
+    req->ended                                   = true;
+    conn->by_cookie[req->index]                  = NULL;
     conn->free_cookies[conn->num_free_cookies++] = req->index;
     transport_op_complete(req->op, status);
 }
@@ -379,8 +379,8 @@ static ucs_status_t data_arrived(void *arg, const void *header, size_t header_le
     return UCS_INPROGRESS;
 }
 
-static ucs_status_t written_arrived(void *arg, const void *header, size_t header_length,
-                                    void *data, size_t length, const ucp_am_recv_param_t *param)
+static ucs_status_t written_arrived(void *arg, const void *header, size_t header_length, void *data,
+                                    size_t length, const ucp_am_recv_param_t *param)
 {
     struct am_answer_header h;
     struct am_request *req = request_find(arg, header, header_length, &h);
@@ -399,8 +399,7 @@ kvx_status_t am_conn_set(struct transport_conn *conn)
 {
     kvx_status_t status = handler_set(conn->worker, AM_DATA, data_arrived, conn);
 
-    return status == KVX_OK ? handler_set(conn->worker, AM_WRITTEN, written_arrived, conn)
-                            : status;
+    return status == KVX_OK ? handler_set(conn->worker, AM_WRITTEN, written_arrived, conn) : status;
 }
 
 void am_conn_free(struct transport_conn *conn)
@@ -431,10 +430,10 @@ static kvx_status_t request_create(struct transport_op *op, uint32_t storage, vo
         return error_set(KVX_ERR_INTERNAL, "transport: storage %u is not served by the peer",
                          storage);
     if (conn->num_free_cookies == 0) {
-        size_t n         = conn->num_cookies > 0 ? conn->num_cookies * 2 : 64;
-        void *by_cookie  = realloc(conn->by_cookie, n * sizeof(*conn->by_cookie));
-        void *free_slots = by_cookie != NULL ? realloc(conn->free_cookies, n * sizeof(uint32_t))
-                                             : NULL;
+        size_t n        = conn->num_cookies > 0 ? conn->num_cookies * 2 : 64;
+        void *by_cookie = realloc(conn->by_cookie, n * sizeof(*conn->by_cookie));
+        void *free_slots =
+            by_cookie != NULL ? realloc(conn->free_cookies, n * sizeof(uint32_t)) : NULL;
 
         if (by_cookie != NULL)
             conn->by_cookie = by_cookie;
@@ -449,11 +448,11 @@ static kvx_status_t request_create(struct transport_op *op, uint32_t storage, vo
     }
     if ((req = calloc(1, sizeof(*req))) == NULL)
         return error_no_memory("a request");
-    req->op     = op;
-    req->conn   = conn;
-    req->local  = local;
-    req->length = length;
-    req->index  = conn->free_cookies[--conn->num_free_cookies];
+    req->op                     = op;
+    req->conn                   = conn;
+    req->local                  = local;
+    req->length                 = length;
+    req->index                  = conn->free_cookies[--conn->num_free_cookies];
     conn->by_cookie[req->index] = req;
     /* Every request its own cookie: a late answer to an ended one never matches a new one. */
     req->cookie = (uint64_t)++conn->generation << 32 | req->index;
@@ -470,7 +469,7 @@ static kvx_status_t request_send(struct am_request *req, unsigned id, const void
     struct transport_conn *conn = req->conn;
     ucp_request_param_t param   = {
           .op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+              UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
           .cb.send   = request_sent,
           .user_data = req,
           .flags     = UCP_AM_SEND_FLAG_REPLY | flags,

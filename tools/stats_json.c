@@ -69,7 +69,11 @@ void stats_json_print(FILE *out, const kvx_agent_stats_t *s)
             "\"transfers_verified\": %" PRIu64 ", \"verify_mismatches\": %" PRIu64
             ", \"verify_failed\": %" PRIu64 ", \"verify_bytes_hashed\": %" PRIu64
             ", \"verify_ns\": %" PRIu64 ", \"verify_served\": %" PRIu64
-            ", \"verify_refused\": %" PRIu64 "}",
+            ", \"verify_refused\": %" PRIu64 ", ",
             s->transfers_verified, s->verify_mismatches, s->verify_failed, s->verify_bytes_hashed,
             s->verify_ns, s->verify_served, s->verify_refused);
+    fprintf(out,
+            "\"data_reads_served\": %" PRIu64 ", \"data_writes_served\": %" PRIu64
+            ", \"data_refused\": %" PRIu64 "}",
+            s->data_reads_served, s->data_writes_served, s->data_refused);
 }

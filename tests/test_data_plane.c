@@ -1,0 +1,345 @@
+/* test_data_plane.c: what an insider (a process with the deployment's secret, so with a
+ * prefill agent's metadata) can do to that prefill process's memory over UCX (issue 22,
+ * finding 1). It runs as another OS user, as an insider on another host would be: same-host
+ * transports (CMA, shared memory) are the OS user boundary's and nothing kvx can add to.
+ * With UCX's own calls it puts over a block and at an address outside every storage, gets
+ * from such an address and past the storage's end; with kvx's protocol it reads past the end
+ * and writes with the read grant. The prefill process stays alive, its pattern intact, kvx's
+ * refusals are counted, and an honest verified read follows. */
+#include "auth.h"
+#include "clock.h"
+#include "core.h"
+#include "prefill.h"
+#include "sidechan.h"
+#include "transport.h"
+
+#include <ucp/api/ucp.h>
+#include <zmq.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#define PAGE     4096
+#define NOBODY   65534
+#define ATTACK_S 2 /* how long the insider progresses its own UCX calls before giving up */
+
+static const char layout[] =
+    "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 65536}], 'views': ["
+    "{'name': 'layers.0.mla', 'kind': 'mla', 'storage': 'kv', 'page': 4096, 'stride': 4096,"
+    " 'num_blocks': 16}]}";
+
+static const char *transports; /* the prefill's UCX_TLS */
+/* The insider's: another user cannot attach the prefill's shared memory (UCX fails to connect
+ * over it), so it picks TCP, which the prefill's default list accepts too. */
+#define INSIDER_TLS "tcp"
+
+static uint8_t pattern_byte(uint64_t i)
+{
+    return (uint8_t)(i * 131 + 7);
+}
+
+/* What the prefill process reports on 's'. */
+struct report {
+    kvx_agent_stats_t stats;
+    bool intact;
+};
+
+/* The prefill: its storage holds the pattern; request 7 holds block 5; reports on 's',
+ * exits on 'q'. */
+static int run_prefill(int ready, int go)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
+                                               KVX_AGENT_PARAM_FIELD_TRANSPORTS,
+                                 .listen     = "127.0.0.1:0",
+                                 .transports = transports};
+    uint64_t block            = 5;
+    kvx_group_ids_t group     = {&block, 1};
+    kvx_agent_t *agent;
+    kvx_token_t token;
+    uint64_t size;
+    uint8_t *bytes;
+
+    alarm(120);
+    if (agent_from_quoted(layout, &params, &agent) != KVX_OK)
+        return 10;
+    bytes = kvx_agent_storage(agent, 0, &size);
+    for (uint64_t i = 0; i < size; i++)
+        bytes[i] = pattern_byte(i);
+    if (hold_new(agent, 7, &group, 1, 1, &token) != KVX_OK)
+        return 11;
+    report_serving(ready, agent);
+    report_token(ready, &token);
+    for (;;) {
+        struct pollfd item = {.fd = go, .events = POLLIN};
+        struct report r    = {.intact = true};
+        char c;
+
+        kvx_agent_progress(agent, 5);
+        if (poll(&item, 1, 0) <= 0)
+            continue;
+        if (read(go, &c, 1) != 1 || c == 'q')
+            break;
+        kvx_agent_stats(agent, &r.stats, sizeof(r.stats));
+        for (uint64_t i = 0; i < size; i++)
+            r.intact = r.intact && bytes[i] == pattern_byte(i);
+        if (write(ready, &r, sizeof(r)) != sizeof(r))
+            return 12;
+    }
+    return kvx_agent_destroy(agent) == KVX_OK ? 0 : 13;
+}
+
+/* ---- the insider, a forked process of another user ---- */
+
+struct insider {
+    ucp_context_h context;
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    ucp_mem_h memh;
+    ucp_rkey_h rkey;
+    uint8_t buf[PAGE];
+};
+
+static void insider_done(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status;
+    (void)user_data;
+    ucp_request_free(request);
+}
+
+/* UCX's own calls, as any UCX program with the prefill's worker address could make them: a
+ * key of its own memory stands in for the one it was not given. */
+static int insider_ucx(const kvx_metadata_info_t *info, uint64_t base, uint64_t size)
+{
+    ucp_params_t params       = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                                 .features   = UCP_FEATURE_RMA | UCP_FEATURE_AM};
+    ucp_worker_params_t wp    = {.field_mask = 0};
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                                 .address    = info->transport_address.data};
+    ucp_mem_map_params_t mp   = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                               UCP_MEM_MAP_PARAM_FIELD_LENGTH};
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK, .cb.send = insider_done};
+    struct insider in;
+    ucp_config_t *config;
+    void *packed;
+    size_t packed_size;
+    const uint64_t targets[][2] = {
+        {base + 5 * PAGE, 1}, /* a put over block 5 */
+        {0x1000, 1},          /* a put outside every registration */
+        {0x1000, 0},          /* a get from there */
+        {base + size, 0},     /* a get past the storage's end */
+    };
+
+    memset(in.buf, 0xee, sizeof(in.buf));
+    if (ucp_config_read(NULL, NULL, &config) != UCS_OK ||
+        ucp_config_modify(config, "TLS", INSIDER_TLS) != UCS_OK ||
+        ucp_init(&params, config, &in.context) != UCS_OK)
+        return 20;
+    ucp_config_release(config);
+    mp.address = in.buf;
+    mp.length  = sizeof(in.buf);
+    if (ucp_worker_create(in.context, &wp, &in.worker) != UCS_OK ||
+        ucp_ep_create(in.worker, &ep_params, &in.ep) != UCS_OK ||
+        ucp_mem_map(in.context, &mp, &in.memh) != UCS_OK ||
+        ucp_rkey_pack(in.context, in.memh, &packed, &packed_size) != UCS_OK)
+        return 21;
+    if (ucp_ep_rkey_unpack(in.ep, packed, &in.rkey) == UCS_OK) {
+        for (size_t i = 0; i < sizeof(targets) / sizeof(targets[0]); i++) {
+            ucs_status_ptr_t sp =
+                targets[i][1] ? ucp_put_nbx(in.ep, in.buf, PAGE, targets[i][0], in.rkey, &rp)
+                              : ucp_get_nbx(in.ep, in.buf, PAGE, targets[i][0], in.rkey, &rp);
+
+            printf("insider: UCX %s at 0x%" PRIx64 ": %s\n", targets[i][1] ? "put" : "get",
+                   targets[i][0],
+                   UCS_PTR_IS_ERR(sp) ? ucs_status_string(UCS_PTR_STATUS(sp)) : "posted");
+        }
+    }
+    for (uint64_t deadline = clock_ms() + ATTACK_S * 1000; clock_ms() < deadline;)
+        ucp_worker_progress(in.worker);
+    /* Never waits for what the prefill does not answer: the worker goes with it. */
+    ucp_rkey_buffer_release(packed);
+    ucp_worker_destroy(in.worker);
+    ucp_mem_unmap(in.context, in.memh);
+    ucp_cleanup(in.context);
+    return 0;
+}
+
+static void op_finished(void *arg, struct transport_op *op)
+{
+    (void)op;
+    *(bool *)arg = true;
+}
+
+/* kvx's protocol with the grant the metadata carries, and a storage claimed larger than it
+ * is: a read past the end, and writes (which the read grant does not allow). Each must fail. */
+static int insider_kvx(const kvx_metadata_info_t *info, kvx_registration_info_t *reg)
+{
+    uint8_t *local                  = calloc(1, 2 * PAGE);
+    void *local_bases[1]            = {local};
+    kvx_mem_type_t local_mems[1]    = {KVX_MEM_DRAM};
+    uint64_t remote_bases[1]        = {reg->base};
+    struct transport_targets target = {local_bases, local_mems, remote_bases, false};
+    struct transport_remote_mem mem = {reg->remote_key, reg->base, (uint64_t)1 << 40, false};
+    const kvx_pair_t past_end       = {0, 0, 0, reg->size, PAGE};
+    const kvx_pair_t over_block5    = {0, 0, 0, 5 * PAGE, PAGE};
+    struct transport *t;
+    struct transport_conn *conn;
+    int refused = 0;
+
+    if (local == NULL || transport_create(INSIDER_TLS, false, &t) != KVX_OK ||
+        transport_conn_create(t, info->transport_address.data, info->transport_address.size, &mem,
+                              1, &conn) != KVX_OK) {
+        printf("insider: %s\n", kvx_errmsg());
+        return 30;
+    }
+    memset(local, 0xee, 2 * PAGE);
+    for (int i = 0; i < 3; i++) {
+        bool put               = i > 0;
+        const kvx_pair_t *pair = i == 0 ? &past_end : &over_block5;
+        bool finished          = false;
+        struct transport_op *op;
+
+        if (transport_op_create(conn, op_finished, &finished, &op) != KVX_OK ||
+            transport_rma_post(op, put, pair, 1, &target) != KVX_OK)
+            return 31;
+        transport_op_arm(op);
+        for (uint64_t deadline = clock_ms() + 10000; !finished && clock_ms() < deadline;)
+            transport_conn_progress(conn);
+        if (!finished)
+            return 32; /* a refusal is an answer: it must come */
+        refused += transport_op_status(op, "insider") != KVX_OK;
+        printf("insider: kvx %s: %s\n", put ? "write" : "read past the end",
+               transport_op_status(op, "insider") != KVX_OK ? kvx_errmsg() : "served");
+        transport_op_release(op);
+    }
+    transport_conn_destroy(conn);
+    transport_destroy(t);
+    free(local);
+    return refused == 3 ? 0 : 33;
+}
+
+static int run_insider(const char *address)
+{
+    struct auth_keys keys;
+    void *zmq = zmq_ctx_new();
+    kvx_agent_t *agent;
+    void *bytes;
+    size_t size;
+    kvx_metadata_t *md;
+    kvx_metadata_info_t info;
+    kvx_registration_info_t reg;
+    int status;
+
+    alarm(60);
+    if (setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
+        return 40;
+    if (agent_from_quoted(layout, NULL, &agent) != KVX_OK ||
+        auth_keys_derive(test_auth_key, &keys) != KVX_OK ||
+        sidechan_fetch(zmq, address, &keys, VERB_METADATA, 1 << 24, 10000, &bytes, &size) !=
+            KVX_OK ||
+        kvx_metadata_unpack(bytes, size, kvx_agent_regions(agent), KVX_MODE_PULL, &md) != KVX_OK)
+        return 41;
+    kvx_metadata_get_info(md, &info);
+    if (kvx_metadata_registration(md, 0, &reg) != KVX_OK)
+        return 42;
+    status = insider_kvx(&info, &reg);
+    if (status == 0)
+        status = insider_ucx(&info, reg.base, reg.size);
+    kvx_metadata_destroy(md);
+    free(bytes);
+    kvx_agent_destroy(agent);
+    zmq_ctx_term(zmq);
+    return status;
+}
+
+/* ---- the test ---- */
+
+static void an_insider_neither_writes_nor_reads_outside_its_grant(const char *tls)
+{
+    char address[ADDRESS_SIZE];
+    int go[2];
+    int ready;
+    int status;
+    pid_t prefill;
+    pid_t insider;
+    struct report r;
+    kvx_token_t token;
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TRANSPORTS, .transports = tls};
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    uint64_t block        = 5;
+    kvx_group_ids_t group = {&block, 1};
+    kvx_request_t request;
+    const uint8_t *got;
+
+    transports = tls;
+    assert_int_equal(pipe(go), 0);
+    prefill = start_prefill(run_prefill, go[0], address, &ready);
+    close(go[0]);
+    token = read_token(ready);
+    fflush(stdout);
+    insider = fork();
+    assert_true(insider >= 0);
+    if (insider == 0)
+        _exit(run_insider(address));
+    assert_int_equal(waitpid(insider, &status, 0), insider);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+
+    assert_int_equal(write(go[1], "s", 1), 1);
+    assert_int_equal(read(ready, &r, sizeof(r)), sizeof(r));
+    assert_true(r.intact);
+    assert_true(r.stats.data_refused >= 3);
+    print_message("%s: the prefill refused %" PRIu64 " of the insider's requests\n", tls,
+                  r.stats.data_refused);
+
+    /* An honest decode agent reads block 5, every byte compared. */
+    assert_int_equal(agent_from_quoted(layout, &params, &agent), KVX_OK);
+    assert_int_equal(kvx_agent_connect(agent, address, &peer), KVX_OK);
+    request = (kvx_request_t){&group, 1, NULL, 0, &token};
+    assert_int_equal(kvx_read(agent, &peer, 1, 7, &request, NULL), KVX_OK);
+    got = (const uint8_t *)kvx_agent_storage(agent, 0, NULL) + 5 * PAGE;
+    for (uint64_t i = 0; i < PAGE; i++)
+        assert_int_equal(got[i], pattern_byte(5 * PAGE + i));
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+
+    assert_int_equal(write(go[1], "q", 1), 1);
+    assert_int_equal(waitpid(prefill, &status, 0), prefill);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    close(go[1]);
+    close(ready);
+}
+
+static void over_tcp(void **state)
+{
+    (void)state;
+    an_insider_neither_writes_nor_reads_outside_its_grant("tcp");
+}
+
+static void over_the_default_transports(void **state)
+{
+    (void)state;
+    an_insider_neither_writes_nor_reads_outside_its_grant("sm,cma,tcp");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(over_tcp),
+        cmocka_unit_test(over_the_default_transports),
+    };
+
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
