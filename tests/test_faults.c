@@ -1559,8 +1559,12 @@ static void soak_releases_or_expires_every_hold(void **state)
  * mapped here and copied, so the gets need nothing of it. */
 static void a_read_whose_done_is_not_answered_fails_at_its_deadline(void **state)
 {
-    kvx_agent_params_t params = {.field_mask   = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
-                                 .heartbeat_ms = 600000}; /* P stays alive to us meanwhile */
+    /* Keyed transports: the bytes come from a stopped prefill (CMA or its mapped storage),
+     * which over TCP it would have to serve itself. */
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS |
+                                               KVX_AGENT_PARAM_FIELD_TRANSPORTS,
+                                 .heartbeat_ms = 600000, /* P stays alive to us meanwhile */
+                                 .transports   = "sm,cma"};
     uint64_t ids[]            = {2, 7};
     kvx_group_ids_t group     = {ids, 2};
     kvx_request_t request     = {&group, 1, NULL, 0, NULL};
@@ -1572,7 +1576,8 @@ static void a_read_whose_done_is_not_answered_fails_at_its_deadline(void **state
     kvx_xfer_t *xfer;
 
     (void)state;
-    peer = prefill_connect((struct prefill_config){.kvx_storage = true}, &p, params, &agent);
+    peer = prefill_connect((struct prefill_config){.kvx_storage = true, .transports = "sm,cma"},
+                           &p, params, &agent);
     read_verified(agent, peer, 1, ids, 2);
     prefill_stop(&p);
     blocks_clear(agent, ids, 2);

@@ -77,12 +77,19 @@ for f in "$src"/layouts/examples/*.json; do
   blocks='0:0-1'
   grep -q '"group": 1' "$f" && blocks='0:0-1;1:1'
   check "pull $name, every byte verified" fetch_verified "$f" "$blocks"
-  check "pull $name: P's kvx-allocated storages are mapped here and copied" \
-    grep -qE 'memcpy\(([0-9]+) of \1 storages mapped\)$' "$tmp/fetch"
   check "pull $name into malloc'd storage" fetch_verified "$f" "$blocks" --malloc
   check "push $name, every byte verified" fetch_verified "$f" "$blocks" --push
   stop_server
 done
+
+# Keyed transports (no TCP: UCX's own gets with keys): P's kvx-allocated storages are mapped
+# here and copied. With TCP in the list P serves its reads itself (docs/security.md).
+f=$src/layouts/examples/example3-aliased-groups.json
+serve "$f" --transports sm,cma
+check "pull over keyed transports, every byte verified" fetch_verified "$f" '0:0-1' --transports sm,cma
+check "pull over keyed transports: P's kvx-allocated storages are mapped here and copied" \
+  grep -qE 'memcpy\(([0-9]+) of \1 storages mapped\)$' "$tmp/fetch"
+stop_server
 
 # A DeepSeek-V4.1-style slab scaled to 64 blocks (about 100 MB): the compressor states at row
 # offsets that a base-address fold would have truncated arrive whole.
