@@ -182,12 +182,20 @@ void transport_destroy(struct transport *t)
 
 unsigned transport_progress(struct transport *t)
 {
-    return ucp_worker_progress(t->worker);
+    unsigned events = ucp_worker_progress(t->worker);
+
+    if (t->queued != NULL)
+        am_replies_send(t);
+    return events;
 }
 
 unsigned transport_conn_progress(struct transport_conn *conn)
 {
-    return ucp_worker_progress(conn->worker);
+    unsigned events = ucp_worker_progress(conn->worker);
+
+    if (conn->receives != NULL)
+        am_receives_start(conn);
+    return events;
 }
 
 static int worker_event_fd(ucp_worker_h worker)

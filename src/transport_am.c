@@ -63,7 +63,9 @@ struct am_request {
     bool device;
     bool ended;     /* its operation was counted complete */
     bool sending;   /* UCX still holds its header */
-    bool receiving; /* UCX is receiving its data (rendezvous) */
+    bool receiving; /* UCX is receiving its data (rendezvous), or will (desc) */
+    void *desc;     /* a rendezvous to receive once progress returned */
+    struct am_request *next_receive;
     union {
         struct am_read_header read;
         struct am_write_header write;
@@ -77,6 +79,14 @@ struct am_reply {
     struct transport *t;
     ucp_ep_h ep;
     struct am_answer_header header;
+    void *desc; /* a write's rendezvous to receive once progress returned */
+    void *dest;
+    /* what to send once progress returned (am_replies_send) */
+    struct am_reply *next_queued;
+    unsigned id;
+    const void *data;
+    uint64_t length;
+    bool rendezvous;
 };
 
 void am_record_link(struct am_record *r, struct am_record **list)
@@ -146,22 +156,61 @@ static void reply_sent(void *request, ucs_status_t status, void *user_data)
     reply_free(user_data);
 }
 
-/* Sends an answer (and, for a read, the bytes); the record goes when UCX is done with it. */
+/* Queues an answer (and, for a read, the bytes): UCX's TCP transport defers a send made from
+ * inside its receive callback to a later wakeup, milliseconds away, so answers are sent once
+ * progress returned (am_replies_send). */
 static void reply_send(struct am_reply *r, unsigned id, const void *data, uint64_t length,
                        bool rendezvous)
 {
-    ucp_request_param_t param = {
-        .op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .cb.send   = reply_sent,
-        .user_data = r,
-        .flags     = rendezvous ? UCP_AM_SEND_FLAG_RNDV : 0,
-    };
-    ucs_status_ptr_t sp =
-        ucp_am_send_nbx(r->ep, id, &r->header, sizeof(r->header), data, length, &param);
+    r->id          = id;
+    r->data        = data;
+    r->length      = length;
+    r->rendezvous  = rendezvous;
+    r->next_queued = r->t->queued;
+    r->t->queued   = r;
+}
 
-    if (sp == NULL || UCS_PTR_IS_ERR(sp))
-        reply_free(r);
+static void written_received(void *request, ucs_status_t status, size_t length, void *user_data);
+
+/* Sends the answers queued; each record goes when UCX is done with it. */
+void am_replies_send(struct transport *t)
+{
+    struct am_reply *queued = t->queued;
+
+    t->queued = NULL;
+    while (queued != NULL) {
+        struct am_reply *r        = queued;
+        ucp_request_param_t param = {
+            .op_attr_mask =
+                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+            .cb.send   = reply_sent,
+            .user_data = r,
+            .flags     = r->rendezvous ? UCP_AM_SEND_FLAG_RNDV : 0,
+        };
+        ucs_status_ptr_t sp;
+
+        queued = r->next_queued;
+        if (r->desc != NULL) { /* a write to receive first; its answer follows */
+            ucp_request_param_t recv = {
+                .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                .cb.recv_am   = written_received,
+                .user_data    = r,
+            };
+            void *desc = r->desc;
+
+            r->desc = NULL;
+            sp      = ucp_am_recv_data_nbx(t->worker, desc, r->dest, r->length, &recv);
+            if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+                r->header.status = sp == NULL ? AM_STATUS_OK : AM_STATUS_REFUSED;
+                reply_send(r, AM_WRITTEN, NULL, 0, false);
+            }
+            continue;
+        }
+        sp = ucp_am_send_nbx(r->ep, r->id, &r->header, sizeof(r->header), r->data, r->length,
+                             &param);
+        if (sp == NULL || UCS_PTR_IS_ERR(sp))
+            reply_free(r);
+    }
 }
 
 static struct am_reply *reply_create(struct transport *t, ucp_ep_h ep, uint64_t cookie)
@@ -223,16 +272,11 @@ static void written_received(void *request, ucs_status_t status, size_t length, 
 static ucs_status_t write_served(void *arg, const void *header, size_t header_length, void *data,
                                  size_t length, const ucp_am_recv_param_t *param)
 {
-    struct transport *t      = arg;
-    bool rendezvous          = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    ucp_request_param_t recv = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.recv_am   = written_received,
-    };
+    struct transport *t = arg;
+    bool rendezvous     = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     struct am_write_header h;
     struct transport_mem *mem;
     struct am_reply *r;
-    ucs_status_ptr_t sp;
 
     if (header_length != sizeof(h) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         t->counters.refused++;
@@ -255,12 +299,11 @@ static ucs_status_t write_served(void *arg, const void *header, size_t header_le
         reply_send(r, AM_WRITTEN, NULL, 0, false);
         return UCS_OK;
     }
-    recv.user_data = r;
-    sp = ucp_am_recv_data_nbx(t->worker, data, (char *)mem->address + h.offset, length, &recv);
-    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-        r->header.status = sp == NULL ? AM_STATUS_OK : AM_STATUS_REFUSED;
-        reply_send(r, AM_WRITTEN, NULL, 0, false);
-    }
+    r->desc        = data; /* received once progress returned (am_replies_send) */
+    r->dest        = (char *)mem->address + h.offset;
+    r->length      = length;
+    r->next_queued = t->queued;
+    t->queued      = r;
     return UCS_INPROGRESS;
 }
 
@@ -341,13 +384,8 @@ static ucs_status_t data_arrived(void *arg, const void *header, size_t header_le
 {
     struct transport_conn *conn = arg;
     bool rendezvous             = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    ucp_request_param_t recv    = {
-           .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-           .cb.recv_am   = data_received,
-    };
     struct am_answer_header h;
     struct am_request *req = request_find(conn, header, header_length, &h);
-    ucs_status_ptr_t sp;
 
     if (req == NULL || req->write)
         return UCS_OK; /* not an answer we wait for: dropped */
@@ -368,15 +406,36 @@ static ucs_status_t data_arrived(void *arg, const void *header, size_t header_le
         request_free_if_done(req);
         return UCS_OK;
     }
-    recv.user_data = req;
-    sp             = ucp_am_recv_data_nbx(conn->worker, data, req->local, length, &recv);
-    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-        request_end(req, sp == NULL ? UCS_OK : UCS_PTR_STATUS(sp));
-        request_free_if_done(req);
-    } else {
-        req->receiving = true;
-    }
+    /* Received once progress returned (am_receives_start), as answers are sent. */
+    req->receiving    = true;
+    req->desc         = data;
+    req->next_receive = conn->receives;
+    conn->receives    = req;
     return UCS_INPROGRESS;
+}
+
+void am_receives_start(struct transport_conn *conn)
+{
+    struct am_request *queued = conn->receives;
+
+    conn->receives = NULL;
+    while (queued != NULL) {
+        struct am_request *req   = queued;
+        ucp_request_param_t recv = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.recv_am   = data_received,
+            .user_data    = req,
+        };
+        ucs_status_ptr_t sp;
+
+        queued = req->next_receive;
+        sp     = ucp_am_recv_data_nbx(conn->worker, req->desc, req->local, req->length, &recv);
+        if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+            req->receiving = false;
+            request_end(req, sp == NULL ? UCS_OK : UCS_PTR_STATUS(sp));
+            request_free_if_done(req);
+        }
+    }
 }
 
 static ucs_status_t written_arrived(void *arg, const void *header, size_t header_length, void *data,

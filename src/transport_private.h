@@ -20,6 +20,9 @@
 /* A grant a peer presents with each read or write (transport_am.c), 128 random bits. */
 #define TRANSPORT_TOKEN_SIZE 16
 
+struct am_reply;
+struct am_request;
+
 struct am_slot {
     transport_am_handler_t handler;
     void *arg;
@@ -50,6 +53,7 @@ struct transport {
     size_t num_mems;
     struct am_record *replies; /* the main worker's: answers and writes being received */
     size_t serving;            /* of those */
+    struct am_reply *queued;   /* answers to send once progress returned */
     struct transport_data_counters counters;
 };
 
@@ -90,6 +94,7 @@ struct transport_conn {
     struct transport_conn *next_parked; /* in t->parked */
     struct am_record *requests;         /* kvx reads and writes awaiting their answer */
     struct am_request **by_cookie;      /* the same, by the cookie's index */
+    struct am_request *receives;        /* answers to receive once progress returned */
     uint32_t *free_cookies;             /* indices of by_cookie not in use */
     size_t num_cookies;
     size_t num_free_cookies;
@@ -132,6 +137,10 @@ kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t of
                           uint64_t len, bool local_device);
 kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t offset,
                            const void *local, uint64_t len);
+/* Sends the answers the main worker's handlers queued (after its progress returned). */
+void am_replies_send(struct transport *t);
+/* Starts receiving the rendezvous answers a connection's handlers queued. */
+void am_receives_start(struct transport_conn *conn);
 /* Frees what a destroyed worker left of the protocol's records on `list`. */
 void am_records_free(struct am_record **list);
 /* Frees a connection's cookie table (after its worker). */
