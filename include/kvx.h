@@ -730,6 +730,10 @@ typedef struct kvx_agent_stats {
                                its read with KVX_ERR_PEER_REFUSED */
     uint64_t dones_early;   /* prefill side: dones and pushes with a token that came before
                                their hold and waited for it */
+    /* ranks bound to holds (issue 22) */
+    uint64_t dones_rank_refused; /* prefill side: dones and pushes with the token refused for
+                                    their rank: not a consumer rank of the hold, reported over
+                                    another connection, or a second rank of one connection */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):

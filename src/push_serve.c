@@ -514,7 +514,8 @@ static bool job_hold_ready(struct push_job *job)
         job_refuse(job);
         return false;
     }
-    done = hold_table_check(holds, job->request_id, job_rank(job), &job->req.token);
+    done = hold_table_check(holds, job->request_id, job_rank(job),
+                            sidechan_origin_key(&job->origin), &job->req.token);
     if (done == HOLD_DONE_COUNTED || done == HOLD_DONE_RELEASED)
         return true;
     error_set(KVX_ERR_PEER_REFUSED, "push %" PRIu64 ": %s", job->request_id,
@@ -541,7 +542,8 @@ static void job_answer(struct push_job *job)
     enum hold_done done;
 
     if (job->is_done) {
-        done = hold_table_done(s->core->holds, job->request_id, job_rank(job), &job->req.token);
+        done = hold_table_done(s->core->holds, job->request_id, job_rank(job),
+                               sidechan_origin_key(&job->origin), &job->req.token);
         if (done != HOLD_DONE_COUNTED && done != HOLD_DONE_RELEASED) {
             error_set(KVX_ERR_PEER_REFUSED, "push %" PRIu64 ": written, but %s", job->request_id,
                       hold_done_reason(done));
@@ -646,8 +648,9 @@ static void job_deadline(struct loop_timer *timer)
     struct push_job *job = (struct push_job *)((char *)timer - offsetof(struct push_job, deadline));
 
     if (job->early.parked) { /* never held: nothing was written, its writer is fine */
+        /* counted unknown, as a done would be */
         hold_table_done(job->server->core->holds, job->request_id, job_rank(job),
-                        &job->req.token); /* counted unknown, as a done would be */
+                        sidechan_origin_key(&job->origin), &job->req.token);
         error_set(KVX_ERR_PEER_REFUSED,
                   "push %" PRIu64 ": no such request: not held within %" PRIu32 " ms",
                   job->request_id, job->server->core->timeout_ms);

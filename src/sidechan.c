@@ -136,6 +136,21 @@ void sidechan_reply(struct sidechan_server *server, const struct sidechan_origin
     zmq_send(server->router, data, size, ZMQ_DONTWAIT);
 }
 
+uint64_t sidechan_origin_key(const struct sidechan_origin *origin)
+{
+    uint64_t key = 0xcbf29ce484222325u; /* FNV-1a */
+
+    if (origin->identity_size < 8) { /* the size + 1 in the top byte: 1..8, so never 0 */
+        key = (uint64_t)(origin->identity_size + 1) << 56;
+        for (size_t i = 0; i < origin->identity_size; i++)
+            key |= (uint64_t)origin->identity[i] << (8 * i);
+        return key;
+    }
+    for (size_t i = 0; i < origin->identity_size; i++)
+        key = (key ^ origin->identity[i]) * 0x100000001b3u;
+    return key | (uint64_t)1 << 63; /* apart from the short ones, whose top byte is 1..8 */
+}
+
 static const struct sidechan_verb *verb_find(const struct sidechan_verb *verbs, size_t n,
                                              zmq_msg_t *frame)
 {

@@ -32,6 +32,13 @@ struct sidechan_origin {
     uint64_t id;
 };
 
+/* A number for the connection a request came over: the same for every request of one
+ * connection, and never 0 (a hold binds each consumer rank to one: hold.h). ZeroMQ's own
+ * routing ids (5 bytes, a counter, unique while the listener lives) map one to one; a longer
+ * one that a peer chose is hashed, so two such connections may share a number, which only
+ * ever refuses more dones, never counts more. */
+uint64_t sidechan_origin_key(const struct sidechan_origin *origin);
+
 /* One received request, valid during its handler. */
 struct sidechan_request {
     struct sidechan_origin origin;

@@ -182,6 +182,10 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
     counter(&t, l, "dones_early_total",
             "Dones and pushes that came before their hold and waited for it (prefill side).",
             s->dones_early);
+    counter(&t, l, "dones_rank_refused_total",
+            "Dones refused for their rank: not the hold's consumer, or bound to another "
+            "connection (prefill side).",
+            s->dones_rank_refused);
     text_printf(&t,
                 "# HELP kvx_ops_orphaned Operation records closed connections are still owed.\n"
                 "# TYPE kvx_ops_orphaned gauge\nkvx_ops_orphaned{%s} %" PRIu64 "\n"

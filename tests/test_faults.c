@@ -255,7 +255,8 @@ static struct prefill_config {
     uint64_t page;          /* bytes per block of its layout */
     uint64_t blocks;        /* of its layout, filled with the pattern */
     const char *transports; /* NULL: kvx's default */
-    uint64_t hold[2];       /* requests held from the start for one consumer each; 0: none */
+    uint64_t hold[2];       /* requests held from the start; 0: none */
+    uint32_t consumers;     /* of each hold; 0: one */
     bool spare;             /* waits for a byte on `go` before it creates its agent */
     bool kvx_storage;       /* kvx allocates its storage (mapped by a same-host peer) */
     const char *listen;     /* NULL: a free port */
@@ -297,7 +298,8 @@ static int run_prefill(int ready, int go)
         kvx_group_ids_t group = {&config.hold[i], 1};
 
         if (config.hold[i] != 0 &&
-            hold_new(agent, config.hold[i], &group, 1, 1, &tokens[i]) != KVX_OK)
+            hold_new(agent, config.hold[i], &group, 1, config.consumers > 0 ? config.consumers : 1,
+                     &tokens[i]) != KVX_OK)
             return 11;
     }
     report_serving(ready, agent);
@@ -994,6 +996,84 @@ static void unknown_and_repeated_dones_are_counted_and_ignored(void **state)
     prefill_kill(&p);
 }
 
+/* Sends the dones of `request_id` (with its held token) from `ranks` over one new connection,
+ * in order, and returns P's answers in `answers` (one connection is served in order). */
+static void dones_send_one_connection(kvx_peer_t *peer, uint64_t request_id,
+                                      const uint32_t *ranks, size_t count,
+                                      char answers[][DONE_REASON_SIZE + 32])
+{
+    struct auth_keys keys = test_keys();
+    void *zmq             = zmq_ctx_new();
+    struct sidechan_client *client;
+    uint64_t id = 0;
+    char *reply = NULL;
+    size_t reply_size;
+
+    assert_int_equal(sidechan_client_create(zmq, peer_address(peer), &keys, 8, &client), KVX_OK);
+    for (size_t i = 0; i < count; i++) {
+        struct notify note = notify_done(request_id, ranks[i], token_of(request_id));
+
+        answers[i][0] = '\0';
+        assert_int_equal(sidechan_client_send(client, VERB_DONE, 2 + i, &note, sizeof(note)),
+                         KVX_OK);
+    }
+    assert_int_equal(sidechan_client_send(client, VERB_HEARTBEAT, 1, NULL, 0), KVX_OK);
+    while (id != 1) {
+        assert_true(sidechan_client_wait(client, 5000));
+        assert_true(sidechan_client_recv(client, &id, &reply, &reply_size));
+        if (id >= 2 && id < 2 + count)
+            snprintf(answers[id - 2], DONE_REASON_SIZE + 32, "%s", reply);
+        free(reply);
+    }
+    sidechan_client_destroy(client);
+    zmq_ctx_term(zmq);
+}
+
+/* Issue 22 finding 5: with `--hold 7=... --consumers 2`, one connection holding the token sent
+ * done for rank 0, then for rank 63, and the hold was released though rank 1 never read. Now
+ * rank 63 (no rank of a decode side of TP 2) is refused, and so is a second rank from the
+ * connection that reported rank 0, and rank 0 from another connection; nothing is released
+ * until decode rank 1 itself reads and reports. */
+static void a_done_for_a_rank_the_hold_cannot_have_releases_nothing(void **state)
+{
+    const uint32_t ranks[] = {0, 63, 1, 0};
+    kvx_agent_params_t d1  = {.field_mask = KVX_AGENT_PARAM_FIELD_TP_RANK |
+                                           KVX_AGENT_PARAM_FIELD_TP_SIZE,
+                              .tp_rank    = 1,
+                              .tp_size    = 2};
+    uint64_t block7        = 7;
+    char answers[4][DONE_REASON_SIZE + 32];
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_agent_stats_t stats;
+
+    (void)state;
+    peer = prefill_connect((struct prefill_config){.hold = {7}, .consumers = 2}, &p, d1, &agent);
+    dones_send_one_connection(peer, 7, ranks, 3, answers);
+    assert_string_equal(answers[0], "kvx-counted counted");
+    assert_string_equal(answers[1], "kvx-error rank 63: not a consumer rank of this hold: it "
+                                    "cannot have read this rank's share");
+    assert_string_equal(answers[2], "kvx-error rank 1: this connection reported the request "
+                                    "for another rank already");
+    dones_send_one_connection(peer, 7, ranks + 3, 1, answers);
+    assert_string_equal(answers[0], "kvx-error rank 0: this rank reported the request already, "
+                                    "over another connection");
+    stats = prefill_stats(&p);
+    assert_int_equal(stats.released, 0);
+    assert_int_equal(stats.held, 1);
+    assert_int_equal(stats.dones_rank_refused, 3);
+
+    read_verified(agent, peer, 7, &block7, 1); /* decode rank 1's own done releases it */
+    stats = prefill_stats_reach(&p, 0, 0, 1);
+    assert_int_equal(stats.released, 1);
+    assert_int_equal(stats.held, 0);
+    assert_int_equal(stats.dones_rank_refused, 3);
+    peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
 /* After `dropped` malformed messages, P still serves: a verified read of held request 7 and
  * its real done release it, with every malformed message counted and none taken for a done.
  * Ends the test's processes and agent. */
@@ -1611,6 +1691,8 @@ int main(int argc, char **argv)
                                   leftovers_clean),
         cmocka_unit_test_teardown(idle_peer_is_dropped_after_its_ttl, leftovers_clean),
         cmocka_unit_test_teardown(unknown_and_repeated_dones_are_counted_and_ignored,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(a_done_for_a_rank_the_hold_cannot_have_releases_nothing,
                                   leftovers_clean),
         cmocka_unit_test_teardown(malformed_notifications_are_dropped_and_serving_goes_on,
                                   leftovers_clean),
