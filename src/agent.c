@@ -1007,8 +1007,14 @@ kvx_status_t kvx_peer_reconnect(kvx_peer_t *peer)
     if (peer == NULL)
         return error_set(KVX_ERR_INVALID, "reconnect: no peer");
     core = peer_core(peer);
+    /* A peer up is closed by its caller. One that went down outside the loop (a restart that
+     * kvx_write_post's registration noticed) may still wait for the failed-peers phase: its
+     * transfers fail now, as that phase would fail them, before it comes back (issue 22
+     * finding 6: it came back still queued, and the next turn closed its new connection). */
     if (!peer_is_down(peer))
         xfers_cancel_peer(core->xfers, peer);
+    else
+        xfers_fail_down_peers(core->xfers);
     return peer_reconnect(peer);
 }
 

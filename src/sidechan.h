@@ -99,7 +99,8 @@ bool sidechan_client_recv(struct sidechan_client *client, uint64_t *id_p, char *
 
 /* One request on a socket of its own and its reply of at most `max_reply` bytes, waiting at
  * most `timeout_ms` on the socket (the handshake's metadata, before any socket is kept). A
- * peer that refuses our handshake fails it at once with KVX_ERR_PEER_REFUSED. */
+ * peer that refuses our handshake fails it at once with KVX_ERR_PEER_REFUSED. Its messages,
+ * like those of the client calls, do not name `address`: the caller's do. */
 kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_keys *keys,
                             const char *verb, int64_t max_reply, uint32_t timeout_ms,
                             void **reply_p, size_t *size_p);

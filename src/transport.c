@@ -5,6 +5,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "invariant.h"
 #include "prefault.h"
 
 #include <ucp/api/ucp.h>
@@ -37,6 +38,7 @@ struct transport {
     size_t pending;                /* operations posted on live connections, not completed */
     struct transport_conn *parked; /* closed with operations pending: never progressed again */
     size_t num_parked;
+    unsigned progressing; /* progress calls under way: nothing may be closed inside one */
 };
 
 struct transport_mem {
@@ -191,12 +193,27 @@ void transport_destroy(struct transport *t)
 
 unsigned transport_progress(struct transport *t)
 {
-    return ucp_worker_progress(t->worker);
+    unsigned events;
+
+    t->progressing++;
+    events = ucp_worker_progress(t->worker);
+    t->progressing--;
+    return events;
 }
 
 unsigned transport_conn_progress(struct transport_conn *conn)
 {
-    return ucp_worker_progress(conn->worker);
+    unsigned events;
+
+    conn->t->progressing++;
+    events = ucp_worker_progress(conn->worker);
+    conn->t->progressing--;
+    return events;
+}
+
+bool transport_progressing(const struct transport *t)
+{
+    return t->progressing > 0;
 }
 
 static int worker_event_fd(ucp_worker_h worker)
@@ -532,6 +549,7 @@ void transport_conn_destroy(struct transport_conn *conn)
     if (conn == NULL)
         return;
     t = conn->t;
+    KVX_ASSERT(t->progressing == 0); /* a completion callback closing its own connection */
     conn_settle(conn);
     if (!conn_has_pending(conn)) {
         conn_free(conn);
@@ -618,6 +636,7 @@ static void op_completed(void *request, ucs_status_t status, void *user_data)
  * or an error (the op's first error, and the call's). */
 static kvx_status_t op_count(struct transport_op *op, ucs_status_ptr_t sp, const char *what)
 {
+    KVX_ASSERT(!op->armed); /* transport_op_arm: nothing more is posted on it */
     if (UCS_PTR_IS_ERR(sp)) {
         if (op->first_error == 0)
             op->first_error = UCS_PTR_STATUS(sp);
@@ -697,6 +716,7 @@ kvx_status_t transport_am_post(struct transport_op *op, unsigned id, const void 
 
 void transport_op_arm(struct transport_op *op)
 {
+    KVX_ASSERT(!op->armed && !op->released); /* armed once, before it is let go */
     op->armed = true;
     op_check_finished(op);
 }
