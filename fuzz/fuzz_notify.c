@@ -1,6 +1,6 @@
 /* fuzz_notify.c: libFuzzer target for the small messages agents exchange (notify.c): the
- * done notification and its answer, a heartbeat's id list and its answer, each parsed from
- * the same bytes.
+ * done notification and its answer, a heartbeat's id list and its answer, and an error
+ * answer's code, each parsed from the same bytes.
  * What parses must re-encode to the same bytes; aborts on a broken invariant. */
 #include "fuzz_invariant.h"
 #include "notify.h"
@@ -50,6 +50,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                       "a done's answer carries a bounded text");
             invariant(length == size && memcmp(again, data, size) == 0,
                       "a done's answer re-encodes to its bytes");
+        }
+    }
+    {
+        enum error_code code = ERROR_CODE_NONE;
+        size_t at            = 0;
+
+        if (error_answer_parse(data, size, &code, &at)) {
+            invariant(at <= size, "an error's message lies within it");
+            /* a coded answer re-encodes to its bytes (a message with a NUL cannot be given) */
+            if (code != ERROR_CODE_NONE && memchr(data + at, 0, size - at) == NULL) {
+                char *message = malloc(size - at + 1);
+                char *again   = malloc(size + 1);
+
+                invariant(message != NULL && again != NULL, "memory");
+                memcpy(message, data + at, size - at);
+                message[size - at] = '\0';
+                invariant(error_answer_format(again, size + 1, code, message) == size &&
+                              memcmp(again, data, size) == 0,
+                          "a coded error answer re-encodes to its bytes");
+                free(message);
+                free(again);
+            }
         }
     }
     if (alive_answer_parse(data, size, &instance, engine_id)) {

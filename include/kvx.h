@@ -735,6 +735,10 @@ typedef struct kvx_agent_stats {
     uint64_t data_writes_served; /* peers' writes into our storages (push) done */
     uint64_t data_refused;       /* peers' reads and writes refused: a wrong grant, a range
                                     outside every storage, a malformed message */
+    /* ranks bound to holds (issue 22) */
+    uint64_t dones_rank_refused; /* prefill side: dones and pushes with the token refused for
+                                    their rank: not a consumer rank of the hold, reported over
+                                    another connection, or a second rank of one connection */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):

@@ -530,6 +530,9 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
                          mask & ~known);
     core->tp_rank = (mask & KVX_AGENT_PARAM_FIELD_TP_RANK) ? params->tp_rank : 0;
     core->tp_size = (mask & KVX_AGENT_PARAM_FIELD_TP_SIZE) ? params->tp_size : 1;
+    /* which decode ranks a hold's consumers can be (hold.h) */
+    agent->holds.tp_rank = core->tp_rank;
+    agent->holds.tp_size = core->tp_size;
     core->timeout_ms =
         (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : AGENT_DEFAULT_TIMEOUT_MS;
     agent->holds.lease_ms =
@@ -743,6 +746,7 @@ void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_
         stats.peers_refused   = gate->peers_refused;
         stats.peers_connected = gate->connections;
     }
+    stats.dones_rank_refused = agent->holds.ranks_refused;
     memcpy(stats_p, &stats, size < sizeof(stats) ? size : sizeof(stats));
 }
 
@@ -1006,8 +1010,14 @@ kvx_status_t kvx_peer_reconnect(kvx_peer_t *peer)
     if (peer == NULL)
         return error_set(KVX_ERR_INVALID, "reconnect: no peer");
     core = peer_core(peer);
+    /* A peer up is closed by its caller. One that went down outside the loop (a restart that
+     * kvx_write_post's registration noticed) may still wait for the failed-peers phase: its
+     * transfers fail now, as that phase would fail them, before it comes back (issue 22
+     * finding 6: it came back still queued, and the next turn closed its new connection). */
     if (!peer_is_down(peer))
         xfers_cancel_peer(core->xfers, peer);
+    else
+        xfers_fail_down_peers(core->xfers);
     return peer_reconnect(peer);
 }
 

@@ -33,15 +33,18 @@ static void answer(struct sidechan_server *side, const struct sidechan_origin *o
     sidechan_reply(side, origin, text, length);
 }
 
-/* Counts the done in the hold table and answers what it did. A done without a token for a
- * request not held now (kvx fetch against kvx serve without holds, whose request ids are
- * labels that may repeat) involves no hold and is answered "nothing held"; with a token,
- * one for a request not held is refused by what the ring knows of it. */
+/* Counts the done in the hold table, for the rank it names over the connection it came by
+ * (hold.h: a rank is bound to one connection, a connection to one rank), and answers what it
+ * did. A done without a token for a request not held now (kvx fetch against kvx serve
+ * without holds, whose request ids are labels that may repeat) involves no hold and is
+ * answered "nothing held"; with a token, one for a request not held is refused by what the
+ * ring knows of it. */
 static void done_apply(struct core *core, struct sidechan_server *side,
                        const struct sidechan_origin *origin, uint64_t request_id, uint32_t rank,
                        const kvx_token_t *token)
 {
-    enum hold_done done = hold_table_done(core->holds, request_id, rank, token);
+    enum hold_done done =
+        hold_table_done(core->holds, request_id, rank, sidechan_origin_key(origin), token);
     char reason[DONE_REASON_SIZE];
 
     if (done == HOLD_DONE_COUNTED || done == HOLD_DONE_RELEASED) {
@@ -56,6 +59,8 @@ static void done_apply(struct core *core, struct sidechan_server *side,
     if (done == HOLD_DONE_UNKNOWN)
         snprintf(reason, sizeof(reason), "no such request: not held within %" PRIu32 " ms",
                  core->timeout_ms);
+    else if (done == HOLD_DONE_OUTSIDE || done == HOLD_DONE_TAKEN || done == HOLD_DONE_SWITCHED)
+        snprintf(reason, sizeof(reason), "rank %" PRIu32 ": %s", rank, hold_done_reason(done));
     else
         snprintf(reason, sizeof(reason), "%s", hold_done_reason(done));
     answer(side, origin, false, reason);

@@ -1,6 +1,9 @@
-/* error.c: status names and the per-thread error message of kvx_errmsg(). Holds no other
- * state; a message lives until the same thread's next failure. */
+/* error.c: status names, the per-thread error message of kvx_errmsg(), and the report of a
+ * broken invariant (invariant.h). Holds no other state; a message lives until the same
+ * thread's next failure. */
 #include "error.h"
+
+#include "invariant.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -70,4 +73,11 @@ const char *kvx_status_str(kvx_status_t status)
 void kvx_free(void *ptr)
 {
     free(ptr);
+}
+
+void invariant_failed(const char *cond, const char *file, int line, const char *func)
+{
+    fprintf(stderr, "kvx: %s:%d: %s: invariant broken: %s\n", file, line, func, cond);
+    fflush(stderr);
+    abort();
 }

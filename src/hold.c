@@ -6,6 +6,7 @@
 
 #include "auth.h"
 #include "error.h"
+#include "invariant.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -14,13 +15,19 @@
 struct hold {
     bool used;
     uint64_t request_id;
-    kvx_token_t token;  /* what a done or heartbeat must present */
-    uint32_t consumers; /* ranks that must report done */
-    uint32_t reported;  /* distinct ranks that did */
-    uint64_t expiry_ms; /* lease end; the heap entry with this expiry is the live one */
-    uint64_t *ranks;    /* bitmap of the ranks that reported, grown on demand */
-    size_t rank_words;
+    kvx_token_t token;           /* what a done or heartbeat must present */
+    uint32_t consumers;          /* ranks that must report done */
+    uint32_t reported;           /* distinct ranks that did */
+    uint64_t expiry_ms;          /* lease end; the heap entry with this expiry is the live one */
+    struct hold_report *reports; /* the ranks that reported, `reported` of them, grown on demand */
+    size_t reports_capacity;
     struct hold_release *released; /* the ids, handed over on release */
+};
+
+/* A rank that reported, and the connection it is bound to. */
+struct hold_report {
+    uint32_t rank;
+    uint64_t conn;
 };
 
 static size_t hold_hash(uint64_t id, size_t size)
@@ -278,6 +285,12 @@ const char *hold_done_reason(enum hold_done done)
         return "hold released already: the blocks may have been reused";
     case HOLD_DONE_EXPIRED:
         return "hold's lease expired: the blocks may have been reused";
+    case HOLD_DONE_OUTSIDE:
+        return "not a consumer rank of this hold: it cannot have read this rank's share";
+    case HOLD_DONE_TAKEN:
+        return "this rank reported the request already, over another connection";
+    case HOLD_DONE_SWITCHED:
+        return "this connection reported the request for another rank already";
     }
     return "refused";
 }
@@ -288,7 +301,7 @@ static void hold_release(struct hold_table *t, struct hold *h, bool expired)
     struct hold_release *released = h->released;
 
     ended_add(t, h->request_id, expired);
-    free(h->ranks);
+    free(h->reports);
     hold_remove(t, (size_t)(h - t->slots));
     released->expired = expired;
     t->release(t->arg, released);
@@ -303,14 +316,27 @@ static bool hold_token_ok(struct hold_table *t, const struct hold *h, const kvx_
     return false;
 }
 
-/* What a done of `rank` for request_id would do, with the hold it acts on in *h_p (NULL
- * unless COUNTED or RELEASED). Counts a wrong token; changes nothing else. */
+/* Whether decode rank `rank` can be a consumer of hold h on this prefill rank k of N, by
+ * the plan's rules (docs/plan.md, "Per region": a decode rank reads, or only notifies, the
+ * prefill ranks of its own share). With more decode ranks than prefill ranks (M = consumers
+ * * N), the ranks k * consumers .. k * consumers + consumers - 1 share rank k; with one
+ * consumer (M <= N, one dividing the other), it is rank k / (N / M), at most k. */
+static bool hold_rank_possible(const struct hold_table *t, const struct hold *h, uint32_t rank)
+{
+    uint64_t first = (uint64_t)t->tp_rank * h->consumers;
+
+    if (h->consumers == 1)
+        return rank <= t->tp_rank;
+    return rank >= first && rank - first < h->consumers;
+}
+
+/* What a done of `rank` over `conn` for request_id would do, with the hold it acts on in *h_p
+ * (NULL unless COUNTED or RELEASED). Counts a wrong token; changes nothing else. The token
+ * is checked first, so a done without it learns nothing of the hold's ranks. */
 static enum hold_done hold_judge(struct hold_table *t, uint64_t request_id, uint32_t rank,
-                                 const kvx_token_t *token, struct hold **h_p)
+                                 uint64_t conn, const kvx_token_t *token, struct hold **h_p)
 {
     struct hold *h = hold_find(t, request_id);
-    size_t word    = rank / 64;
-    uint64_t bit   = (uint64_t)1 << (rank % 64);
 
     *h_p = NULL;
     if (h == NULL) {
@@ -325,48 +351,60 @@ static enum hold_done hold_judge(struct hold_table *t, uint64_t request_id, uint
     }
     if (!hold_token_ok(t, h, token))
         return HOLD_DONE_FORGED;
-    if (word < h->rank_words && (h->ranks[word] & bit))
-        return HOLD_DONE_REPEATED;
+    if (!hold_rank_possible(t, h, rank))
+        return HOLD_DONE_OUTSIDE;
+    for (uint32_t i = 0; i < h->reported; i++) { /* ranks first: the answer is order-free */
+        if (h->reports[i].rank == rank)
+            return h->reports[i].conn == conn ? HOLD_DONE_REPEATED : HOLD_DONE_TAKEN;
+    }
+    for (uint32_t i = 0; i < h->reported; i++) {
+        if (h->reports[i].conn == conn)
+            return HOLD_DONE_SWITCHED;
+    }
     *h_p = h;
     return h->reported + 1 < h->consumers ? HOLD_DONE_COUNTED : HOLD_DONE_RELEASED;
 }
 
 enum hold_done hold_table_check(struct hold_table *t, uint64_t request_id, uint32_t rank,
-                                const kvx_token_t *token)
+                                uint64_t conn, const kvx_token_t *token)
 {
     struct hold *h;
 
-    return hold_judge(t, request_id, rank, token, &h);
+    return hold_judge(t, request_id, rank, conn, token, &h);
 }
 
 enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank,
-                               const kvx_token_t *token)
+                               uint64_t conn, const kvx_token_t *token)
 {
     struct hold *h;
-    enum hold_done done = hold_judge(t, request_id, rank, token, &h);
-    size_t word         = rank / 64;
+    enum hold_done done = hold_judge(t, request_id, rank, conn, token, &h);
 
+    KVX_ASSERT(conn != 0);
     if (done == HOLD_DONE_UNKNOWN || done == HOLD_DONE_ENDED || done == HOLD_DONE_EXPIRED)
         t->unknown++;
     if (done == HOLD_DONE_REPEATED)
         t->repeated++;
+    if (done == HOLD_DONE_OUTSIDE || done == HOLD_DONE_TAKEN || done == HOLD_DONE_SWITCHED)
+        t->ranks_refused++;
     if (h == NULL)
         return done;
-    if (word >= h->rank_words) {
-        uint64_t *grown = realloc(h->ranks, (word + 1) * sizeof(*grown));
+    if (done == HOLD_DONE_RELEASED) { /* the last one: nothing to remember it for */
+        t->released++;
+        hold_release(t, h, false);
+        return HOLD_DONE_RELEASED;
+    }
+    if (h->reported == h->reports_capacity) {
+        size_t capacity           = h->reports_capacity > 0 ? 2 * h->reports_capacity : 4;
+        struct hold_report *grown = realloc(h->reports, capacity * sizeof(*grown));
 
         if (grown == NULL) /* no room to remember the rank: treat it as not reported */
             return HOLD_DONE_REPEATED;
-        memset(grown + h->rank_words, 0, (word + 1 - h->rank_words) * sizeof(*grown));
-        h->ranks      = grown;
-        h->rank_words = word + 1;
+        h->reports          = grown;
+        h->reports_capacity = capacity;
     }
-    h->ranks[word] |= (uint64_t)1 << (rank % 64);
-    if (++h->reported < h->consumers)
-        return HOLD_DONE_COUNTED;
-    t->released++;
-    hold_release(t, h, false);
-    return HOLD_DONE_RELEASED;
+    h->reports[h->reported++] = (struct hold_report){rank, conn};
+    KVX_ASSERT(h->reported < h->consumers);
+    return HOLD_DONE_COUNTED;
 }
 
 /* Rebuilds the heap from the live holds once stale entries outnumber them, so the heap
@@ -423,7 +461,7 @@ void hold_table_free(struct hold_table *t)
     for (size_t i = 0; i < t->size; i++) {
         if (t->slots[i].used) {
             hold_release_free(t->slots[i].released);
-            free(t->slots[i].ranks);
+            free(t->slots[i].reports);
         }
     }
     free(t->slots);

@@ -32,6 +32,9 @@ enum hold_done {
     HOLD_DONE_FORGED,   /* held, but the done carried another token: ignored */
     HOLD_DONE_ENDED,    /* not held: it was released after its consumers reported */
     HOLD_DONE_EXPIRED,  /* not held: its lease expired */
+    HOLD_DONE_OUTSIDE,  /* held, but this rank cannot be one of its consumers: ignored */
+    HOLD_DONE_TAKEN,    /* held, and this rank reported over another connection: ignored */
+    HOLD_DONE_SWITCHED, /* held, and this connection reported another rank: ignored */
 };
 
 /* Why a done that did not count was refused, as the answer says it ("" for one that
@@ -62,6 +65,8 @@ struct lease {
 
 struct hold_table {
     uint64_t lease_ms;  /* a hold's lease from kvx_hold */
+    uint32_t tp_rank;   /* this prefill rank, and its TP size (0 reads as 1): which decode */
+    uint32_t tp_size;   /* ranks a hold's consumers can be (hold.c, hold_rank_possible) */
     struct lease *heap; /* min-heap by expiry */
     size_t heap_count;
     size_t heap_max;
@@ -72,7 +77,8 @@ struct hold_table {
     uint64_t released;
     uint64_t unknown;
     uint64_t repeated;
-    uint64_t forged; /* dones and heartbeats with a wrong token */
+    uint64_t forged;                         /* dones and heartbeats with a wrong token */
+    uint64_t ranks_refused;                  /* dones refused OUTSIDE, TAKEN or SWITCHED */
     struct hold_ended ended[HOLD_ENDED_MAX]; /* a ring: the newest at ended_next - 1 */
     size_t ended_next;
     size_t ended_count;
@@ -97,18 +103,24 @@ size_t hold_table_expire(struct hold_table *t, uint64_t now_ms);
  * UINT64_MAX when nothing is held. */
 uint64_t hold_table_next_expiry(const struct hold_table *t);
 
-/* The `done` of consumer rank `rank` (< KVX_MAX_TP) for request_id: each rank counts once (a
- * bitmap per hold), and the request is released once `consumers` distinct ranks reported.
+/* The `done` of consumer rank `rank` (< KVX_MAX_TP) for request_id, over connection `conn`
+ * (sidechan_origin_key: never 0). Each rank counts once, and the request is released once
+ * `consumers` distinct ranks reported. Issue 22 finding 5, the ranks are bound:
+ * - a rank that cannot have read this prefill rank's share (hold_rank_possible) is OUTSIDE;
+ * - a rank counts for the connection that first reported it: the same connection again is
+ *   REPEATED, another one is TAKEN;
+ * - a connection reports one rank of a hold (a decode agent is one rank and sends every done
+ *   over its one kept socket): a second rank from it is SWITCHED.
  * A done whose token is not the hold's changes nothing. A done for a request not held says
  * whether the ring remembers its end (ENDED, EXPIRED) or not (UNKNOWN), and changes nothing.
- * Counts unknown (every one not held), forged and repeated dones. */
+ * Counts unknown (every one not held), forged, repeated and ranks refused. */
 enum hold_done hold_table_done(struct hold_table *t, uint64_t request_id, uint32_t rank,
-                               const kvx_token_t *token);
+                               uint64_t conn, const kvx_token_t *token);
 
 /* What hold_table_done would answer now, without counting or changing anything except
  * `forged` (a push checks before it writes; a wrong token is refused there and counted). */
 enum hold_done hold_table_check(struct hold_table *t, uint64_t request_id, uint32_t rank,
-                                const kvx_token_t *token);
+                                uint64_t conn, const kvx_token_t *token);
 
 /* Held, ended lately, or not known. O(1) when held; a scan of the ring otherwise. */
 enum hold_state hold_table_state(const struct hold_table *t, uint64_t request_id);

@@ -149,3 +149,45 @@ bool alive_answer_parse(const void *data, size_t size, uint64_t *instance_p,
     engine_id[size - id_at] = '\0';
     return true;
 }
+
+/* The codes' words on the wire, by enum error_code. */
+static const char *const error_code_words[] = {
+    [ERROR_CODE_NONE]         = NULL,
+    [ERROR_CODE_UNREGISTERED] = "unregistered",
+};
+
+size_t error_answer_format(char *text, size_t size, enum error_code code, const char *message)
+{
+    const char *word = (size_t)code < sizeof(error_code_words) / sizeof(error_code_words[0])
+                           ? error_code_words[code]
+                           : NULL;
+    int n = word != NULL ? snprintf(text, size, "%s [%s] %s", DONE_ANSWER_REFUSED, word, message)
+                         : snprintf(text, size, "%s %s", DONE_ANSWER_REFUSED, message);
+
+    return n > 0 && (size_t)n < size ? (size_t)n : 0;
+}
+
+bool error_answer_parse(const void *data, size_t size, enum error_code *code_p,
+                        size_t *message_at_p)
+{
+    const char *text = data;
+    size_t prefix    = strlen(DONE_ANSWER_REFUSED " ");
+
+    if (size < prefix || memcmp(text, DONE_ANSWER_REFUSED " ", prefix) != 0)
+        return false;
+    *code_p       = ERROR_CODE_NONE;
+    *message_at_p = prefix;
+    for (size_t c = 0; c < sizeof(error_code_words) / sizeof(error_code_words[0]); c++) {
+        const char *word = error_code_words[c];
+        size_t length    = word != NULL ? strlen(word) : 0;
+
+        /* "[WORD] ": anything else, an unknown word too, is part of the message */
+        if (word != NULL && size >= prefix + length + 3 && text[prefix] == '[' &&
+            memcmp(text + prefix + 1, word, length) == 0 && text[prefix + 1 + length] == ']' &&
+            text[prefix + 2 + length] == ' ') {
+            *code_p       = (enum error_code)c;
+            *message_at_p = prefix + length + 3;
+        }
+    }
+    return true;
+}

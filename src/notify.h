@@ -26,6 +26,25 @@
 #define DONE_ANSWER_REFUSED "kvx-error"
 #define DONE_REASON_SIZE    256
 
+/* An error answer to any request is "kvx-error MESSAGE" (REPLY_ERROR); one that asks the
+ * requester to act, not only to report, carries a code first: "kvx-error [CODE] MESSAGE".
+ * Control flow follows the code, never the message's words (issue 22). A peer that knows no
+ * code reads the whole as text, and the message still says what to do. */
+enum error_code {
+    ERROR_CODE_NONE,         /* no code, or one this version does not know: report it */
+    ERROR_CODE_UNREGISTERED, /* "[unregistered]": a push named a writer this connection does
+                                not have (evicted, or never registered): register again */
+};
+/* "kvx-error [CODE] MESSAGE" (or without a code for ERROR_CODE_NONE) into `text`; returns
+ * its length, 0 when it does not fit. */
+size_t error_answer_format(char *text, size_t size, enum error_code code, const char *message);
+
+/* True when `data` is an error answer: its code and the offset of its message in `data`
+ * (ERROR_CODE_NONE and the whole text after "kvx-error " when it has no code this version
+ * knows). False for any other answer. */
+bool error_answer_parse(const void *data, size_t size, enum error_code *code_p,
+                        size_t *message_at_p);
+
 /* A notification on the wire: fixed size, little-endian like every kvx host. */
 struct notify {
     uint32_t magic;

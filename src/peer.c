@@ -6,6 +6,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "invariant.h"
 #include "notify.h"
 #include "push_request.h"
 #include "sidechan.h"
@@ -58,6 +59,7 @@ struct kvx_peer {
     struct kvx_peer *prev; /* in core->peers while up */
     struct kvx_peer *next;
     struct kvx_peer *down_next; /* in core->down */
+    bool queued;                /* in core->down: its transfers are still to fail */
 };
 
 static void heartbeat_fire(struct loop_timer *timer);
@@ -74,6 +76,11 @@ kvx_peer_t *peer_of_rank(kvx_peer_t *const *peers, size_t num_peers, uint32_t ra
 bool peer_is_down(const kvx_peer_t *peer)
 {
     return peer->down[0] != '\0';
+}
+
+bool peer_is_queued(const kvx_peer_t *peer)
+{
+    return peer->queued;
 }
 
 struct core *peer_core(const kvx_peer_t *peer)
@@ -210,9 +217,7 @@ static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
 
         snprintf(what, sizeof(what), "%s", kvx_errmsg());
         link_close(core, link);
-        /* a message that names the peer already (the side channel's) is not wrapped again */
-        if (strstr(what, peer->address) != NULL)
-            return error_set(status, "%s", what);
+        /* the steps' messages never name the peer (sidechan.h): this one does, once */
         return error_set(status, "peer %s: %s", peer->address, what);
     }
     return KVX_OK;
@@ -265,8 +270,11 @@ kvx_status_t peer_reconnect(kvx_peer_t *peer)
 {
     struct peer_link link = {0};
     uint64_t old          = peer->link.instance;
-    kvx_status_t status   = link_open(peer, &link);
+    kvx_status_t status;
 
+    /* issue 22 finding 6: one still queued would come back up while on core->down */
+    KVX_ASSERT(peer_is_down(peer) && !peer->queued);
+    status = link_open(peer, &link);
     if (status != KVX_OK)
         return status;
     link_close(peer->core, &peer->link);
@@ -286,6 +294,7 @@ void peer_free(kvx_peer_t *peer)
 {
     if (peer == NULL)
         return;
+    KVX_ASSERT(!peer->queued); /* the failed-peers phase would find it freed */
     loop_timer_stop(&peer->core->loop, &peer->heartbeat);
     link_close(peer->core, &peer->link);
     free(peer->pending);
@@ -322,6 +331,7 @@ void peer_down(kvx_peer_t *peer, kvx_status_t status, const char *reason, enum p
         peer->next->prev = peer->prev;
     peer->prev = peer->next = NULL;
     peer->down_next         = core->down;
+    peer->queued            = true;
     core->down              = peer;
 }
 
@@ -332,6 +342,7 @@ kvx_peer_t *peer_down_next(struct core *core)
     if (peer != NULL) {
         core->down      = peer->down_next;
         peer->down_next = NULL;
+        peer->queued    = false;
     }
     return peer;
 }
@@ -460,6 +471,8 @@ unsigned peers_progress(struct core *core)
     unsigned events = 0;
 
     for (kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
+        /* issue 22 finding 6: a peer in the list is up, with its connection */
+        KVX_ASSERT(!peer_is_down(peer) && !peer->queued && peer->link.conn != NULL);
         for (int round = 0; round < PEER_PROGRESS_ROUNDS &&
                             transport_conn_progress(peer->link.conn->transport) > 0;
              round++)

@@ -39,6 +39,7 @@ kvx_peer_t *peer_down_next(struct core *core);
 void peer_close_conn(kvx_peer_t *peer);
 
 bool peer_is_down(const kvx_peer_t *peer);
+bool peer_is_queued(const kvx_peer_t *peer); /* on core->down: its transfers still to fail */
 struct core *peer_core(const kvx_peer_t *peer);
 kvx_status_t peer_down_status(const kvx_peer_t *peer);
 const char *peer_address(const kvx_peer_t *peer);

@@ -10,6 +10,7 @@
 #include "conn.h"
 #include "error.h"
 #include "hold.h"
+#include "notify.h"
 #include "push_request.h"
 #include "regions.h"
 #include "wire.h"
@@ -115,14 +116,22 @@ static void reply_text(struct push_server *s, const struct sidechan_origin *orig
     sidechan_reply(s->side, origin, text, strlen(text));
 }
 
-/* "kvx-error MESSAGE" with kvx_errmsg()'s message. */
-static void reply_error(struct push_server *s, const struct sidechan_origin *origin)
+/* "kvx-error [CODE] MESSAGE" (notify.h) with kvx_errmsg()'s message; ERROR_CODE_NONE: none. */
+static void reply_error_code(struct push_server *s, const struct sidechan_origin *origin,
+                             enum error_code code)
 {
     char text[700];
 
-    snprintf(text, sizeof(text), "%s%s", REPLY_ERROR, kvx_errmsg());
+    if (error_answer_format(text, sizeof(text), code, kvx_errmsg()) == 0)
+        snprintf(text, sizeof(text), "%s%s", REPLY_ERROR, kvx_errmsg()); /* cut short */
     reply_text(s, origin, text);
     s->core->stats.pushes_refused++;
+}
+
+/* "kvx-error MESSAGE" with kvx_errmsg()'s message. */
+static void reply_error(struct push_server *s, const struct sidechan_origin *origin)
+{
+    reply_error_code(s, origin, ERROR_CODE_NONE);
 }
 
 static void job_free(struct push_job *job)
@@ -514,7 +523,8 @@ static bool job_hold_ready(struct push_job *job)
         job_refuse(job);
         return false;
     }
-    done = hold_table_check(holds, job->request_id, job_rank(job), &job->req.token);
+    done = hold_table_check(holds, job->request_id, job_rank(job),
+                            sidechan_origin_key(&job->origin), &job->req.token);
     if (done == HOLD_DONE_COUNTED || done == HOLD_DONE_RELEASED)
         return true;
     error_set(KVX_ERR_PEER_REFUSED, "push %" PRIu64 ": %s", job->request_id,
@@ -541,7 +551,8 @@ static void job_answer(struct push_job *job)
     enum hold_done done;
 
     if (job->is_done) {
-        done = hold_table_done(s->core->holds, job->request_id, job_rank(job), &job->req.token);
+        done = hold_table_done(s->core->holds, job->request_id, job_rank(job),
+                               sidechan_origin_key(&job->origin), &job->req.token);
         if (done != HOLD_DONE_COUNTED && done != HOLD_DONE_RELEASED) {
             error_set(KVX_ERR_PEER_REFUSED, "push %" PRIu64 ": written, but %s", job->request_id,
                       hold_done_reason(done));
@@ -573,7 +584,12 @@ void push_serve(void *server, const struct sidechan_request *request)
         return;
     }
     status = writer_find(s, &request->origin, req.handle, &writer);
-    if (status == KVX_OK && writer->jobs >= s->max_per_peer)
+    if (status != KVX_OK) { /* the code tells the requester to register again */
+        push_request_free(&req);
+        reply_error_code(s, &request->origin, ERROR_CODE_UNREGISTERED);
+        return;
+    }
+    if (writer->jobs >= s->max_per_peer)
         status = error_set(KVX_ERR_BUSY, "push: this peer has %zu pushes in flight already",
                            writer->jobs);
     if (status == KVX_OK)
@@ -646,8 +662,9 @@ static void job_deadline(struct loop_timer *timer)
     struct push_job *job = (struct push_job *)((char *)timer - offsetof(struct push_job, deadline));
 
     if (job->early.parked) { /* never held: nothing was written, its writer is fine */
+        /* counted unknown, as a done would be */
         hold_table_done(job->server->core->holds, job->request_id, job_rank(job),
-                        &job->req.token); /* counted unknown, as a done would be */
+                        sidechan_origin_key(&job->origin), &job->req.token);
         error_set(KVX_ERR_PEER_REFUSED,
                   "push %" PRIu64 ": no such request: not held within %" PRIu32 " ms",
                   job->request_id, job->server->core->timeout_ms);

@@ -136,6 +136,21 @@ void sidechan_reply(struct sidechan_server *server, const struct sidechan_origin
     zmq_send(server->router, data, size, ZMQ_DONTWAIT);
 }
 
+uint64_t sidechan_origin_key(const struct sidechan_origin *origin)
+{
+    uint64_t key = 0xcbf29ce484222325u; /* FNV-1a */
+
+    if (origin->identity_size < 8) { /* the size + 1 in the top byte: 1..8, so never 0 */
+        key = (uint64_t)(origin->identity_size + 1) << 56;
+        for (size_t i = 0; i < origin->identity_size; i++)
+            key |= (uint64_t)origin->identity[i] << (8 * i);
+        return key;
+    }
+    for (size_t i = 0; i < origin->identity_size; i++)
+        key = (key ^ origin->identity[i]) * 0x100000001b3u;
+    return key | (uint64_t)1 << 63; /* apart from the short ones, whose top byte is 1..8 */
+}
+
 static const struct sidechan_verb *verb_find(const struct sidechan_verb *verbs, size_t n,
                                              zmq_msg_t *frame)
 {
@@ -197,7 +212,7 @@ static kvx_status_t dealer_open(void *zmq, const char *address, const struct aut
 {
     int linger = 0;
     char endpoint[300];
-    kvx_status_t status = endpoint_of(address, "peer", endpoint, sizeof(endpoint));
+    kvx_status_t status = endpoint_of(address, "address", endpoint, sizeof(endpoint));
     void *socket;
 
     if (status != KVX_OK)
@@ -340,8 +355,9 @@ static void *handshake_monitor(void *zmq, void *socket)
     return pair;
 }
 
-/* The failure a handshake event reports, as an error; KVX_OK when none waits. */
-static kvx_status_t handshake_failure(void *monitor, const char *address, bool curve)
+/* The failure a handshake event reports, as an error; KVX_OK when none waits. The message
+ * does not name the peer: the caller's does (link_open wraps every step's). */
+static kvx_status_t handshake_failure(void *monitor, bool curve)
 {
     uint8_t head[6];
     uint16_t event;
@@ -357,15 +373,13 @@ static kvx_status_t handshake_failure(void *monitor, const char *address, bool c
     memcpy(&event, head, sizeof(event));
     if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
         return error_set(KVX_ERR_PEER_REFUSED,
-                         "side channel %s refused us (a different auth key, or it has too many "
-                         "connections)",
-                         address);
+                         "side channel refused us (a different auth key, or it has too many "
+                         "connections)");
     return error_set(KVX_ERR_PEER_REFUSED,
-                     curve ? "side channel %s: the authenticated handshake failed: the peer "
-                             "holds a different auth key, runs insecure, or is not kvx"
-                           : "side channel %s: the handshake failed: the peer requires an auth "
-                             "key (--auth), or is not kvx",
-                     address);
+                     curve ? "side channel: the authenticated handshake failed: the peer holds a "
+                             "different auth key, runs insecure, or is not kvx"
+                           : "side channel: the handshake failed: the peer requires an auth key "
+                             "(--auth), or is not kvx");
 }
 
 kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_keys *keys,
@@ -400,7 +414,7 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
         if (zmq_poll(items, 2, (long)(deadline - now)) <= 0)
             continue;
         if ((items[1].revents & ZMQ_POLLIN) &&
-            (status = handshake_failure(monitor, address, keys->curve)) != KVX_OK)
+            (status = handshake_failure(monitor, keys->curve)) != KVX_OK)
             break;
         if (!reply_receive(socket, &id, &body, &size))
             continue;

@@ -32,6 +32,13 @@ struct sidechan_origin {
     uint64_t id;
 };
 
+/* A number for the connection a request came over: the same for every request of one
+ * connection, and never 0 (a hold binds each consumer rank to one: hold.h). ZeroMQ's own
+ * routing ids (5 bytes, a counter, unique while the listener lives) map one to one; a longer
+ * one that a peer chose is hashed, so two such connections may share a number, which only
+ * ever refuses more dones, never counts more. */
+uint64_t sidechan_origin_key(const struct sidechan_origin *origin);
+
 /* One received request, valid during its handler. */
 struct sidechan_request {
     struct sidechan_origin origin;
@@ -92,7 +99,8 @@ bool sidechan_client_recv(struct sidechan_client *client, uint64_t *id_p, char *
 
 /* One request on a socket of its own and its reply of at most `max_reply` bytes, waiting at
  * most `timeout_ms` on the socket (the handshake's metadata, before any socket is kept). A
- * peer that refuses our handshake fails it at once with KVX_ERR_PEER_REFUSED. */
+ * peer that refuses our handshake fails it at once with KVX_ERR_PEER_REFUSED. Its messages,
+ * like those of the client calls, do not name `address`: the caller's do. */
 kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_keys *keys,
                             const char *verb, int64_t max_reply, uint32_t timeout_ms,
                             void **reply_p, size_t *size_p);

@@ -189,6 +189,10 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
     counter(&t, l, "data_refused_total",
             "Peers' reads and writes refused: wrong grant, outside the storages, malformed.",
             s->data_refused);
+    counter(&t, l, "dones_rank_refused_total",
+            "Dones refused for their rank: not the hold's consumer, or bound to another "
+            "connection (prefill side).",
+            s->dones_rank_refused);
     text_printf(&t,
                 "# HELP kvx_ops_orphaned Operation records closed connections are still owed.\n"
                 "# TYPE kvx_ops_orphaned gauge\nkvx_ops_orphaned{%s} %" PRIu64 "\n"

@@ -5,6 +5,7 @@
 
 #include "clock.h"
 #include "error.h"
+#include "invariant.h"
 #include "prefault.h"
 #include "transport_private.h"
 
@@ -182,8 +183,11 @@ void transport_destroy(struct transport *t)
 
 unsigned transport_progress(struct transport *t)
 {
-    unsigned events = ucp_worker_progress(t->worker);
+    unsigned events;
 
+    t->progressing++;
+    events = ucp_worker_progress(t->worker);
+    t->progressing--;
     if (t->queued != NULL)
         am_replies_send(t);
     return events;
@@ -191,11 +195,19 @@ unsigned transport_progress(struct transport *t)
 
 unsigned transport_conn_progress(struct transport_conn *conn)
 {
-    unsigned events = ucp_worker_progress(conn->worker);
+    unsigned events;
 
+    conn->t->progressing++;
+    events = ucp_worker_progress(conn->worker);
+    conn->t->progressing--;
     if (conn->receives != NULL)
         am_receives_start(conn);
     return events;
+}
+
+bool transport_progressing(const struct transport *t)
+{
+    return t->progressing > 0;
 }
 
 static int worker_event_fd(ucp_worker_h worker)
@@ -611,6 +623,7 @@ void transport_conn_destroy(struct transport_conn *conn)
     if (conn == NULL)
         return;
     t = conn->t;
+    KVX_ASSERT(t->progressing == 0); /* a completion callback closing its own connection */
     conn_settle(conn);
     if (!conn_has_pending(conn)) {
         conn_free(conn);
@@ -706,6 +719,7 @@ static void op_completed(void *request, ucs_status_t status, void *user_data)
  * or an error (the op's first error, and the call's). */
 static kvx_status_t op_count(struct transport_op *op, ucs_status_ptr_t sp, const char *what)
 {
+    KVX_ASSERT(!op->armed); /* transport_op_arm: nothing more is posted on it */
     if (UCS_PTR_IS_ERR(sp)) {
         if (op->first_error == 0)
             op->first_error = UCS_PTR_STATUS(sp);
@@ -793,6 +807,7 @@ kvx_status_t transport_am_post(struct transport_op *op, unsigned id, const void 
 
 void transport_op_arm(struct transport_op *op)
 {
+    KVX_ASSERT(!op->armed && !op->released); /* armed once, before it is let go */
     op->armed = true;
     op_check_finished(op);
 }

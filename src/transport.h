@@ -144,6 +144,10 @@ void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size
 unsigned transport_progress(struct transport *t);
 unsigned transport_conn_progress(struct transport_conn *conn);
 
+/* True inside a progress call (a completion callback runs there): what closes a connection
+ * or frees an op's owner must not run then. */
+bool transport_progressing(const struct transport *t);
+
 /* Sleeping until UCX has work: a worker's event file descriptor (-1 if it has none), and
  * arming it, which returns false when events are already pending (progress again instead
  * of sleeping). */

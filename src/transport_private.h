@@ -44,6 +44,7 @@ struct transport {
     size_t pending;                /* operations posted on live connections, not completed */
     struct transport_conn *parked; /* closed with operations pending: never progressed again */
     size_t num_parked;
+    unsigned progressing; /* progress calls under way: nothing may be closed inside one */
     /* Its transports include one on which UCX checks no key (TCP's software RMA): the context
      * has no RMA, peers get grants instead of keys, and kvx serves their reads and writes. */
     bool served;

@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "conn.h"
 #include "error.h"
+#include "invariant.h"
 #include "notify.h"
 #include "peer.h"
 #include "push_request.h"
@@ -261,6 +262,8 @@ static void xfer_op_finished(void *arg, struct transport_op *op)
     kvx_xfer_t *x = arg;
 
     (void)op;
+    /* a released op calls no one: only a transfer in flight counts its operations */
+    KVX_ASSERT(x->status == KVX_INPROGRESS && x->ops_left > 0);
     if (--x->ops_left == 0)
         ready_queue(x);
 }
@@ -286,6 +289,7 @@ static void xfer_finish(kvx_xfer_t *x, kvx_status_t status)
 {
     struct core *core = x->set->core;
 
+    KVX_ASSERT(x->status == KVX_INPROGRESS && status != KVX_INPROGRESS); /* once */
     x->status = status;
     in_flight_unlink(x);
     ready_unlink(x);
@@ -345,6 +349,7 @@ size_t xfers_fail_down_peers(struct xfer_set *set)
     size_t taken = 0;
     kvx_peer_t *peer;
 
+    KVX_ASSERT(!transport_progressing(set->core->transport)); /* it closes connections */
     while ((peer = peer_down_next(set->core)) != NULL) {
         for (kvx_xfer_t *x = set->checking; x != NULL; x = x->checking_next) {
             if (verify_uses(x->verify, peer))
@@ -746,11 +751,20 @@ static void xfer_settle(kvx_xfer_t *x)
         pull_notify(x);
 }
 
-/* Every get completed: the data is here (verified, if asked). */
+/* Every get completed: the data is here (verified, if asked). A pull one of whose peers went
+ * down meanwhile, in this same phase (an earlier ready pull failed on it), is left to this
+ * turn's failed-peers phase, which fails it with the peer's status: the peer's connection is
+ * gone, and nothing may be asked of it (issue 22 finding 6). */
 static void pull_complete(kvx_xfer_t *x)
 {
     kvx_status_t status = KVX_OK;
 
+    for (size_t i = 0; i < x->num_legs; i++) {
+        if (peer_is_down(x->legs[i].peer)) {
+            KVX_ASSERT(peer_is_queued(x->legs[i].peer)); /* or x would not be in flight */
+            return;
+        }
+    }
     for (size_t r = 0; r < x->num_reads && status == KVX_OK; r++) {
         status = transport_op_status(x->legs[r].op, "get");
         conn_transports(peer_conn(x->legs[r].peer)); /* wired up by now: say what UCX chose */
@@ -772,6 +786,7 @@ static void done_reply(void *arg, const char *reply, size_t size)
     char reason[DONE_REASON_SIZE];
     bool counted = false;
 
+    KVX_ASSERT(x->status == KVX_INPROGRESS && leg->reply_id != 0); /* a finished one forgot it */
     leg->reply_id = 0;
     if (!done_answer_parse(reply, size, &counted, reason)) {
         xfer_end(x, KVX_ERR_IO,
@@ -842,13 +857,15 @@ static void push_reply(void *arg, const char *reply, size_t size)
     struct xfer_leg *leg = arg;
     kvx_xfer_t *x        = leg->xfer;
 
+    KVX_ASSERT(x->status == KVX_INPROGRESS && leg->reply_id != 0); /* a finished one forgot it */
     leg->reply_id = 0;
     if (size != strlen(REPLY_PUSHED) || memcmp(reply, REPLY_PUSHED, size) != 0) {
-        const char *why = strncmp(reply, REPLY_ERROR, strlen(REPLY_ERROR)) == 0
-                              ? reply + strlen(REPLY_ERROR)
-                              : reply;
+        enum error_code code = ERROR_CODE_NONE;
+        size_t message_at    = 0;
+        const char *why =
+            error_answer_parse(reply, size, &code, &message_at) ? reply + message_at : reply;
 
-        if (strstr(why, "register again") != NULL)
+        if (code == ERROR_CODE_UNREGISTERED)
             peer_push_forget(leg->peer); /* evicted there: the next push registers afresh */
         xfer_fail(x, KVX_ERR_PEER_REFUSED, "write %" PRIu64 " by remote rank %" PRIu32 ": %.400s",
                   x->request_id, peer_rank(leg->peer), why);

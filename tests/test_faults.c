@@ -10,7 +10,9 @@
 #include "notify.h"
 #include "peer.h"
 #include "prefill.h"
+#include "push_request.h"
 #include "sidechan.h"
+#include "xfer.h"
 #include "xfer_log.h"
 #include "prng.h"
 
@@ -255,7 +257,8 @@ static struct prefill_config {
     uint64_t page;          /* bytes per block of its layout */
     uint64_t blocks;        /* of its layout, filled with the pattern */
     const char *transports; /* NULL: kvx's default */
-    uint64_t hold[2];       /* requests held from the start for one consumer each; 0: none */
+    uint64_t hold[2];       /* requests held from the start; 0: none */
+    uint32_t consumers;     /* of each hold; 0: one */
     bool spare;             /* waits for a byte on `go` before it creates its agent */
     bool kvx_storage;       /* kvx allocates its storage (mapped by a same-host peer) */
     const char *listen;     /* NULL: a free port */
@@ -297,7 +300,8 @@ static int run_prefill(int ready, int go)
         kvx_group_ids_t group = {&config.hold[i], 1};
 
         if (config.hold[i] != 0 &&
-            hold_new(agent, config.hold[i], &group, 1, 1, &tokens[i]) != KVX_OK)
+            hold_new(agent, config.hold[i], &group, 1, config.consumers > 0 ? config.consumers : 1,
+                     &tokens[i]) != KVX_OK)
             return 11;
     }
     report_serving(ready, agent);
@@ -863,6 +867,105 @@ static void restarted_prefill_at_the_same_address_is_noticed(void **state)
     prefill_kill(&second);
 }
 
+/* Issue 22 finding 6, reconnect before progress: a restart noticed outside the loop (the push
+ * registration's wait inside kvx_write_post reads the new instance's heartbeat answer) leaves
+ * the peer down and queued for the failed-peers phase; kvx_peer_reconnect before any progress
+ * once put it back among the peers while still queued, and the next turn failed the new read
+ * with the stale reason, closed its new connection and crashed progressing it. */
+static void a_peer_down_outside_the_loop_and_reconnected_at_once_serves(void **state)
+{
+    uint64_t ids[]        = {5, 6, 9};
+    kvx_group_ids_t group = {ids, 3};
+    kvx_request_t request = {&group, 1, NULL, 0, NULL};
+    kvx_xfer_t *xfer      = NULL;
+    struct prefill first;
+    struct prefill second;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_agent_stats_t stats;
+
+    (void)state;
+    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS};
+    prefill_start(&first);
+    config = (struct prefill_config){
+        .page = PAGE, .blocks = SMALL_BLOCKS, .spare = true, .listen = first.address};
+    prefill_start(&second);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, (kvx_agent_params_t){0});
+    peer  = connect_tracked(agent, first.address);
+    read_verified(agent, peer, 1, ids, 3);
+
+    prefill_kill(&first);
+    prefill_start_spare(&second);
+    /* queued before the registration, so the new instance answers it first */
+    assert_int_equal(kvx_heartbeat(agent, &peer, 1, NULL, NULL, 0), KVX_OK);
+    assert_int_equal(kvx_write_post(agent, &peer, 1, 2, &request, NULL, NULL, &xfer),
+                     KVX_ERR_PEER_DOWN);
+    assert_non_null(strstr(kvx_errmsg(), "restarted: instance "));
+    assert_non_null(kvx_peer_down_reason(peer));
+
+    assert_int_equal(kvx_peer_reconnect(peer), KVX_OK); /* no progress in between */
+    assert_null(kvx_peer_down_reason(peer));
+    read_verified(agent, peer, 3, ids, 3);
+    progress_for(agent, 20);
+    assert_null(kvx_peer_down_reason(peer));
+    kvx_agent_stats(agent, &stats, sizeof(stats));
+    assert_int_equal(stats.peers_dead, 1);
+    assert_int_equal(stats.transfers, 2);
+    assert_int_equal(stats.transfers_failed, 0);
+    peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&second);
+}
+
+/* Issue 22 finding 6, two ready pulls and one failing: pulls whose gets all completed wait in
+ * the ready list for the same phase; when the first one fails (a failed get), its peer goes
+ * down there, and the next one, reading the same peer, asked the down peer's connection (NULL)
+ * what UCX chose. A get cannot be made to fail on demand, so the test takes the peer down as
+ * that failure does (peer_down, between the gets' completion and the phase that moves the
+ * pulls on): each pull then fails once with the peer's status, from the failed-peers phase,
+ * and a reconnected peer serves again. */
+static void ready_pulls_of_a_peer_gone_down_in_the_same_phase_fail_with_it(void **state)
+{
+    uint64_t ids_a[]            = {1, 2};
+    uint64_t ids_b[]            = {3, 4};
+    kvx_group_ids_t a           = {ids_a, 2};
+    kvx_group_ids_t b           = {ids_b, 2};
+    kvx_request_t ra            = {&a, 1, NULL, 0, NULL};
+    kvx_request_t rb            = {&b, 1, NULL, 0, NULL};
+    struct callback_log seen[2] = {{0}};
+    kvx_xfer_t *xfers[2]        = {NULL, NULL};
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    struct core *core;
+    uint64_t start;
+
+    (void)state;
+    peer = prefill_connect((struct prefill_config){0}, &p, (kvx_agent_params_t){0}, &agent);
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 1, &ra, on_xfer, &seen[0], &xfers[0]), KVX_OK);
+    assert_int_equal(kvx_read_post(agent, &peer, 1, 2, &rb, on_xfer, &seen[1], &xfers[1]), KVX_OK);
+    core = xfer_core(xfers[0]);
+    /* the gets complete in UCX progress only: both pulls are then ready, not moved on */
+    for (start = clock_ms(); transport_ops_pending(core->transport) > 0;)
+        if (peers_progress(core) == 0 && clock_ms() - start > 10000)
+            fail_msg("the gets did not complete within 10 s");
+    peer_down(peer, KVX_ERR_PEER_DOWN, "closed: read 0 failed", PEER_DEAD);
+
+    for (int i = 0; i < 3; i++)
+        kvx_agent_progress(agent, 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(seen[i].calls, 1);
+        assert_int_equal(seen[i].status, KVX_ERR_PEER_DOWN);
+        assert_non_null(strstr(kvx_xfer_error(xfers[i]), "closed: read 0 failed"));
+        kvx_xfer_destroy(xfers[i]);
+    }
+    assert_int_equal(kvx_peer_reconnect(peer), KVX_OK);
+    read_verified(agent, peer, 3, ids_a, 2);
+    peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
 /* A peer with nothing wanted and nothing moving is dropped after its TTL (not counted dead);
  * a wanted request keeps it, and kvx_peer_reconnect brings it back. */
 static void idle_peer_is_dropped_after_its_ttl(void **state)
@@ -989,6 +1092,126 @@ static void unknown_and_repeated_dones_are_counted_and_ignored(void **state)
     assert_int_equal(stats.released, 2);
     assert_int_equal(stats.held, 0);
     assert_int_equal(stats.done_unknown, 2);
+    peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
+/* Sends the dones of `request_id` (with its held token) from `ranks` over one new connection,
+ * in order, and returns P's answers in `answers` (one connection is served in order). */
+static void dones_send_one_connection(kvx_peer_t *peer, uint64_t request_id, const uint32_t *ranks,
+                                      size_t count, char answers[][DONE_REASON_SIZE + 32])
+{
+    struct auth_keys keys = test_keys();
+    void *zmq             = zmq_ctx_new();
+    struct sidechan_client *client;
+    uint64_t id = 0;
+    char *reply = NULL;
+    size_t reply_size;
+
+    assert_int_equal(sidechan_client_create(zmq, peer_address(peer), &keys, 8, &client), KVX_OK);
+    for (size_t i = 0; i < count; i++) {
+        struct notify note = notify_done(request_id, ranks[i], token_of(request_id));
+
+        answers[i][0] = '\0';
+        assert_int_equal(sidechan_client_send(client, VERB_DONE, 2 + i, &note, sizeof(note)),
+                         KVX_OK);
+    }
+    assert_int_equal(sidechan_client_send(client, VERB_HEARTBEAT, 1, NULL, 0), KVX_OK);
+    while (id != 1) {
+        assert_true(sidechan_client_wait(client, 5000));
+        assert_true(sidechan_client_recv(client, &id, &reply, &reply_size));
+        if (id >= 2 && id < 2 + count)
+            snprintf(answers[id - 2], DONE_REASON_SIZE + 32, "%s", reply);
+        free(reply);
+    }
+    sidechan_client_destroy(client);
+    zmq_ctx_term(zmq);
+}
+
+/* Issue 22 finding 5: with `--hold 7=... --consumers 2`, one connection holding the token sent
+ * done for rank 0, then for rank 63, and the hold was released though rank 1 never read. Now
+ * rank 63 (no rank of a decode side of TP 2) is refused, and so is a second rank from the
+ * connection that reported rank 0, and rank 0 from another connection; nothing is released
+ * until decode rank 1 itself reads and reports. */
+static void a_done_for_a_rank_the_hold_cannot_have_releases_nothing(void **state)
+{
+    const uint32_t ranks[] = {0, 63, 1, 0};
+    kvx_agent_params_t d1  = {.field_mask =
+                                  KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE,
+                              .tp_rank = 1,
+                              .tp_size = 2};
+    uint64_t block7        = 7;
+    char answers[4][DONE_REASON_SIZE + 32];
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_agent_stats_t stats;
+
+    (void)state;
+    peer = prefill_connect((struct prefill_config){.hold = {7}, .consumers = 2}, &p, d1, &agent);
+    dones_send_one_connection(peer, 7, ranks, 3, answers);
+    assert_string_equal(answers[0], "kvx-counted counted");
+    assert_string_equal(answers[1], "kvx-error rank 63: not a consumer rank of this hold: it "
+                                    "cannot have read this rank's share");
+    assert_string_equal(answers[2], "kvx-error rank 1: this connection reported the request "
+                                    "for another rank already");
+    dones_send_one_connection(peer, 7, ranks + 3, 1, answers);
+    assert_string_equal(answers[0], "kvx-error rank 0: this rank reported the request already, "
+                                    "over another connection");
+    stats = prefill_stats(&p);
+    assert_int_equal(stats.released, 0);
+    assert_int_equal(stats.held, 1);
+    assert_int_equal(stats.dones_rank_refused, 3);
+
+    read_verified(agent, peer, 7, &block7, 1); /* decode rank 1's own done releases it */
+    stats = prefill_stats_reach(&p, 0, 0, 1);
+    assert_int_equal(stats.released, 1);
+    assert_int_equal(stats.held, 0);
+    assert_int_equal(stats.dones_rank_refused, 3);
+    peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
+/* Issue 22: a push that names a writer its connection does not have (evicted, never
+ * registered) is answered with the code that makes a decode agent register again
+ * ("[unregistered]", notify.h), not with words it would have to search for. */
+static void a_push_with_a_writer_it_does_not_have_is_answered_with_a_code(void **state)
+{
+    const uint8_t handle[PUSH_HANDLE_LEN] = {7};
+    uint64_t block                        = 3;
+    kvx_group_ids_t group                 = {&block, 1};
+    kvx_request_t request                 = {&group, 1, NULL, 0, NULL};
+    struct auth_keys keys                 = test_keys();
+    enum error_code code                  = ERROR_CODE_NONE;
+    size_t at                             = 0;
+    void *zmq                             = zmq_ctx_new();
+    struct sidechan_client *client;
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    void *body;
+    size_t size;
+    uint64_t id;
+    char *reply;
+
+    (void)state;
+    peer = prefill_connect((struct prefill_config){0}, &p, (kvx_agent_params_t){0}, &agent);
+    assert_int_equal(push_request_encode(1, handle, &request, &body, &size), KVX_OK);
+    assert_int_equal(sidechan_client_create(zmq, peer_address(peer), &keys, 8, &client), KVX_OK);
+    assert_int_equal(sidechan_client_send(client, VERB_PUSH, 5, body, size), KVX_OK);
+    assert_true(sidechan_client_wait(client, 5000));
+    assert_true(sidechan_client_recv(client, &id, &reply, &size));
+    assert_int_equal(id, 5);
+    assert_true(error_answer_parse(reply, size, &code, &at));
+    assert_int_equal(code, ERROR_CODE_UNREGISTERED);
+    assert_non_null(strstr(reply + at, "no registered writer of that handle"));
+    free(reply);
+    free(body);
+    sidechan_client_destroy(client);
+    zmq_ctx_term(zmq);
+    assert_int_equal(prefill_stats(&p).pushes_refused, 1);
     peer_destroy(peer);
     agent_destroy(agent);
     prefill_kill(&p);
@@ -1614,8 +1837,16 @@ int main(int argc, char **argv)
                                   leftovers_clean),
         cmocka_unit_test_teardown(restarted_prefill_at_the_same_address_is_noticed,
                                   leftovers_clean),
+        cmocka_unit_test_teardown(a_peer_down_outside_the_loop_and_reconnected_at_once_serves,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(ready_pulls_of_a_peer_gone_down_in_the_same_phase_fail_with_it,
+                                  leftovers_clean),
         cmocka_unit_test_teardown(idle_peer_is_dropped_after_its_ttl, leftovers_clean),
         cmocka_unit_test_teardown(unknown_and_repeated_dones_are_counted_and_ignored,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(a_done_for_a_rank_the_hold_cannot_have_releases_nothing,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(a_push_with_a_writer_it_does_not_have_is_answered_with_a_code,
                                   leftovers_clean),
         cmocka_unit_test_teardown(malformed_notifications_are_dropped_and_serving_goes_on,
                                   leftovers_clean),

@@ -155,6 +155,57 @@ static void done_answers_round_trip_and_reject_the_rest(void **state)
     assert_false(done_answer_parse(NULL, 0, &counted, reason));
 }
 
+/* Issue 22: what a requester does about an error answer follows its code, never its words:
+ * "kvx-error [unregistered] ..." round-trips to its code and message; a plain error, an
+ * unknown word and a message that only looks like one carry no code. */
+static const struct error_answer_case {
+    const char *rule;
+    const char *text;
+    bool parses;
+    enum error_code code;
+    const char *message;
+} error_answer_cases[] = {
+    {"a coded answer", "kvx-error [unregistered] push: register again", true,
+     ERROR_CODE_UNREGISTERED, "push: register again"},
+    {"a coded answer with an empty message", "kvx-error [unregistered] ", true,
+     ERROR_CODE_UNREGISTERED, ""},
+    {"a plain one, as older peers send", "kvx-error push: register again", true, ERROR_CODE_NONE,
+     "push: register again"},
+    {"an unknown word is message", "kvx-error [later] go", true, ERROR_CODE_NONE, "[later] go"},
+    {"no space after the word", "kvx-error [unregistered]x", true, ERROR_CODE_NONE,
+     "[unregistered]x"},
+    {"cut inside the word", "kvx-error [unregist", true, ERROR_CODE_NONE, "[unregist"},
+    {"the words without brackets", "kvx-error unregistered go", true, ERROR_CODE_NONE,
+     "unregistered go"},
+    {"not an error", "kvx-done", false, ERROR_CODE_NONE, NULL},
+    {"no space after kvx-error", "kvx-error[unregistered] x", false, ERROR_CODE_NONE, NULL},
+};
+
+static void error_answers_carry_their_code(void **state)
+{
+    char text[128];
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(error_answer_cases) / sizeof(error_answer_cases[0]); i++) {
+        const struct error_answer_case *c = &error_answer_cases[i];
+        enum error_code code              = ERROR_CODE_NONE;
+        size_t at                         = 0;
+        bool parses = error_answer_parse(c->text, strlen(c->text), &code, &at);
+
+        if (parses != c->parses ||
+            (parses && (code != c->code || strcmp(c->text + at, c->message))))
+            fail_msg("%s: parsed %d, code %d, message \"%s\"", c->rule, parses, code,
+                     parses ? c->text + at : "");
+    }
+    assert_int_equal(error_answer_format(text, sizeof(text), ERROR_CODE_UNREGISTERED, "go"),
+                     strlen("kvx-error [unregistered] go"));
+    assert_string_equal(text, "kvx-error [unregistered] go");
+    error_answer_format(text, sizeof(text), ERROR_CODE_NONE, "go");
+    assert_string_equal(text, "kvx-error go");
+    assert_int_equal(error_answer_format(text, 8, ERROR_CODE_NONE, "go"), 0);
+    assert_false(error_answer_parse(NULL, 0, &(enum error_code){0}, &(size_t){0}));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -163,6 +214,7 @@ int main(void)
         cmocka_unit_test(answers_round_trip),
         cmocka_unit_test(answers_reject_anything_else),
         cmocka_unit_test(done_answers_round_trip_and_reject_the_rest),
+        cmocka_unit_test(error_answers_carry_their_code),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
