@@ -1190,6 +1190,8 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
             {"verify_refused", s.verify_refused},
             {"dones_refused", s.dones_refused},
             {"dones_early", s.dones_early},
+            {"handshakes", s.handshakes},
+            {"handshakes_refused", s.handshakes_refused},
             {"transfer_us_count", s.transfer_us.count},
             {"transfer_us_sum", (uint64_t)s.transfer_us.sum},
             {"released_dropped", released_dropped},
