@@ -362,9 +362,11 @@ static kvx_status_t handshake_failure(void *monitor, const char *address, bool c
                          address);
     return error_set(KVX_ERR_PEER_REFUSED,
                      curve ? "side channel %s: the authenticated handshake failed: the peer "
-                             "holds a different auth key, runs insecure, or is not kvx"
+                             "holds a different auth key, runs insecure, is not kvx, or closed "
+                             "it (too many handshakes in progress from this address)"
                            : "side channel %s: the handshake failed: the peer requires an auth "
-                             "key (--auth), or is not kvx",
+                             "key (--auth), is not kvx, or closed it (too many handshakes in "
+                             "progress from this address)",
                      address);
 }
 
