@@ -602,8 +602,9 @@ typedef struct kvx_agent_params {
                                     with it. An agent needs it unless _INSECURE is set */
     bool insecure;               /* _INSECURE: no auth key: the side channel is plain ZeroMQ
                                     and may listen only on loopback (127.0.0.0/8, localhost) */
-    uint32_t max_peers;          /* _MAX_PEERS: listener: side-channel connections open at once
-                                    (a handshake in progress counts); default 64 */
+    uint32_t max_peers;          /* _MAX_PEERS: listener: authenticated side-channel
+                                    connections open at once (handshakes in progress are
+                                    bounded apart); default 64 */
     uint32_t max_message;        /* _MAX_MESSAGE: listener: bytes of one side-channel message
                                     (a push request's ids, a push registration's metadata,
                                     33 bytes of CURVE framing included);
@@ -713,7 +714,7 @@ typedef struct kvx_agent_stats {
     uint64_t auth_refused;    /* side-channel handshakes refused: no auth key or another one */
     uint64_t peers_refused;   /* connections refused past max_peers */
     uint64_t tokens_refused;  /* dones and heartbeats for a held request with a wrong token */
-    uint64_t peers_connected; /* side-channel connections open now (gauge) */
+    uint64_t peers_connected; /* authenticated side-channel connections open now (gauge) */
     /* verification (kvx_xfer_verify, verify_one_in) */
     uint64_t transfers_verified;  /* decode side: verifications that compared every segment */
     uint64_t verify_mismatches;   /* decode side: segments whose checksums differed */
@@ -739,6 +740,11 @@ typedef struct kvx_agent_stats {
     uint64_t dones_rank_refused; /* prefill side: dones and pushes with the token refused for
                                     their rank: not a consumer rank of the hold, reported over
                                     another connection, or a second rank of one connection */
+    /* admission (issue 22): handshakes are not peers */
+    uint64_t handshakes;         /* listener: side-channel connections open and not
+                                    authenticated yet (gauge) */
+    uint64_t handshakes_refused; /* listener: connections closed in their handshake, past the
+                                    bound of handshakes or of one address's (docs/security.md) */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):

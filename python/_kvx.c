@@ -1194,6 +1194,8 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
             {"data_writes_served", s.data_writes_served},
             {"data_refused", s.data_refused},
             {"dones_rank_refused", s.dones_rank_refused},
+            {"handshakes", s.handshakes},
+            {"handshakes_refused", s.handshakes_refused},
             {"transfer_us_count", s.transfer_us.count},
             {"transfer_us_sum", (uint64_t)s.transfer_us.sum},
             {"released_dropped", released_dropped},

@@ -36,7 +36,12 @@
  * a peer that sends a longer message, and stops reading one that has this many queued. */
 #define AGENT_DEFAULT_MAX_MESSAGE  (1u << 20)
 #define AGENT_RECV_HWM             8
-#define AGENT_HANDSHAKE_MS         5000 /* a handshake that stalls longer loses its slot */
+/* A connection must finish its handshake within this, and only this many may be in theirs at
+ * once (at least 256, at least max_peers), this many of them from one address: strangers
+ * hold handshakes, never the admitted peers' places (docs/security.md, "Bounded everything"). */
+#define AGENT_HANDSHAKE_MS         1000
+#define AGENT_MIN_HANDSHAKES       256
+#define AGENT_HANDSHAKES_PER_SOURCE 32
 #define AGENT_DEFAULT_MAX_PEERS    64
 #define AGENT_DEFAULT_MAX_PUSHES   64
 #define AGENT_DEFAULT_TIMEOUT_MS   10000
@@ -486,10 +491,16 @@ static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
 {
     struct core *core                   = &agent->core;
     const struct sidechan_limits limits = {agent->max_message, AGENT_RECV_HWM, AGENT_HANDSHAKE_MS};
+    const struct gate_limits admission  = {
+         .max_peers      = agent->max_peers,
+         .max_handshakes = agent->max_peers > AGENT_MIN_HANDSHAKES ? agent->max_peers
+                                                                   : AGENT_MIN_HANDSHAKES,
+         .per_source     = AGENT_HANDSHAKES_PER_SOURCE,
+         .handshake_ms   = AGENT_HANDSHAKE_MS};
     void *sockets[2];
     size_t n;
     kvx_status_t status =
-        gate_create(core->zmq, &core->keys, agent->max_peers, &core->loop, &agent->gate);
+        gate_create(core->zmq, &core->keys, &admission, &core->loop, &agent->gate);
 
     if (status != KVX_OK)
         return status;
@@ -745,6 +756,8 @@ void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_
         stats.auth_refused    = gate->auth_refused;
         stats.peers_refused   = gate->peers_refused;
         stats.peers_connected = gate->connections;
+        stats.handshakes      = gate->handshakes;
+        stats.handshakes_refused = gate->handshakes_refused;
     }
     stats.dones_rank_refused = agent->holds.ranks_refused;
     memcpy(stats_p, &stats, size < sizeof(stats) ? size : sizeof(stats));

@@ -1,50 +1,76 @@
-/* gate.c: the ZAP handler and the listening socket's monitor, served from the agent's loop.
- * ZeroMQ's I/O thread (one, the default) emits a connection's "handshake failed" event and
- * then, in the same call, its "disconnected" event, which carries the descriptor: that is how
- * a failure is tied to the address the descriptor was accepted from. */
+/* gate.c: the ZAP handler and the accounting of the listening socket's connections, served
+ * from the agent's loop; the monitor's thread (gate_monitor.c) names each accepted one.
+ *
+ * What the events say, and what they do not (ZeroMQ 4.3, one I/O thread, the default):
+ * "accepted" and "disconnected" carry the descriptor; "handshake succeeded" and "handshake
+ * failed" carry none. A failure during the handshake emits its "failed" event and then, in
+ * the same call of the I/O thread, its "disconnected": that ties a failure to its descriptor.
+ * A connection refused by ZAP ("failed: auth") and an authenticated one both close with a
+ * bare "disconnected". So the counts of open, admitted and in-handshake connections are exact
+ * from the events; which descriptor is admitted is not, and is kept per source address: ZAP
+ * names the address it allows, and the gate marks one connection of that address admitted. */
 #include "gate.h"
 
+#include "clock.h"
 #include "error.h"
+#include "gate_monitor.h"
 #include "zsocket.h"
 
 #include <zmq.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
-#define GATE_ZAP_ENDPOINT     "inproc://zeromq.zap.01" /* RFC 27's fixed name */
-#define GATE_MONITOR_ENDPOINT "inproc://kvx-gate-monitor"
-#define GATE_MAX_TRACKED      4096 /* connections whose address is known; more are counted */
-#define GATE_MAX_LOGGED       256  /* addresses a refusal was logged for */
-#define GATE_ADDRESS_SIZE     64
+#define GATE_ZAP_ENDPOINT "inproc://zeromq.zap.01" /* RFC 27's fixed name */
+#define GATE_MAX_LOGGED   256 /* addresses a refusal was logged for */
+#define GATE_UNNAMED_MS   60000 /* refusals of peers gone before they were named: one line a minute */
 #define GATE_MAX_FRAMES                                                                            \
     8 /* a ZAP request: version, id, domain, address, identity,                                    \
          mechanism and at most one credential */
-#define GATE_PER_SERVE 64
+/* Events read a serve, then ZAP requests: every "accepted" before a connection's ZAP request
+ * is read first, unless more than this many wait. */
+#define GATE_EVENTS_PER_SERVE 256
+#define GATE_ZAP_PER_SERVE    64
 
 struct gate_connection {
     int fd;
-    char address[GATE_ADDRESS_SIZE];
+    uint64_t cookie;      /* SO_COOKIE when accepted (gate_monitor.h); 0: it was gone */
+    uint64_t accepted_ms; /* clock_ms */
+    bool admitted;        /* counted as authenticated (marked when ZAP allowed its address) */
+    bool closing;         /* shut by the gate: its failure is counted already */
+    char address[GATE_ADDRESS_SIZE]; /* "": not known */
 };
 
 struct gate {
     void *zmq;
     void *zap;
-    void *monitor;
+    struct gate_monitor *monitor;
     struct auth_keys keys;
-    uint32_t max_connections;
+    struct gate_limits limits;
     struct loop *loop;
     struct gate_counters counters;
-    bool failure_pending; /* a handshake failed: the next "disconnected" names it */
-    struct gate_connection tracked[GATE_MAX_TRACKED];
+    uint64_t open;         /* accepted and not disconnected */
+    uint64_t auth_closing; /* refused by ZAP, their "disconnected" not seen yet */
+    bool failure_pending;  /* a handshake failed: the next "disconnected" is its */
+    /* ZAP allowances whose "handshake succeeded" has not come: their times, oldest first (a
+     * ring of max_peers), so that a burst of handshakes cannot all pass max_peers at once */
+    uint64_t *allowed_ms;
+    size_t allowed_first;
+    size_t num_allowed;
+    struct gate_connection *tracked; /* max_peers + max_handshakes + GATE_TRACK_SLACK */
     size_t num_tracked;
+    size_t max_tracked;
     char logged[GATE_MAX_LOGGED][GATE_ADDRESS_SIZE];
     size_t num_logged;
+    uint64_t unnamed;         /* refusals of peers whose address was gone, not logged yet */
+    uint64_t unnamed_log_ms;  /* when the last line about them was */
 };
+
+/* Connections past both bounds that are still tracked while their close comes through. */
+#define GATE_TRACK_SLACK 64
 
 static void *socket_open(void *zmq, int type)
 {
@@ -58,18 +84,25 @@ static void *socket_open(void *zmq, int type)
     return socket;
 }
 
-kvx_status_t gate_create(void *zmq, const struct auth_keys *keys, uint32_t max_connections,
+kvx_status_t gate_create(void *zmq, const struct auth_keys *keys, const struct gate_limits *limits,
                          struct loop *loop, struct gate **gate_p)
 {
     struct gate *g = calloc(1, sizeof(*g));
 
     if (g == NULL)
         return error_no_memory("the side channel's gate");
-    g->zmq             = zmq;
-    g->keys            = *keys;
-    g->max_connections = max_connections;
-    g->loop            = loop;
-    g->zap             = socket_open(zmq, ZMQ_REP);
+    g->zmq         = zmq;
+    g->keys        = *keys;
+    g->limits      = *limits;
+    g->loop        = loop;
+    g->max_tracked = (size_t)limits->max_peers + limits->max_handshakes + GATE_TRACK_SLACK;
+    g->tracked     = calloc(g->max_tracked, sizeof(*g->tracked));
+    g->allowed_ms  = calloc(limits->max_peers, sizeof(*g->allowed_ms));
+    if (g->tracked == NULL || g->allowed_ms == NULL) {
+        gate_destroy(g);
+        return error_no_memory("the side channel's gate");
+    }
+    g->zap = socket_open(zmq, ZMQ_REP);
     if (g->zap == NULL || zmq_bind(g->zap, GATE_ZAP_ENDPOINT) != 0) {
         kvx_status_t status =
             error_set(KVX_ERR_INTERNAL, "gate: the ZAP handler: %s", zmq_strerror(zmq_errno()));
@@ -85,45 +118,39 @@ void gate_destroy(struct gate *gate)
 {
     if (gate == NULL)
         return;
-    if (gate->monitor != NULL)
-        zmq_close(gate->monitor);
+    gate_monitor_stop(gate->monitor);
     if (gate->zap != NULL)
         zmq_close(gate->zap);
+    free(gate->tracked);
+    free(gate->allowed_ms);
     free(gate);
 }
 
 kvx_status_t gate_watch(struct gate *gate, void *router)
 {
-    int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
-                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL;
-
-    if (zmq_socket_monitor(router, GATE_MONITOR_ENDPOINT, events) != 0 ||
-        (gate->monitor = socket_open(gate->zmq, ZMQ_PAIR)) == NULL ||
-        zmq_connect(gate->monitor, GATE_MONITOR_ENDPOINT) != 0)
-        return error_set(KVX_ERR_INTERNAL, "gate: monitor: %s", zmq_strerror(zmq_errno()));
-    return KVX_OK;
+    return gate_monitor_start(gate->zmq, router, &gate->monitor);
 }
 
-/* The remote IP address of an accepted descriptor, "?" when the kernel does not say: it is
- * read when the gate serves the event, so a peer that closed already is refused as "?". */
-static void address_of(int fd, char address[GATE_ADDRESS_SIZE])
-{
-    struct sockaddr_storage peer;
-    socklen_t length = sizeof(peer);
-
-    snprintf(address, GATE_ADDRESS_SIZE, "?");
-    if (getpeername(fd, (struct sockaddr *)&peer, &length) != 0)
-        return;
-    if (peer.ss_family == AF_INET)
-        inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, address, GATE_ADDRESS_SIZE);
-    else if (peer.ss_family == AF_INET6)
-        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, address, GATE_ADDRESS_SIZE);
-}
-
-/* Counts a refusal, and logs it the first time `address` is refused. */
+/* Counts a refusal, and logs it the first time `address` is refused. A peer whose address
+ * was gone before the monitor's thread read it is counted, and such refusals are summed in
+ * one line a minute at most, so that they neither fill the log nor take a logged slot. */
 static void refused(struct gate *g, uint64_t *counter, const char *address, const char *why)
 {
+    uint64_t now = clock_ms();
+
     (*counter)++;
+    if (address[0] == '\0') {
+        g->unnamed++;
+        if (g->unnamed_log_ms != 0 && now - g->unnamed_log_ms < GATE_UNNAMED_MS)
+            return;
+        loop_log(g->loop,
+                 "side channel: refused %" PRIu64 " peer(s) that closed before the gate read "
+                 "their address: %s (at most one such line a minute)",
+                 g->unnamed, why);
+        g->unnamed        = 0;
+        g->unnamed_log_ms = now;
+        return;
+    }
     for (size_t i = 0; i < g->num_logged; i++) {
         if (strcmp(g->logged[i], address) == 0)
             return;
@@ -135,66 +162,184 @@ static void refused(struct gate *g, uint64_t *counter, const char *address, cons
              address, why);
 }
 
+static bool is_handshaking(const struct gate_connection *c)
+{
+    return !c->admitted && !c->closing;
+}
+
+/* The oldest connection of `address` (any, when NULL) still in its handshake; NULL if none. */
+static struct gate_connection *oldest_handshake(struct gate *g, const char *address)
+{
+    struct gate_connection *oldest = NULL;
+
+    for (size_t i = 0; i < g->num_tracked; i++) {
+        struct gate_connection *c = &g->tracked[i];
+
+        if (is_handshaking(c) && (address == NULL || strcmp(c->address, address) == 0) &&
+            (oldest == NULL || c->accepted_ms < oldest->accepted_ms))
+            oldest = c;
+    }
+    return oldest;
+}
+
+static size_t handshakes_of(const struct gate *g, const char *address)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < g->num_tracked; i++)
+        n += is_handshaking(&g->tracked[i]) &&
+             (address == NULL || strcmp(g->tracked[i].address, address) == 0);
+    return n;
+}
+
+/* Ends `c`'s handshake: ZeroMQ reads the end of the stream, reports the failure and closes
+ * it. Only if its descriptor still holds the socket that was accepted (the cookie): one that
+ * closed meanwhile may be a newer connection's descriptor already. */
+static void handshake_close(struct gate *g, struct gate_connection *c, const char *why)
+{
+    if (c->cookie != 0 && gate_monitor_cookie(c->fd) == c->cookie)
+        shutdown(c->fd, SHUT_RDWR);
+    c->closing = true;
+    refused(g, &g->counters.handshakes_refused, c->address, why);
+}
+
+/* A connection accepted: tracked, then held to the per-source cap (the newest of a source
+ * past it closes, so a source only ever crowds itself out) and to max_handshakes (the oldest
+ * handshake closes: silent sockets are the oldest, and an honest handshake takes
+ * milliseconds, so a flood must cycle max_handshakes in that time to close one). */
+static void connection_accepted(struct gate *g, const struct gate_event *e)
+{
+    char why[96];
+    struct gate_connection *c;
+
+    g->open++;
+    if (g->num_tracked == g->max_tracked) { /* past both bounds and the slack: closed */
+        struct gate_connection untracked = {.fd = (int)e->value, .cookie = e->cookie};
+
+        snprintf(untracked.address, sizeof(untracked.address), "%s", e->address);
+        handshake_close(g, &untracked, "too many connections in their handshake");
+        return;
+    }
+    c  = &g->tracked[g->num_tracked++];
+    *c = (struct gate_connection){.fd = (int)e->value, .cookie = e->cookie,
+                                  .accepted_ms = clock_ms()};
+    snprintf(c->address, sizeof(c->address), "%s", e->address);
+    if (c->address[0] != '\0' && handshakes_of(g, c->address) > g->limits.per_source) {
+        snprintf(why, sizeof(why), "more than %" PRIu32 " handshakes in progress from it",
+                 g->limits.per_source);
+        handshake_close(g, c, why);
+    } else if (handshakes_of(g, NULL) > g->limits.max_handshakes) {
+        snprintf(why, sizeof(why), "its handshake was the oldest of more than %" PRIu32,
+                 g->limits.max_handshakes);
+        handshake_close(g, oldest_handshake(g, NULL), why);
+    }
+}
+
+/* Moves one admitted mark of `address` to `to_admitted`'s value: when a marked connection
+ * turns out to be still in its handshake (it failed), the authenticated one of that address
+ * is another; when an unmarked one closes authenticated, a marked one of it is not. */
+static void mark_move(struct gate *g, const char *address, bool to_admitted)
+{
+    for (size_t i = 0; address[0] != '\0' && i < g->num_tracked; i++) {
+        struct gate_connection *c = &g->tracked[i];
+
+        if (!c->closing && c->admitted != to_admitted && strcmp(c->address, address) == 0) {
+            c->admitted = to_admitted;
+            return;
+        }
+    }
+}
+
 static void connection_closed(struct gate *g, int fd)
 {
-    char address[GATE_ADDRESS_SIZE] = "an address not tracked";
+    struct gate_connection c = {.fd = fd, .address = ""};
+    bool found               = false;
+    bool failed              = g->failure_pending;
 
     for (size_t i = 0; i < g->num_tracked; i++) {
         if (g->tracked[i].fd == fd) {
-            memcpy(address, g->tracked[i].address, sizeof(address));
-            g->tracked[i] = g->tracked[--g->num_tracked];
+            c              = g->tracked[i];
+            g->tracked[i]  = g->tracked[--g->num_tracked];
+            found          = true;
             break;
         }
     }
+    g->failure_pending = false;
+    if (g->open > 0)
+        g->open--;
+    if (failed) { /* it was in its handshake */
+        if (c.admitted)
+            mark_move(g, c.address, true);
+        if (!c.closing)
+            refused(g, &g->counters.auth_refused, c.address,
+                    g->keys.curve ? "its handshake failed or did not finish in time (no auth "
+                                    "key, another one, or not kvx)"
+                                  : "its handshake failed or did not finish in time");
+        return;
+    }
+    if (found && !c.admitted && g->auth_closing > 0) { /* one ZAP refused */
+        g->auth_closing--;
+        return;
+    }
+    if (!found && g->auth_closing > 0) {
+        g->auth_closing--;
+        return;
+    }
     if (g->counters.connections > 0)
         g->counters.connections--;
-    if (g->failure_pending)
-        refused(g, &g->counters.auth_refused, address,
-                g->keys.curve ? "its handshake failed (no auth key, or another one)"
-                              : "its handshake failed");
-    g->failure_pending = false;
+    if (found && !c.admitted)
+        mark_move(g, c.address, false);
 }
 
-/* One monitor event: [event: 2 bytes, value: 4 bytes][endpoint]. */
-static bool monitor_read(struct gate *g)
+static void handshake_succeeded(struct gate *g)
 {
-    uint8_t head[6];
-    uint16_t event;
-    uint32_t value;
-    int size = zmq_recv(g->monitor, head, sizeof(head), ZMQ_DONTWAIT);
-    int more;
-    size_t length = sizeof(more);
-
-    if (size < 0)
-        return false;
-    /* drop the endpoint frame (and anything unexpected) */
-    while (zmq_getsockopt(g->monitor, ZMQ_RCVMORE, &more, &length) == 0 && more) {
-        char skip[8];
-
-        zmq_recv(g->monitor, skip, sizeof(skip), ZMQ_DONTWAIT);
+    g->counters.connections++;
+    if (g->num_allowed > 0) {
+        g->allowed_first = (g->allowed_first + 1) % g->limits.max_peers;
+        g->num_allowed--;
     }
-    if (size != (int)sizeof(head))
-        return true;
-    memcpy(&event, head, sizeof(event));
-    memcpy(&value, head + 2, sizeof(value));
-    if (event == ZMQ_EVENT_ACCEPTED) {
-        g->counters.connections++;
-        if (g->num_tracked < GATE_MAX_TRACKED) {
-            g->tracked[g->num_tracked].fd = (int)value;
-            address_of((int)value, g->tracked[g->num_tracked++].address);
-        }
-    } else if (event == ZMQ_EVENT_DISCONNECTED) {
-        connection_closed(g, (int)value);
-    } else {
+}
+
+static void event_serve(struct gate *g, const struct gate_event *e)
+{
+    switch (e->event) {
+    case ZMQ_EVENT_ACCEPTED:
+        connection_accepted(g, e);
+        break;
+    case ZMQ_EVENT_DISCONNECTED:
+        connection_closed(g, (int)e->value);
+        break;
+    case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        handshake_succeeded(g);
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        g->auth_closing++;
+        break;
+    default: /* failed: no detail, or protocol */
         g->failure_pending = true;
+        break;
     }
-    return true;
+    g->counters.handshakes =
+        g->open > g->counters.connections ? g->open - g->counters.connections : 0;
 }
 
 static bool frame_is(zmq_msg_t *frame, const char *text)
 {
     return zmq_msg_size(frame) == strlen(text) &&
            memcmp(zmq_msg_data(frame), text, zmq_msg_size(frame)) == 0;
+}
+
+/* Allowances older than two handshake intervals have succeeded (and were counted) or died. */
+static size_t allowances_pending(struct gate *g)
+{
+    uint64_t now = clock_ms();
+
+    while (g->num_allowed > 0 &&
+           now - g->allowed_ms[g->allowed_first] > 2 * (uint64_t)g->limits.handshake_ms) {
+        g->allowed_first = (g->allowed_first + 1) % g->limits.max_peers;
+        g->num_allowed--;
+    }
+    return g->num_allowed;
 }
 
 /* Whether a ZAP request may pass, and why not. */
@@ -212,9 +357,21 @@ static const char *zap_check(struct gate *g, zmq_msg_t *frames, int count, uint6
         return "this insecure side channel speaks only ZeroMQ's NULL mechanism";
     }
     *counter_p = &g->counters.peers_refused;
-    if (g->counters.connections > g->max_connections)
-        return "too many connections are open";
+    if (g->counters.connections + allowances_pending(g) >= g->limits.max_peers)
+        return "max_peers authenticated connections are open";
     return NULL;
+}
+
+/* Records an allowance of `address`: counted until its handshake succeeds, and one of the
+ * address's connections in their handshake marked admitted. */
+static void allowed(struct gate *g, const char *address)
+{
+    struct gate_connection *c = oldest_handshake(g, address);
+
+    g->allowed_ms[(g->allowed_first + g->num_allowed) % g->limits.max_peers] = clock_ms();
+    g->num_allowed++; /* < max_peers: zap_check refused otherwise */
+    if (c != NULL)
+        c->admitted = true;
 }
 
 /* Answers one ZAP request: [version][request id][domain][address][identity][mechanism]
@@ -238,6 +395,8 @@ static bool zap_serve(struct gate *g)
     why = zap_check(g, frames, count, &counter);
     if (why != NULL)
         refused(g, counter, address, why);
+    else
+        allowed(g, address);
     zmq_send(g->zap, "1.0", 3, ZMQ_SNDMORE);
     zmq_send(g->zap, zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]), ZMQ_SNDMORE);
     zmq_send(g->zap, why == NULL ? "200" : "400", 3, ZMQ_SNDMORE);
@@ -251,11 +410,15 @@ static bool zap_serve(struct gate *g)
 size_t gate_serve(struct gate *gate)
 {
     size_t handled = 0;
+    struct gate_event e;
 
     /* events first: a connection's "accepted" was sent before its ZAP request */
-    while (gate->monitor != NULL && handled < GATE_PER_SERVE && monitor_read(gate))
+    while (gate->monitor != NULL && handled < GATE_EVENTS_PER_SERVE &&
+           gate_monitor_next(gate->monitor, &e)) {
+        event_serve(gate, &e);
         handled++;
-    while (handled < 2 * GATE_PER_SERVE && zap_serve(gate))
+    }
+    for (size_t n = 0; n < GATE_ZAP_PER_SERVE && zap_serve(gate); n++)
         handled++;
     return handled;
 }
@@ -266,14 +429,14 @@ size_t gate_sockets(struct gate *gate, void *sockets[2])
 
     sockets[n++] = gate->zap;
     if (gate->monitor != NULL)
-        sockets[n++] = gate->monitor;
+        sockets[n++] = gate_monitor_socket(gate->monitor);
     return n;
 }
 
 bool gate_readable(struct gate *gate)
 {
     return zsocket_readable(gate->zap) ||
-           (gate->monitor != NULL && zsocket_readable(gate->monitor));
+           (gate->monitor != NULL && zsocket_readable(gate_monitor_socket(gate->monitor)));
 }
 
 const struct gate_counters *gate_counters(const struct gate *gate)

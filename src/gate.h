@@ -1,10 +1,13 @@
 /* gate.h: who may talk to a listening side channel. ZeroMQ asks its ZAP handler (RFC 27) about
  * every connection before it is answered; the gate is that handler, and it also reads the
- * listening socket's monitor events, so that it knows the connections open and the handshakes
- * that failed before ZAP was asked (a peer without the secret fails CURVE's first step). It
- * allows a peer that proved the client key of the shared secret (or, insecure, anyone on
- * loopback), while fewer than `max_connections` are open; every refusal is counted and logged
- * once per address. */
+ * listening socket's monitor events (gate_monitor.h), so that it knows the connections open,
+ * which of them are still in their handshake, and the handshakes that failed before ZAP was
+ * asked (a peer without the secret fails CURVE's first step). Admitted peers and handshakes in
+ * progress are bounded apart: a handshake is not a peer, so connections that never finish
+ * theirs (silent sockets, bad greetings) cannot lock authenticated peers out. It allows a
+ * peer that proved the client key of the shared secret (or, insecure, anyone on loopback),
+ * while fewer than `max_peers` are admitted; every refusal is counted and logged once per
+ * address. */
 #ifndef KVX_SRC_GATE_H
 #define KVX_SRC_GATE_H
 
@@ -13,15 +16,26 @@
 
 struct gate;
 
+struct gate_limits {
+    uint32_t max_peers;      /* authenticated connections open at once */
+    uint32_t max_handshakes; /* connections open and not authenticated yet, at once */
+    uint32_t per_source;     /* of those, from one IP address */
+    uint32_t handshake_ms;   /* ZeroMQ closes a handshake not finished by then (ZMQ_HANDSHAKE_IVL) */
+};
+
 struct gate_counters {
-    uint64_t auth_refused;  /* handshakes refused: no secret, a wrong one, garbage */
-    uint64_t peers_refused; /* connections refused past max_connections */
-    uint64_t connections;   /* open now (gauge) */
+    uint64_t auth_refused;       /* handshakes refused: no secret, a wrong one, garbage, or
+                                    not finished within handshake_ms */
+    uint64_t peers_refused;      /* authenticated connections refused past max_peers */
+    uint64_t connections;        /* authenticated connections open now (gauge) */
+    uint64_t handshakes;         /* connections open and not authenticated yet (gauge) */
+    uint64_t handshakes_refused; /* closed in their handshake: past max_handshakes (the
+                                    oldest) or past per_source (the newest) */
 };
 
 /* Binds the ZAP handler in `zmq` (before any socket of it listens) and keeps the keys to check
  * peers against; log lines go to `loop`. */
-kvx_status_t gate_create(void *zmq, const struct auth_keys *keys, uint32_t max_connections,
+kvx_status_t gate_create(void *zmq, const struct auth_keys *keys, const struct gate_limits *limits,
                          struct loop *loop, struct gate **gate_p);
 void gate_destroy(struct gate *gate);
 

@@ -377,9 +377,11 @@ static kvx_status_t handshake_failure(void *monitor, bool curve)
                          "connections)");
     return error_set(KVX_ERR_PEER_REFUSED,
                      curve ? "side channel: the authenticated handshake failed: the peer holds a "
-                             "different auth key, runs insecure, or is not kvx"
+                             "different auth key, runs insecure, is not kvx, or closed it (too "
+                             "many handshakes in progress from this address)"
                            : "side channel: the handshake failed: the peer requires an auth key "
-                             "(--auth), or is not kvx");
+                             "(--auth), is not kvx, or closed it (too many handshakes in progress "
+                             "from this address)");
 }
 
 kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_keys *keys,

@@ -154,6 +154,10 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
             "Side-channel handshakes refused: no auth key, or another one.", s->auth_refused);
     counter(&t, l, "peers_refused_total", "Side-channel connections refused past max_peers.",
             s->peers_refused);
+    counter(&t, l, "handshakes_refused_total",
+            "Side-channel connections closed in their handshake: past the bound of handshakes, "
+            "or of one address's.",
+            s->handshakes_refused);
     counter(&t, l, "tokens_refused_total", "Dones and heartbeats with a wrong hold token.",
             s->tokens_refused);
     counter(&t, l, "transfers_verified_total",
@@ -198,9 +202,12 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
                 "# TYPE kvx_ops_orphaned gauge\nkvx_ops_orphaned{%s} %" PRIu64 "\n"
                 "# HELP kvx_pushes_serving Pushes being written by this prefill agent now.\n"
                 "# TYPE kvx_pushes_serving gauge\nkvx_pushes_serving{%s} %" PRIu64 "\n"
-                "# HELP kvx_peers_connected Side-channel connections open now.\n"
-                "# TYPE kvx_peers_connected gauge\nkvx_peers_connected{%s} %" PRIu64 "\n",
-                l, s->ops_orphaned, l, s->pushes_serving, l, s->peers_connected);
+                "# HELP kvx_peers_connected Authenticated side-channel connections open now.\n"
+                "# TYPE kvx_peers_connected gauge\nkvx_peers_connected{%s} %" PRIu64 "\n"
+                "# HELP kvx_handshakes Side-channel connections open and not authenticated yet.\n"
+                "# TYPE kvx_handshakes gauge\nkvx_handshakes{%s} %" PRIu64 "\n",
+                l, s->ops_orphaned, l, s->pushes_serving, l, s->peers_connected, l,
+                s->handshakes);
     free(labels.data);
     if (t.failed || labels.failed || t.data == NULL) {
         free(t.data);

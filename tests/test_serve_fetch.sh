@@ -219,7 +219,29 @@ for s in idle:
 '
 check "serve --metrics: 20 idle connections do not starve a scrape, and are closed" \
   python3 -c "$idle_then_scrape" "$metrics"
+# Issue 22 finding 9: libmicrohttpd logs a line per aborted connection (2,000 one-byte
+# connections wrote about 900); its log is rate-limited now: a handful of lines, then one
+# line saying how many were not written (at the latest when serve stops).
+one_byte_connections='
+import socket, sys, urllib.request
+url = sys.argv[1]
+host, port = url.split("/")[2].split(":")
+for _ in range(2000):
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.send(b"G")
+    s.close()
+assert urllib.request.urlopen(url, timeout=10).status == 200  # served after them all
+'
+metrics_log=$log
+lines_before=$(wc -l <"$metrics_log")
+check "serve --metrics: 2,000 one-byte connections, then a scrape" \
+  python3 -c "$one_byte_connections" "$metrics"
+lines_added=$(($(wc -l <"$metrics_log") - lines_before))
+echo "2,000 one-byte metrics connections added $lines_added log lines"
+check "serve --metrics: 2,000 one-byte connections add at most 8 log lines" test "$lines_added" -le 8
 stop_server
+check "serve --metrics: the lines not written are counted in one line" \
+  grep -Eq '^kvx: metrics: [0-9]+ more lines of libmicrohttpd not written' "$metrics_log"
 check "serve --metrics with a bad address: status 2 and one error line" \
   bash -c "'$kvx' serve '$tmp/v41.json' --listen 127.0.0.1:0 --metrics nowhere >/dev/null 2>'$tmp/err'; [[ \$? -eq 2 ]] && grep -q 'kvx: error: --metrics: \"nowhere\" is not IPV4:PORT' '$tmp/err'"
 

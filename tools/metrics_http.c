@@ -5,7 +5,9 @@
 #include <microhttpd.h>
 
 #include <arpa/inet.h>
+#include <inttypes.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,20 @@
 #define METRICS_IDLE_MAX    16
 #define METRICS_CONNECTIONS (2 * METRICS_IDLE_MAX)
 #define METRICS_REQUEST_MS  2000 /* from accept to a complete request; scrapers send at once */
+
+/* MHD's error log writes a line for every connection a peer aborts (a client that sends one
+ * byte and closes: "Connection was closed by remote side with incomplete request."), so
+ * anyone who can reach the port could fill the log. A token bucket lets METRICS_LOG_BURST
+ * lines through at once and then one every METRICS_LOG_EVERY_MS; the lines it holds back
+ * are counted and said in one line when the bucket lets a line through again. */
+#define METRICS_LOG_BURST    5
+#define METRICS_LOG_EVERY_MS 10000
+
+struct metrics_log {
+    uint64_t budget_ms;   /* lines allowed now, each worth METRICS_LOG_EVERY_MS */
+    uint64_t refilled_ms; /* when budget_ms was last brought up to date */
+    uint64_t suppressed;  /* lines held back since the last said */
+};
 
 /* One connection MHD holds, from its start to its close or our shutdown of it. */
 struct metrics_connection {
@@ -35,6 +51,7 @@ struct metrics_http {
     uint16_t port;
     struct metrics_connection connections[METRICS_CONNECTIONS];
     uint64_t started; /* connections accepted, ever */
+    struct metrics_log log;
 };
 
 static uint64_t monotonic_ms(void)
@@ -43,6 +60,48 @@ static uint64_t monotonic_ms(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Whether a line may be written now, refilling the bucket first. */
+static bool log_allowed(struct metrics_log *log)
+{
+    const uint64_t capacity = (uint64_t)METRICS_LOG_BURST * METRICS_LOG_EVERY_MS;
+    uint64_t now            = monotonic_ms();
+
+    log->budget_ms += now - log->refilled_ms;
+    if (log->budget_ms > capacity)
+        log->budget_ms = capacity;
+    log->refilled_ms = now;
+    if (log->budget_ms < METRICS_LOG_EVERY_MS)
+        return false;
+    log->budget_ms -= METRICS_LOG_EVERY_MS;
+    return true;
+}
+
+/* Says how many lines were held back, once a line may be written again. */
+static void log_flush(struct metrics_log *log)
+{
+    if (log->suppressed == 0 || !log_allowed(log))
+        return;
+    fprintf(stderr,
+            "kvx: metrics: %" PRIu64 " more lines of libmicrohttpd not written (at most %d at "
+            "once, then one every %d s)\n",
+            log->suppressed, METRICS_LOG_BURST, METRICS_LOG_EVERY_MS / 1000);
+    log->suppressed = 0;
+}
+
+/* MHD_OPTION_EXTERNAL_LOGGER: MHD's error lines, rate-limited; its format ends the line. */
+static void on_log(void *arg, const char *format, va_list ap)
+{
+    struct metrics_http *m = arg;
+
+    log_flush(&m->log);
+    if (m->log.suppressed > 0 || !log_allowed(&m->log)) {
+        m->log.suppressed++;
+        return;
+    }
+    fputs("kvx: metrics: ", stderr);
+    vfprintf(stderr, format, ap);
 }
 
 static struct metrics_connection *connection_find(struct metrics_http *m,
@@ -180,12 +239,16 @@ kvx_status_t metrics_http_start(const char *address, const kvx_agent_t *agent, c
         fprintf(stderr, "kvx: error: --metrics: \"%s\" is not IPV4:PORT\n", address);
         return KVX_ERR_INVALID;
     }
-    *m = (struct metrics_http){.agent = agent, .name = name};
-    m->daemon =
-        MHD_start_daemon(MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, m, MHD_OPTION_SOCK_ADDR,
-                         (struct sockaddr *)&sin, MHD_OPTION_CONNECTION_LIMIT,
-                         (unsigned)METRICS_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, 5u,
-                         MHD_OPTION_NOTIFY_CONNECTION, on_connection, m, MHD_OPTION_END);
+    *m = (struct metrics_http){
+        .agent = agent,
+        .name  = name,
+        .log   = {.budget_ms   = (uint64_t)METRICS_LOG_BURST * METRICS_LOG_EVERY_MS,
+                  .refilled_ms = monotonic_ms()}};
+    m->daemon = MHD_start_daemon(
+        MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_log, m,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)METRICS_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, 5u,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, m, MHD_OPTION_END);
     info = m->daemon != NULL ? MHD_get_daemon_info(m->daemon, MHD_DAEMON_INFO_BIND_PORT) : NULL;
     if (info == NULL) {
         metrics_http_stop(m);
@@ -220,6 +283,7 @@ void metrics_http_serve(struct metrics_http *metrics)
         if (metrics->started == started)
             break;
     }
+    log_flush(&metrics->log);
     now = monotonic_ms();
     for (size_t i = 0; i < METRICS_CONNECTIONS; i++) {
         struct metrics_connection *c = &metrics->connections[i];
@@ -235,5 +299,8 @@ void metrics_http_stop(struct metrics_http *metrics)
         return;
     if (metrics->daemon != NULL)
         MHD_stop_daemon(metrics->daemon);
+    metrics->log.budget_ms = METRICS_LOG_EVERY_MS; /* the count of lines held back, at last */
+    metrics->log.refilled_ms = monotonic_ms();
+    log_flush(&metrics->log);
     free(metrics);
 }

@@ -62,9 +62,11 @@ void stats_json_print(FILE *out, const kvx_agent_stats_t *s)
             ", \"notifications\": %" PRIu64 ", \"notifications_dropped\": %" PRIu64
             ", \"held\": %" PRIu64 ", \"released\": %" PRIu64 ", \"done_unknown\": %" PRIu64
             ", \"leases_expired\": %" PRIu64 ", \"auth_refused\": %" PRIu64
-            ", \"peers_refused\": %" PRIu64 ", \"tokens_refused\": %" PRIu64 ", ",
+            ", \"peers_refused\": %" PRIu64 ", \"handshakes_refused\": %" PRIu64
+            ", \"tokens_refused\": %" PRIu64 ", ",
             s->notifications, s->notifications_dropped, s->held, s->released, s->done_unknown,
-            s->leases_expired, s->auth_refused, s->peers_refused, s->tokens_refused);
+            s->leases_expired, s->auth_refused, s->peers_refused, s->handshakes_refused,
+            s->tokens_refused);
     fprintf(out,
             "\"transfers_verified\": %" PRIu64 ", \"verify_mismatches\": %" PRIu64
             ", \"verify_failed\": %" PRIu64 ", \"verify_bytes_hashed\": %" PRIu64
