@@ -38,6 +38,10 @@ static char *served_layout;
 static size_t served_size;
 static uint64_t fill_seed;
 static bool fill_pattern; /* the prefill fills kvx's pattern of fill_seed, not random bytes */
+/* Both agents' transports; NULL: kvx's default. The sessions that stop the prefill use keyed
+ * ones, so the pull reads its storage through the mapping with no progress of the prefill
+ * (over TCP the prefill serves its reads itself). */
+static const char *transports;
 /* The prefill's byte that SIGUSR1 changes (corrupt_at_signal), in its storage 0. */
 static volatile uint8_t *corrupt_byte;
 static uint64_t corrupt_offset;
@@ -125,8 +129,11 @@ static void random_fill(uint8_t *bytes, uint64_t size, uint64_t seed, size_t s)
 /* The prefill process: random memory, serves until told to stop, then reports its stats. */
 static int run_prefill(int ready, int go)
 {
-    const kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN,
-                                       .listen     = "127.0.0.1:0"};
+    const kvx_agent_params_t params = {
+        .field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
+                      (transports != NULL ? KVX_AGENT_PARAM_FIELD_TRANSPORTS : 0),
+        .listen     = "127.0.0.1:0",
+        .transports = transports};
     kvx_agent_t *agent;
     kvx_agent_stats_t stats;
     struct pollfd stop = {.fd = go, .events = POLLIN};
@@ -221,8 +228,11 @@ static void request_make(const kvx_regions_t *t, struct request *r)
 
 static kvx_agent_t *decode_agent(uint32_t verify_one_in)
 {
-    kvx_agent_params_t params = {.field_mask    = KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN,
-                                 .verify_one_in = verify_one_in};
+    kvx_agent_params_t params = {.field_mask =
+                                     KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN |
+                                     (transports != NULL ? KVX_AGENT_PARAM_FIELD_TRANSPORTS : 0),
+                                 .verify_one_in = verify_one_in,
+                                 .transports    = transports};
     kvx_agent_t *agent;
 
     assert_int_equal(agent_from_json(&params, &agent), KVX_OK);
@@ -554,6 +564,7 @@ static void session_open(struct session *s)
     kvx_layout_destroy(loaded);
     assert_int_equal(s->region0.storage, 0);
     corrupt_offset = s->region0.offset + 7; /* in block 0 of region 0, which the request moves */
+    transports     = "sm,cma";
     prefill_start(&s->p, s->layout, s->size);
     s->agent = decode_agent(0);
     /* Again from the agent's table: its name must outlive the table read above. */
@@ -572,6 +583,7 @@ static kvx_agent_stats_t session_close(struct session *s)
     assert_int_equal(kvx_agent_destroy(s->agent), KVX_OK);
     served         = prefill_end(&s->p);
     corrupt_offset = 0;
+    transports     = NULL;
     free(s->layout);
     return served;
 }
