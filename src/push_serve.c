@@ -181,9 +181,8 @@ static void writer_close(struct push_server *s, struct push_writer *w)
     *w = (struct push_writer){.server = s, .proof_deadline = w->proof_deadline, .stall = w->stall};
 }
 
-/* Fails every job of `w` but `first` (already answered and freed, or NULL), each answered
- * "push ID: " and `why`, then closes its connection (a dead or broken writer must be
- * registered afresh). */
+/* Fails every job of `w`, each answered "push ID: " and `why` with `status`, then closes
+ * its connection (a dead or broken writer must be registered afresh). */
 static void writer_fail(struct push_server *s, struct push_writer *w, kvx_status_t status,
                         const char *why)
 {
@@ -784,9 +783,12 @@ static void job_deadline(struct loop_timer *timer)
     }
 
     error_set(KVX_ERR_PEER_TIMEOUT,
-              "push %" PRIu64 ": not written within %" PRIu32 " ms (its requester's deadline, "
-              "at most max_push_ms %" PRIu32 "); the writer is closed",
-              job->request_id, job->deadline_ms, job->server->max_push_ms);
+              "push %" PRIu64 ": not written within %" PRIu32
+              " ms (%s, at most max_push_ms %" PRIu32 "); the writer is closed",
+              job->request_id, job->deadline_ms,
+              job->req.deadline_ms != 0 ? "its requester's deadline"
+                                        : "this agent's timeout: the requester sent no deadline",
+              job->server->max_push_ms);
     loop_log(&job->server->core->loop, "%s", kvx_errmsg());
     job_fail(job);
 }
