@@ -1,7 +1,8 @@
 /* fuzz_push.c: libFuzzer target for the push request decoder and the writer's proof
  * (push_request.c), bytes a decode agent sends a prefill agent's side channel and bytes any
  * UCX peer can send a worker. A decoded request must respect every limit; a rejected one must
- * leave a message; a token survives a round trip; a parsed proof re-encodes to its bytes.
+ * leave a message; a token and a deadline survive a round trip; a parsed proof re-encodes to
+ * its bytes.
  * Aborts on a broken invariant. */
 #include "fuzz_invariant.h"
 #include "push_request.h"
@@ -29,20 +30,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     invariant(req.num_groups >= 1 && req.num_groups <= PUSH_MAX_GROUPS, "group count in range");
-    if (req.has_token) { /* a token re-encodes: the push carries it on */
+    if (req.has_token || req.deadline_ms != 0) { /* both re-encode: the push carries them on */
         kvx_group_ids_t *local = req.groups;
-        kvx_request_t request  = {local, req.num_groups,
-                                 req.has_remote ? req.groups + req.num_groups : NULL,
-                                 req.has_remote ? req.num_groups : 0, &req.token};
+        kvx_request_t request  = {
+             local, req.num_groups, req.has_remote ? req.groups + req.num_groups : NULL,
+            req.has_remote ? req.num_groups : 0, req.has_token ? &req.token : NULL};
         struct push_request back;
         void *buf   = NULL;
         size_t blen = 0;
 
-        invariant(push_request_encode(req.request_id, req.handle, &request, &buf, &blen) == KVX_OK,
+        invariant(push_request_encode(req.request_id, req.handle, req.deadline_ms, &request, &buf,
+                                      &blen) == KVX_OK,
                   "a decoded request encodes");
-        invariant(push_request_decode(buf, blen, &back) == KVX_OK && back.has_token &&
-                      memcmp(&back.token, &req.token, sizeof(back.token)) == 0,
+        invariant(push_request_decode(buf, blen, &back) == KVX_OK, "it decodes again");
+        invariant(back.has_token == req.has_token &&
+                      (!req.has_token || memcmp(&back.token, &req.token, sizeof(back.token)) == 0),
                   "its token survives a round trip");
+        invariant(back.deadline_ms == req.deadline_ms, "its deadline survives a round trip");
         push_request_free(&back);
         free(buf);
     }

@@ -575,6 +575,7 @@ enum {
     KVX_AGENT_PARAM_FIELD_MAX_PUSHES      = 1u << 15,
     KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS = 1u << 16,
     KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN   = 1u << 17,
+    KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS     = 1u << 18,
 };
 
 typedef struct kvx_agent_params {
@@ -610,14 +611,18 @@ typedef struct kvx_agent_params {
                                     33 bytes of CURVE framing included);
                                     8 messages queue per connection, so a listener holds at most
                                     max_peers * 8 * max_message; default 1 MiB */
-    uint32_t max_pushes;         /* _MAX_PUSHES: listener: pushes one peer may have in flight;
-                                    default 64 */
+    uint32_t max_pushes;         /* _MAX_PUSHES: listener: pushes one peer may have in flight
+                                    (fewer while others push: its fair share); default 64 */
     const char *push_transports; /* _PUSH_TRANSPORTS: listener: the UCX_TLS list its push
                                    writers use: one transport that carries both the proof and
                                    the data to the requester's own process; default "tcp" */
     uint32_t verify_one_in;      /* _VERIFY_ONE_IN: decode side: verify every Nth transfer
                                     posted (the 1st, the N+1st, ...) as kvx_xfer_verify on a
                                     transfer in progress does; 0 (default): none */
+    uint32_t max_push_ms;        /* _MAX_PUSH_MS: listener: the longest a push may write; a push
+                                    writes for as long as its requester waits (its timeout_ms,
+                                    sent with it), at most this. A writer that completes nothing
+                                    for timeout_ms fails sooner. Default 300000 (5 min) */
 } kvx_agent_params_t;
 
 /* Registers `layout`, creates the transport, maps every storage once (the caller's memory or
@@ -917,9 +922,10 @@ KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size
  * the prefill side's hold: checked before anything is written (a wrong token, a repeat or
  * an ended hold is refused), waiting for the hold when it is not made yet, and counted once
  * written, so the hold is released when every consumer pushed; without one no hold is
- * involved. A prefill rank stops writing at its own deadline (the same timeout),
- * so blocks of a failed push may still change until then. The pairs and stats are our own
- * plan's, as for kvx_read. */
+ * involved. A prefill rank writes for as long as this agent waits (its timeout_ms, sent
+ * with each push), at most the prefill's max_push_ms, and stops sooner when its writer
+ * completes nothing for the prefill's timeout_ms; blocks of a failed push may still change
+ * until then. The pairs and stats are our own plan's, as for kvx_read. */
 KVX_API kvx_status_t kvx_write_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                                     uint64_t request_id, const kvx_request_t *request,
                                     kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p);

@@ -792,7 +792,7 @@ static void agent_dealloc(AgentObject *self)
 static const char *const agent_param_names[] = {
     "name",        "transports", "listen",        "engine_id",    "push_transports", "tp_rank",
     "tp_size",     "timeout_ms", "lease_ms",      "heartbeat_ms", "peer_ttl_ms",     "max_peers",
-    "max_message", "max_pushes", "verify_one_in", "insecure",     "auth_key",
+    "max_message", "max_pushes", "verify_one_in", "insecure",     "auth_key",        "max_push_ms",
 };
 
 /* 0, or -1 with a ValueError naming the first key of `params` that is not a parameter: a
@@ -949,6 +949,7 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
     NUMBER_PARAM(max_message, KVX_AGENT_PARAM_FIELD_MAX_MESSAGE)
     NUMBER_PARAM(max_pushes, KVX_AGENT_PARAM_FIELD_MAX_PUSHES)
     NUMBER_PARAM(verify_one_in, KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN)
+    NUMBER_PARAM(max_push_ms, KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS)
 #undef STRING_PARAM
 #undef NUMBER_PARAM
     if ((value = PyDict_GetItemString(params, "insecure")) != NULL && PyObject_IsTrue(value)) {

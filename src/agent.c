@@ -86,6 +86,7 @@ struct kvx_agent {
     uint32_t max_peers;
     uint32_t max_message;
     uint32_t max_pushes;
+    uint32_t max_push_ms;
     bool insecure;
 };
 
@@ -514,7 +515,7 @@ static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
         status = loop_watch_fd(&core->loop, sidechan_server_fd(agent->side));
     if (status == KVX_OK)
         status = push_server_create(core, agent->side, agent->push_transports, agent->max_pushes,
-                                    &agent->pushes);
+                                    agent->max_push_ms, &agent->pushes);
     if (status == KVX_OK && strncmp(listen, "0.0.0.0:", 8) == 0)
         loop_log(&core->loop, "side channel: listening on every interface (%s)",
                  agent->listen_address);
@@ -532,7 +533,7 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
                            KVX_AGENT_PARAM_FIELD_INSECURE | KVX_AGENT_PARAM_FIELD_MAX_PEERS |
                            KVX_AGENT_PARAM_FIELD_MAX_MESSAGE | KVX_AGENT_PARAM_FIELD_MAX_PUSHES |
                            KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS |
-                           KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN;
+                           KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN | KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS;
     uint64_t mask     = params != NULL ? params->field_mask : 0;
     struct core *core = &agent->core;
 
@@ -568,6 +569,8 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
                                                                     : AGENT_DEFAULT_MAX_MESSAGE;
     agent->max_pushes =
         (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSHES) ? params->max_pushes : AGENT_DEFAULT_MAX_PUSHES;
+    agent->max_push_ms =
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS) ? params->max_push_ms : PUSH_DEFAULT_MAX_PUSH_MS;
     agent->insecure     = (mask & KVX_AGENT_PARAM_FIELD_INSECURE) && params->insecure;
     core->verify_one_in = (mask & KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN) ? params->verify_one_in : 0;
     if (agent->engine_id == NULL || agent->transports == NULL || agent->push_transports == NULL)
@@ -575,6 +578,8 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
     if (agent->max_peers == 0 || agent->max_pushes == 0 || agent->max_message < 4096)
         return error_set(KVX_ERR_INVALID,
                          "agent: max_peers and max_pushes must be > 0, max_message >= 4096");
+    if (agent->max_push_ms == 0)
+        return error_set(KVX_ERR_INVALID, "agent: max_push_ms must be > 0");
     core->engine_id  = agent->engine_id;
     core->transports = agent->transports;
     if (core->heartbeat_ms == 0 || core->peer_ttl_ms == 0 || core->timeout_ms == 0)

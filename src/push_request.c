@@ -67,7 +67,8 @@ kvx_status_t push_request_decode(const void *buf, size_t size, struct push_reque
         status = error_set(KVX_ERR_INVALID, "push request: a hold token of %zu bytes (0 or %d)",
                            msg->token.len, KVX_TOKEN_LEN);
     if (status == KVX_OK) {
-        req->request_id = msg->request_id;
+        req->request_id  = msg->request_id;
+        req->deadline_ms = msg->deadline_ms; /* any value: the server caps it (max_push_ms) */
         req->num_groups = msg->n_local;
         req->has_remote = msg->n_remote > 0;
         req->groups     = calloc(2 * msg->n_local, sizeof(*req->groups));
@@ -90,7 +91,8 @@ kvx_status_t push_request_decode(const void *buf, size_t size, struct push_reque
 }
 
 kvx_status_t push_request_encode(uint64_t request_id, const uint8_t handle[PUSH_HANDLE_LEN],
-                                 const kvx_request_t *request, void **buf_p, size_t *size_p)
+                                 uint32_t deadline_ms, const kvx_request_t *request, void **buf_p,
+                                 size_t *size_p)
 {
     size_t n             = request->num_local_groups;
     size_t nr            = request->remote != NULL ? request->num_remote_groups : 0;
@@ -117,8 +119,9 @@ kvx_status_t push_request_encode(uint64_t request_id, const uint8_t handle[PUSH_
         else
             remote[g - n] = &groups[g];
     }
-    msg.request_id = request_id;
-    msg.handle     = (ProtobufCBinaryData){PUSH_HANDLE_LEN, (uint8_t *)handle};
+    msg.request_id  = request_id;
+    msg.deadline_ms = deadline_ms;
+    msg.handle      = (ProtobufCBinaryData){PUSH_HANDLE_LEN, (uint8_t *)handle};
     if (request->token != NULL)
         msg.token = (ProtobufCBinaryData){KVX_TOKEN_LEN, (uint8_t *)request->token->bytes};
     msg.n_local    = n;

@@ -24,22 +24,25 @@ struct push_proof {
 struct push_proof push_proof_make(uint64_t instance, const uint8_t nonce[PUSH_NONCE_LEN]);
 bool push_proof_parse(const void *data, size_t size, struct push_proof *proof);
 
-/* A decoded push request: the writer handle, the hold token when it carries one, and block
- * ids, all owned. groups holds num_groups local groups, then, when has_remote, num_groups
- * remote ones. */
+/* A decoded push request: the writer handle, the hold token when it carries one, the
+ * deadline its requester waits for, and block ids, all owned. groups holds num_groups local
+ * groups, then, when has_remote, num_groups remote ones. */
 struct push_request {
     uint64_t request_id;
     uint8_t handle[PUSH_HANDLE_LEN];
     bool has_token;
     kvx_token_t token;
+    uint32_t deadline_ms; /* the requester's timeout (ms); 0: not given (an older requester) */
     kvx_group_ids_t *groups;
     size_t num_groups;
     bool has_remote;
 };
 
-/* Encodes request->token too, when it is set. */
+/* Encodes request->token too, when it is set, and `deadline_ms`, how long the requester
+ * waits for the answer (0: not sent). */
 kvx_status_t push_request_encode(uint64_t request_id, const uint8_t handle[PUSH_HANDLE_LEN],
-                                 const kvx_request_t *request, void **buf_p, size_t *size_p);
+                                 uint32_t deadline_ms, const kvx_request_t *request, void **buf_p,
+                                 size_t *size_p);
 
 /* Decodes untrusted bytes; on success the caller frees with push_request_free. */
 kvx_status_t push_request_decode(const void *buf, size_t size, struct push_request *req);

@@ -3,7 +3,10 @@
  * the push transport and sends it a random nonce, and only when that connection returns the
  * nonce (so the worker is the registrant's own) does it get a handle for its pushes. A job is a
  * small state machine (put, flush, answer) whose steps complete in UCX progress and are moved
- * on from the loop; its deadline is a timer. */
+ * on from the loop. Two timers end one that cannot finish: its deadline (what its requester
+ * waits, at most max_push_ms) and its writer's stall check (no operation of the writer's jobs
+ * completed for the agent's timeout_ms), which frees the slots of a requester that stopped
+ * progressing long before a generous deadline would. */
 #include "push_serve.h"
 
 #include "clock.h"
@@ -38,8 +41,11 @@ struct push_writer {
     struct loop_timer proof_deadline;
     struct transport_op *proof_op;
     struct conn *conn;
-    uint64_t used_at; /* server->uses when last used */
-    size_t jobs;      /* in flight: a writer with jobs is never evicted */
+    uint64_t used_at;        /* server->uses when last used */
+    size_t jobs;             /* in flight: a writer with jobs is never evicted */
+    struct loop_timer stall; /* armed while it has jobs: writer_stall_check */
+    uint64_t progress_ms;    /* clock_ms() when one of its operations last completed */
+    bool moved;              /* a job of it started or took a step since the last check */
 };
 
 enum push_step { PUSH_PUT, PUSH_FLUSH };
@@ -54,6 +60,9 @@ struct push_job {
     bool is_done;            /* it carries a token: it counts as the registrant rank's done */
     enum push_step step;
     struct transport_op *op;
+    size_t op_done;       /* operations of op completed at the writer's last stall check */
+    uint64_t arrived_ms;  /* clock_ms() when the request came */
+    uint32_t deadline_ms; /* how long it may write: push_limits_deadline */
     struct loop_timer deadline;
     bool ready;                  /* its step completed: in server->ready */
     struct push_job *ready_next; /* in server->ready */
@@ -66,6 +75,8 @@ struct push_server {
     struct sidechan_server *side;
     struct transport *transport; /* the writers': push_transports, one rail */
     uint32_t max_per_peer;
+    uint32_t max_push_ms;
+    size_t busy;            /* writers with jobs in flight */
     void *own_addresses[2]; /* this agent's workers: never a writer's target */
     size_t own_sizes[2];
     struct push_writer writers[PUSH_MAX_WRITERS];
@@ -79,9 +90,11 @@ struct push_server {
 static void job_deadline(struct loop_timer *timer);
 static void job_held(struct early_entry *entry);
 static void proof_deadline(struct loop_timer *timer);
+static void writer_stall_check(struct loop_timer *timer);
 
 kvx_status_t push_server_create(struct core *core, struct sidechan_server *side, const char *tls,
-                                uint32_t max_per_peer, struct push_server **server_p)
+                                uint32_t max_per_peer, uint32_t max_push_ms,
+                                struct push_server **server_p)
 {
     struct push_server *s = calloc(1, sizeof(*s));
     kvx_status_t status;
@@ -91,9 +104,11 @@ kvx_status_t push_server_create(struct core *core, struct sidechan_server *side,
     s->core         = core;
     s->side         = side;
     s->max_per_peer = max_per_peer;
+    s->max_push_ms  = max_push_ms;
     for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
         s->writers[i].server = s;
         loop_timer_init(&s->writers[i].proof_deadline, proof_deadline);
+        loop_timer_init(&s->writers[i].stall, writer_stall_check);
     }
     status = kvx_pairs_create(&s->pairs);
     if (status == KVX_OK)
@@ -155,7 +170,10 @@ static void job_free(struct push_job *job)
         s->jobs = job->next;
     if (job->next != NULL)
         job->next->prev = job->prev;
-    job->writer->jobs--;
+    if (--job->writer->jobs == 0) {
+        s->busy--;
+        loop_timer_stop(&s->core->loop, &job->writer->stall);
+    }
     s->num_jobs--;
     free(job);
 }
@@ -163,16 +181,32 @@ static void job_free(struct push_job *job)
 static void writer_close(struct push_server *s, struct push_writer *w)
 {
     loop_timer_stop(&s->core->loop, &w->proof_deadline);
+    loop_timer_stop(&s->core->loop, &w->stall);
     transport_op_release(w->proof_op);
     if (w->conn != NULL) {
         loop_unwatch_fd(&s->core->loop, transport_conn_event_fd(w->conn->transport));
         conn_close(w->conn);
     }
-    *w = (struct push_writer){.server = s, .proof_deadline = w->proof_deadline};
+    *w = (struct push_writer){.server = s, .proof_deadline = w->proof_deadline, .stall = w->stall};
 }
 
-/* Fails `job` with kvx_errmsg()'s message, and every other job of its writer, whose
- * connection closes (a dead or broken writer must be registered afresh). */
+/* Fails every job of `w`, each answered "push ID: " and `why` with `status`, then closes
+ * its connection (a dead or broken writer must be registered afresh). */
+static void writer_fail(struct push_server *s, struct push_writer *w, kvx_status_t status,
+                        const char *why)
+{
+    for (struct push_job *job = s->jobs, *next; job != NULL; job = next) {
+        next = job->next;
+        if (job->writer == w) {
+            error_set(status, "push %" PRIu64 ": %s", job->request_id, why);
+            reply_error(s, &job->origin);
+            job_free(job);
+        }
+    }
+    writer_close(s, w);
+}
+
+/* Fails `job` with kvx_errmsg()'s message, and every other job of its writer. */
 static void job_fail(struct push_job *job)
 {
     struct push_server *s = job->server;
@@ -180,15 +214,7 @@ static void job_fail(struct push_job *job)
 
     reply_error(s, &job->origin);
     job_free(job);
-    for (struct push_job *other = s->jobs, *next; other != NULL; other = next) {
-        next = other->next;
-        if (other->writer == w) {
-            error_set(KVX_ERR_PEER_DOWN, "push %" PRIu64 ": its writer failed", other->request_id);
-            reply_error(s, &other->origin);
-            job_free(other);
-        }
-    }
-    writer_close(s, w);
+    writer_fail(s, w, KVX_ERR_PEER_DOWN, "its writer failed");
 }
 
 void push_server_destroy(struct push_server *server)
@@ -413,10 +439,13 @@ static void job_step_done(void *arg, struct transport_op *op)
     job->server->ready = job;
 }
 
+/* A new op for the job's next step: a step taken is progress for the stall check. */
 static kvx_status_t job_op_new(struct push_job *job)
 {
     transport_op_release(job->op);
-    job->op = NULL;
+    job->op            = NULL;
+    job->op_done       = 0;
+    job->writer->moved = true;
     return transport_op_create(job->writer->conn->transport, job_step_done, job, &job->op);
 }
 
@@ -476,12 +505,79 @@ static void push_eager(struct push_server *server, struct push_writer *w)
     }
 }
 
+/* The stall check of a writer runs this often: it fails between one and 1 + 1/4 timeouts
+ * after the writer's last completed operation. */
+#define PUSH_STALL_CHECKS 4
+
+static uint64_t stall_interval_ms(const struct push_server *s)
+{
+    return s->core->timeout_ms / PUSH_STALL_CHECKS > 0 ? s->core->timeout_ms / PUSH_STALL_CHECKS
+                                                       : 1;
+}
+
+/* A writer made progress when one of its writing jobs completed an operation (a put, a
+ * flush) or took a step since the last check; one that made none for the agent's timeout_ms
+ * is stalled: its requester stopped progressing its worker (or its link carries nothing),
+ * and all its jobs fail now, freeing their slots, instead of at their deadlines, which the
+ * requester chose. Jobs waiting for their hold write nothing and are not judged here. Per
+ * writer, not per job: one writer's jobs share a connection, so a job whose puts queue
+ * behind another's completes nothing while the writer streams. */
+static void writer_stall_check(struct loop_timer *timer)
+{
+    struct push_writer *w =
+        (struct push_writer *)((char *)timer - offsetof(struct push_writer, stall));
+    struct push_server *s = w->server;
+    uint64_t now          = clock_ms();
+    bool moved            = w->moved;
+    bool writing          = false;
+    char why[200];
+
+    w->moved = false;
+    for (struct push_job *job = s->jobs; job != NULL; job = job->next) {
+        size_t done;
+
+        if (job->writer != w || job->op == NULL)
+            continue;
+        writing = true;
+        done    = transport_op_posted(job->op) - transport_op_pending(job->op);
+        if (done != job->op_done) {
+            job->op_done = done;
+            moved        = true;
+        }
+    }
+    if (moved || !writing)
+        w->progress_ms = now;
+    else if (now - w->progress_ms >= s->core->timeout_ms) {
+        snprintf(why, sizeof(why),
+                 "its writer completed nothing for %" PRIu64 " ms (timeout %" PRIu32
+                 " ms): the requester does not progress; the writer is closed",
+                 now - w->progress_ms, s->core->timeout_ms);
+        loop_log(&s->core->loop, "push: a writer with %zu jobs stalled: %s", w->jobs, why);
+        writer_fail(s, w, KVX_ERR_PEER_TIMEOUT, why);
+        return;
+    }
+    if (loop_timer_start(&s->core->loop, &w->stall, now + stall_interval_ms(s)) != KVX_OK)
+        writer_fail(s, w, KVX_ERR_NO_MEMORY, "no memory for its writer's stall check");
+}
+
+/* Arms the stall check of a writer whose first job starts writing. */
+static kvx_status_t writer_watch(struct push_server *s, struct push_writer *w)
+{
+    w->moved = true;
+    if (w->stall.index != LOOP_TIMER_IDLE)
+        return KVX_OK;
+    w->progress_ms = clock_ms();
+    return loop_timer_start(&s->core->loop, &w->stall, w->progress_ms + stall_interval_ms(s));
+}
+
 /* Posts a job's puts and takes a few progress rounds of its writer; a failure fails the job
  * and closes its writer. */
 static void job_start(struct push_job *job)
 {
-    kvx_status_t status = job_put(job);
+    kvx_status_t status = writer_watch(job->server, job->writer);
 
+    if (status == KVX_OK)
+        status = job_put(job);
     if (status != KVX_OK) {
         job_fail(job);
         return;
@@ -504,9 +600,28 @@ static uint32_t job_rank(const struct push_job *job)
     return job->writer->conn->tp_rank;
 }
 
+/* How long a parked job waits for its hold: as a parked done does, the agent's timeout_ms,
+ * and never past its own deadline (a requester's long deadline is for writing, not for
+ * keeping a slot for a hold that may never come). */
+static uint32_t job_park_ms(const struct push_job *job)
+{
+    uint32_t timeout_ms = job->server->core->timeout_ms;
+
+    return job->deadline_ms < timeout_ms ? job->deadline_ms : timeout_ms;
+}
+
+/* Arms the job's deadline timer: at its park bound while it waits for its hold, else at its
+ * deadline; both from when it arrived. */
+static kvx_status_t job_deadline_arm(struct push_job *job)
+{
+    uint32_t ms = job->early.parked ? job_park_ms(job) : job->deadline_ms;
+
+    return loop_timer_start(&job->server->core->loop, &job->deadline, job->arrived_ms + ms);
+}
+
 /* Whether a job may write now. A push with a token is its rank's done: the hold must be
  * alive, with that token, and the rank must not have reported yet; a request not held yet
- * parks the job until its hold (job_held) or its deadline. False when the job was refused
+ * parks the job until its hold (job_held) or its park bound. False when the job was refused
  * (and freed) or parked. */
 static bool job_hold_ready(struct push_job *job)
 {
@@ -516,8 +631,11 @@ static bool job_hold_ready(struct push_job *job)
     if (!job->is_done)
         return true;
     if (hold_table_state(holds, job->request_id) == HOLD_NONE) {
-        if (early_park(&job->server->core->early, &job->early))
+        if (early_park(&job->server->core->early, &job->early)) {
+            if (job_deadline_arm(job) != KVX_OK)
+                job_fail(job);
             return false;
+        }
         error_set(KVX_ERR_BUSY, "push %" PRIu64 ": too many early dones: %d wait for their hold",
                   job->request_id, EARLY_MAX);
         job_refuse(job);
@@ -538,7 +656,11 @@ static void job_held(struct early_entry *entry)
 {
     struct push_job *job = (struct push_job *)entry;
 
-    if (job_hold_ready(job))
+    if (!job_hold_ready(job))
+        return;
+    if (job_deadline_arm(job) != KVX_OK) /* unparked: its writing deadline now */
+        job_fail(job);
+    else
         job_start(job);
 }
 
@@ -589,9 +711,11 @@ void push_serve(void *server, const struct sidechan_request *request)
         reply_error_code(s, &request->origin, ERROR_CODE_UNREGISTERED);
         return;
     }
-    if (writer->jobs >= s->max_per_peer)
-        status = error_set(KVX_ERR_BUSY, "push: this peer has %zu pushes in flight already",
-                           writer->jobs);
+    {
+        struct push_load load = {s->num_jobs, s->busy, writer->jobs, s->max_per_peer};
+
+        status = push_limits_admit(&load);
+    }
     if (status == KVX_OK)
         status =
             groups_fit(core->regions, "source",
@@ -607,22 +731,25 @@ void push_serve(void *server, const struct sidechan_request *request)
         reply_error(s, &request->origin);
         return;
     }
-    job->server     = s;
-    job->writer     = writer;
-    job->origin     = request->origin;
-    job->request_id = req.request_id;
-    job->req        = req; /* the job's now */
-    job->is_done    = req.has_token && hold_token_given(&req.token);
-    job->step       = PUSH_PUT;
-    job->early      = (struct early_entry){.request_id = req.request_id, .held = job_held};
+    job->server      = s;
+    job->writer      = writer;
+    job->origin      = request->origin;
+    job->request_id  = req.request_id;
+    job->arrived_ms  = clock_ms();
+    job->deadline_ms = push_limits_deadline(req.deadline_ms, core->timeout_ms, s->max_push_ms);
+    job->req         = req; /* the job's now */
+    job->is_done     = req.has_token && hold_token_given(&req.token);
+    job->step        = PUSH_PUT;
+    job->early       = (struct early_entry){.request_id = req.request_id, .held = job_held};
     loop_timer_init(&job->deadline, job_deadline);
     job->next = s->jobs;
     if (s->jobs != NULL)
         s->jobs->prev = job;
     s->jobs = job;
     s->num_jobs++;
-    writer->jobs++;
-    status = loop_timer_start(&core->loop, &job->deadline, clock_ms() + core->timeout_ms);
+    if (writer->jobs++ == 0)
+        s->busy++;
+    status = job_deadline_arm(job);
     if (status != KVX_OK) {
         job_fail(job);
         return;
@@ -667,14 +794,18 @@ static void job_deadline(struct loop_timer *timer)
                         sidechan_origin_key(&job->origin), &job->req.token);
         error_set(KVX_ERR_PEER_REFUSED,
                   "push %" PRIu64 ": no such request: not held within %" PRIu32 " ms",
-                  job->request_id, job->server->core->timeout_ms);
+                  job->request_id, job_park_ms(job));
         job_refuse(job);
         return;
     }
 
     error_set(KVX_ERR_PEER_TIMEOUT,
-              "push %" PRIu64 ": not written within %" PRIu32 " ms; the writer is closed",
-              job->request_id, job->server->core->timeout_ms);
+              "push %" PRIu64 ": not written within %" PRIu32
+              " ms (%s, at most max_push_ms %" PRIu32 "); the writer is closed",
+              job->request_id, job->deadline_ms,
+              job->req.deadline_ms != 0 ? "its requester's deadline"
+                                        : "this agent's timeout: the requester sent no deadline",
+              job->server->max_push_ms);
     loop_log(&job->server->core->loop, "%s", kvx_errmsg());
     job_fail(job);
 }

@@ -11,18 +11,20 @@
 #define KVX_SRC_PUSH_SERVE_H
 
 #include "core.h"
+#include "push_limits.h"
 #include "sidechan.h"
 
-#define PUSH_MAX_JOBS    256 /* pushes in flight at once; more are refused */
-#define PUSH_MAX_WRITERS 64  /* decode agents registered at once (least recently used go) */
 #define PUSH_DEFAULT_TLS "tcp"
 
 struct push_server;
 
 /* `tls` is the push transport's UCX_TLS list; each peer may have `max_per_peer` pushes in
- * flight. */
+ * flight, fewer while others push (push_limits.h); a job writes for as long as its requester
+ * asked, at most `max_push_ms`, and fails sooner when its writer completes nothing for the
+ * agent's timeout_ms. */
 kvx_status_t push_server_create(struct core *core, struct sidechan_server *side, const char *tls,
-                                uint32_t max_per_peer, struct push_server **server_p);
+                                uint32_t max_per_peer, uint32_t max_push_ms,
+                                struct push_server **server_p);
 
 /* Fails every job (without answering) and closes every writer. NULL-safe. */
 void push_server_destroy(struct push_server *server);

@@ -897,7 +897,8 @@ kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t m
 
         status = peer_push_handle(x->legs[r].peer, metadata, metadata_size, &handle);
         if (status == KVX_OK)
-            status = push_request_encode(request_id, handle, request, &body, &size);
+            status = push_request_encode(request_id, handle, core->timeout_ms, request, &body,
+                                         &size); /* the prefill writes as long as we wait */
         if (status == KVX_OK && r == 0)
             status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
         if (r == 0)

@@ -108,8 +108,13 @@ check "serve --consumers 0 exits 2" \
 check "serve takes no --want" \
   status_and_one_error_line 2 'takes no --peer' "${serve_ex1[@]}" --want
 check "fetch takes no --hold" \
-  status_and_one_error_line 2 'takes no --listen or --hold' \
+  status_and_one_error_line 2 'takes no --listen, --hold or --max-push' \
   fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --hold '7=0:1'
+check "fetch takes no --max-push (a prefill's bound)" \
+  status_and_one_error_line 2 'takes no --listen, --hold or --max-push' \
+  fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --max-push 1000
+check "serve --max-push 0 exits 2" \
+  status_and_one_error_line 2 '--max-push: 0 is less than 1' "${serve_ex1[@]}" --max-push 0
 
 # fetch --blocks is checked against the layout's groups before memory or a connection: port 1
 # has no listener, and a fetch that got as far as connecting would wait out its timeout.

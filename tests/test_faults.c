@@ -1198,7 +1198,7 @@ static void a_push_with_a_writer_it_does_not_have_is_answered_with_a_code(void *
 
     (void)state;
     peer = prefill_connect((struct prefill_config){0}, &p, (kvx_agent_params_t){0}, &agent);
-    assert_int_equal(push_request_encode(1, handle, &request, &body, &size), KVX_OK);
+    assert_int_equal(push_request_encode(1, handle, 0, &request, &body, &size), KVX_OK);
     assert_int_equal(sidechan_client_create(zmq, peer_address(peer), &keys, 8, &client), KVX_OK);
     assert_int_equal(sidechan_client_send(client, VERB_PUSH, 5, body, size), KVX_OK);
     assert_true(sidechan_client_wait(client, 5000));

@@ -253,6 +253,23 @@ fetch_verified() {
   }
 }
 
+# push_verified HOST LAYOUT PEERS BLOCKS [OPTIONS...]: kvx fetch --push on HOST has PEERS
+# write BLOCKS, every byte right, over TCP alone; prints the "pushed" line and sets
+# $push_ms to the milliseconds it reports.
+push_verified() {
+  local host=$1 layout=$2 peers=$3 blocks=$4 out
+  out=$tmp/push.$(now_ms)
+  shift 4
+  UCX_NET_DEVICES=veth-$host timeout -k 5 120 ip netns exec "$run-$host" "$kvx" fetch "$layout" \
+    --peer "$peers" --blocks "$blocks" --transports tcp --fill 42 --verify --push "$@" >"$out" 2>&1 &&
+    tail -n 1 "$out" | grep -qx verified && grep -q '^pushed .* over tcp$' "$out" || {
+    cat "$out"
+    return 1
+  }
+  push_ms=$(sed -n 's/^pushed .* in \([0-9]*\)\.[0-9]* ms: .*/\1/p' "$out")
+  echo "   $(grep '^pushed ' "$out")"
+}
+
 # fetch_start HOST LOG LAYOUT PEERS BLOCKS [OPTIONS...]: the same in the background; sets $pid.
 fetch_start() {
   local host=$1 log=$2 layout=$3 peers=$4 blocks=$5
@@ -465,6 +482,20 @@ check "the refusal says the lease expired" \
   in_logs "read 13: remote rank 0: hold's lease expired" "$tmp/stall"
 check "P counts the lease expired and the late done as unknown" \
   wait_until 10 "the late done" metrics_are kvx_leases_expired_total 1 kvx_done_unknown_total 1
+check "P stops cleanly" serve_stops "$serve_pid" "$serve_log"
+
+section "a push slower than P's timeout (issue 22 finding 4)"
+# P writes for as long as D waits (D's --timeout, sent with the push), not for its own
+# --timeout: here 3 s, against 8 MiB through an 8 Mbit/s link (about 8.5 s) and D's 60 s.
+# P's stall check (its writer completes nothing for 3 s) does not fire: a put completes
+# every 0.2 s or so. Before, P cut it at 3 s ("not written within 3000 ms").
+serve p0 "$attn" --timeout 3000
+rate_limit p0 8mbit
+check "a push needing longer than P's timeout, within D's, completes, every byte verified" \
+  push_verified d0 "$attn" "$addr" '0:0-3' --timeout 60000
+check "it took longer than P's 3 s timeout (${push_ms:-?} ms)" test "${push_ms:-0}" -gt 3000
+check "P refused no push and holds none" metrics_are kvx_pushes_refused_total 0 kvx_pushes_serving 0
+rate_unlimit p0
 check "P stops cleanly" serve_stops "$serve_pid" "$serve_log"
 
 section "known bugs: a prefill process aborts in UCX"

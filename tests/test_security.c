@@ -400,7 +400,7 @@ static void forged_pushes_are_refused_and_change_no_byte(void **state)
     free(answer);
     kvx_free(forged);
 
-    assert_int_equal(push_request_encode(1, handle, &request, &push, &push_size), KVX_OK);
+    assert_int_equal(push_request_encode(1, handle, 0, &request, &push, &push_size), KVX_OK);
     answer = request_answer(client, VERB_PUSH, push, push_size, 10000);
     assert_non_null(answer);
     assert_non_null(strstr(answer, "no registered writer"));

@@ -21,6 +21,7 @@ static const char usage_serve[] =
     "usage: kvx serve LAYOUT --listen HOST:PORT (--auth FILE | --insecure)\n"
     "                 [--tp-rank R --tp-size N] [--fill SEED|random]\n"
     "                 [--transports LIST] [--malloc] [--lease MS] [--metrics HOST:PORT]\n"
+    "                 [--timeout MS] [--max-push MS]\n"
     "                 [--hold 'ID=G:IDS;G:IDS' ... [--consumers N] [--token HEX]] [--verbose]\n"
     "\n"
     "A prefill worker: allocates the layout's storages (through UCX, or with malloc when\n"
@@ -40,7 +41,10 @@ static const char usage_serve[] =
     "  --memory host|cuda  where the storages live: host memory (default; a layout's\n"
     "                      \"vram\" storages too, said on stderr) or GPU memory kvx\n"
     "                      allocates (filled through a host staging buffer: docs/gpu.md)\n"
-    "  --timeout MS        transfer deadline; default 10000\n"
+    "  --timeout MS        handshake deadline, and how long a push writer may complete\n"
+    "                      nothing before its pushes fail; default 10000\n"
+    "  --max-push MS       the longest a push may write: each writes as long as its\n"
+    "                      requester waits (its --timeout), at most MS; default 300000\n"
     "  --lease MS          how long held blocks wait for their done or a heartbeat;\n"
     "                      default 30000\n"
     "  --hold ID=BLOCKS    before serving, hold request ID's blocks (the --blocks syntax of\n"
@@ -117,6 +121,7 @@ struct agent_args {
     uint64_t timeout_ms;
     uint64_t lease_ms;
     uint64_t heartbeat_ms;
+    uint64_t max_push_ms; /* serve: 0 when not given (the agent's default) */
     const char *metrics;
     const char *auth;             /* --auth FILE */
     const char *token;            /* --token HEX, as given */
@@ -150,6 +155,7 @@ static const struct number_option {
     {"--timeout", offsetof(struct agent_args, timeout_ms), 0, 3600000},
     {"--lease", offsetof(struct agent_args, lease_ms), 0, 3600000},
     {"--heartbeat", offsetof(struct agent_args, heartbeat_ms), 1, 3600000},
+    {"--max-push", offsetof(struct agent_args, max_push_ms), 1, 3600000},
     {"--consumers", offsetof(struct agent_args, consumers), 1, UINT32_MAX},
     {"--request", offsetof(struct agent_args, request_id), 0, UINT64_MAX},
     {"--wait-before-read", offsetof(struct agent_args, wait_before_read_ms), 0, 3600000},
@@ -337,6 +343,10 @@ static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **ag
     cli_layout_memory(layout, a->memory, listen ? "serve" : "fetch");
     if (listen)
         params.field_mask |= KVX_AGENT_PARAM_FIELD_LISTEN;
+    if (a->max_push_ms > 0) {
+        params.field_mask |= KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS;
+        params.max_push_ms = (uint32_t)a->max_push_ms;
+    }
     if (a->transports != NULL)
         params.field_mask |= KVX_AGENT_PARAM_FIELD_TRANSPORTS;
     n = kvx_layout_num_storages(layout);
@@ -676,8 +686,10 @@ int command_fetch(int argc, char **argv)
 
     if (ret >= 0)
         return ret;
-    if (a.peers == NULL || a.blocks == NULL || a.listen != NULL || a.num_holds > 0)
-        return cli_usage_error("fetch: needs --peer and --blocks, takes no --listen or --hold",
+    if (a.peers == NULL || a.blocks == NULL || a.listen != NULL || a.num_holds > 0 ||
+        a.max_push_ms > 0)
+        return cli_usage_error("fetch: needs --peer and --blocks, takes no --listen, --hold or "
+                               "--max-push",
                                usage_fetch);
     if (a.fill_random)
         return cli_usage_error("fetch: --fill random is kvx serve's (fetch --verify checks random "
