@@ -116,15 +116,15 @@ static void insider_done(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
-/* UCX's own calls, as any UCX program with the prefill's worker address could make them: a
+/* UCX's own calls, as any UCX program with the victim's worker address could make them: a
  * key of its own memory stands in for the one it was not given. */
-static int insider_ucx(const kvx_metadata_info_t *info, uint64_t base, uint64_t size)
+static int insider_ucx(const void *address, uint64_t base, uint64_t size)
 {
     ucp_params_t params       = {.field_mask = UCP_PARAM_FIELD_FEATURES,
                                  .features   = UCP_FEATURE_RMA | UCP_FEATURE_AM};
     ucp_worker_params_t wp    = {.field_mask = 0};
     ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
-                                 .address    = info->transport_address.data};
+                                 .address    = address};
     ucp_mem_map_params_t mp   = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
                                                UCP_MEM_MAP_PARAM_FIELD_LENGTH};
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK, .cb.send = insider_done};
@@ -150,23 +150,24 @@ static int insider_ucx(const kvx_metadata_info_t *info, uint64_t base, uint64_t 
     if (ucp_worker_create(in.context, &wp, &in.worker) != UCS_OK ||
         ucp_ep_create(in.worker, &ep_params, &in.ep) != UCS_OK ||
         ucp_mem_map(in.context, &mp, &in.memh) != UCS_OK ||
-        ucp_rkey_pack(in.context, in.memh, &packed, &packed_size) != UCS_OK)
-        return 21;
-    if (ucp_ep_rkey_unpack(in.ep, packed, &in.rkey) == UCS_OK) {
-        for (size_t i = 0; i < sizeof(targets) / sizeof(targets[0]); i++) {
-            ucs_status_ptr_t sp =
-                targets[i][1] ? ucp_put_nbx(in.ep, in.buf, PAGE, targets[i][0], in.rkey, &rp)
-                              : ucp_get_nbx(in.ep, in.buf, PAGE, targets[i][0], in.rkey, &rp);
+        ucp_rkey_pack(in.context, in.memh, &packed, &packed_size) != UCS_OK ||
+        ucp_ep_rkey_unpack(in.ep, packed, &in.rkey) != UCS_OK)
+        return 21; /* the attack must really be made */
+    for (size_t i = 0; i < sizeof(targets) / sizeof(targets[0]); i++) {
+        ucs_status_ptr_t sp = targets[i][1]
+                                  ? ucp_put_nbx(in.ep, in.buf, PAGE, targets[i][0], in.rkey, &rp)
+                                  : ucp_get_nbx(in.ep, in.buf, PAGE, targets[i][0], in.rkey, &rp);
 
-            printf("insider: UCX %s at 0x%" PRIx64 ": %s\n", targets[i][1] ? "put" : "get",
-                   targets[i][0],
-                   UCS_PTR_IS_ERR(sp) ? ucs_status_string(UCS_PTR_STATUS(sp)) : "posted");
-        }
+        printf("insider: UCX %s at 0x%" PRIx64 ": %s\n", targets[i][1] ? "put" : "get",
+               targets[i][0],
+               UCS_PTR_IS_ERR(sp) ? ucs_status_string(UCS_PTR_STATUS(sp)) : "posted");
     }
+    fflush(stdout);
     for (uint64_t deadline = clock_ms() + ATTACK_S * 1000; clock_ms() < deadline;)
         ucp_worker_progress(in.worker);
     /* Never waits for what the prefill does not answer: the worker goes with it. */
     ucp_rkey_buffer_release(packed);
+    ucp_rkey_destroy(in.rkey);
     ucp_worker_destroy(in.worker);
     ucp_mem_unmap(in.context, in.memh);
     ucp_cleanup(in.context);
@@ -179,51 +180,69 @@ static void op_finished(void *arg, struct transport_op *op)
     *(bool *)arg = true;
 }
 
-/* kvx's protocol with the grant the metadata carries, and a storage claimed larger than it
- * is: a read past the end, and writes (which the read grant does not allow). Each must fail. */
-static int insider_kvx(const kvx_metadata_info_t *info, kvx_registration_info_t *reg)
+/* One read or write of `pair` on `conn` into or from `local`, waited for: KVX_OK, the
+ * refusal's status, or KVX_ERR_PEER_TIMEOUT when no answer came (a refusal is an answer). */
+static kvx_status_t move_one(struct transport_conn *conn, bool put, const kvx_pair_t *pair,
+                             uint8_t *local, uint64_t remote_base)
 {
-    uint8_t *local                  = calloc(1, 2 * PAGE);
     void *local_bases[1]            = {local};
     kvx_mem_type_t local_mems[1]    = {KVX_MEM_DRAM};
-    uint64_t remote_bases[1]        = {reg->base};
+    uint64_t remote_bases[1]        = {remote_base};
     struct transport_targets target = {local_bases, local_mems, remote_bases, false};
-    struct transport_remote_mem mem = {reg->remote_key, reg->base, (uint64_t)1 << 40, false};
-    const kvx_pair_t past_end       = {0, 0, 0, reg->size, PAGE};
-    const kvx_pair_t over_block5    = {0, 0, 0, 5 * PAGE, PAGE};
+    bool finished                   = false;
+    struct transport_op *op;
+    kvx_status_t status;
+
+    if (transport_op_create(conn, op_finished, &finished, &op) != KVX_OK)
+        return KVX_ERR_NO_MEMORY;
+    status = transport_rma_post(op, put, pair, 1, &target);
+    transport_op_arm(op);
+    for (uint64_t deadline = clock_ms() + 10000;
+         status == KVX_OK && !finished && clock_ms() < deadline;)
+        transport_conn_progress(conn);
+    if (status == KVX_OK)
+        status = finished ? transport_op_status(op, "insider") : KVX_ERR_PEER_TIMEOUT;
+    printf("insider: kvx %s at %" PRIu64 ": %s\n", put ? "write" : "read", pair->remote_offset,
+           status == KVX_OK ? "served" : kvx_errmsg());
+    fflush(stdout);
+    transport_op_release(op);
+    return status;
+}
+
+/* A connection to the worker at `address` with one storage at `base` that `grant` reaches,
+ * claimed larger than any: the owner's checks, not ours, must stop what goes past its end. */
+static struct transport_conn *conn_with_grant(struct transport *t, const kvx_blob_t *address,
+                                              kvx_blob_t grant, uint64_t base)
+{
+    struct transport_remote_mem mem = {grant, base, (uint64_t)1 << 40, false};
+    struct transport_conn *conn     = NULL;
+
+    if (transport_conn_create(t, address->data, address->size, &mem, 1, &conn) != KVX_OK)
+        printf("insider: %s\n", kvx_errmsg());
+    return conn;
+}
+
+/* kvx's protocol with the grant the metadata carries: a read past the storage's end, a write
+ * over block 5 and one past the end (the read grant allows no write). Each must be refused. */
+static int insider_kvx(const kvx_metadata_info_t *info, kvx_registration_info_t *reg)
+{
+    uint8_t local[PAGE];
+    const kvx_pair_t past_end    = {0, 0, 0, reg->size, PAGE};
+    const kvx_pair_t over_block5 = {0, 0, 0, 5 * PAGE, PAGE};
     struct transport *t;
     struct transport_conn *conn;
-    int refused = 0;
+    int refused;
 
-    if (local == NULL || transport_create(INSIDER_TLS, false, &t) != KVX_OK ||
-        transport_conn_create(t, info->transport_address.data, info->transport_address.size, &mem,
-                              1, &conn) != KVX_OK) {
-        printf("insider: %s\n", kvx_errmsg());
+    if (transport_create(INSIDER_TLS, false, &t) != KVX_OK)
         return 30;
-    }
-    memset(local, 0xee, 2 * PAGE);
-    for (int i = 0; i < 3; i++) {
-        bool put               = i > 0;
-        const kvx_pair_t *pair = i == 0 ? &past_end : &over_block5;
-        bool finished          = false;
-        struct transport_op *op;
-
-        if (transport_op_create(conn, op_finished, &finished, &op) != KVX_OK ||
-            transport_rma_post(op, put, pair, 1, &target) != KVX_OK)
-            return 31;
-        transport_op_arm(op);
-        for (uint64_t deadline = clock_ms() + 10000; !finished && clock_ms() < deadline;)
-            transport_conn_progress(conn);
-        if (!finished)
-            return 32; /* a refusal is an answer: it must come */
-        refused += transport_op_status(op, "insider") != KVX_OK;
-        printf("insider: kvx %s: %s\n", put ? "write" : "read past the end",
-               transport_op_status(op, "insider") != KVX_OK ? kvx_errmsg() : "served");
-        transport_op_release(op);
-    }
+    if ((conn = conn_with_grant(t, &info->transport_address, reg->remote_key, reg->base)) == NULL)
+        return 31;
+    memset(local, 0xee, sizeof(local));
+    refused = (move_one(conn, false, &past_end, local, reg->base) == KVX_ERR_IO) +
+              (move_one(conn, true, &over_block5, local, reg->base) == KVX_ERR_IO) +
+              (move_one(conn, true, &past_end, local, reg->base) == KVX_ERR_IO);
     transport_conn_destroy(conn);
     transport_destroy(t);
-    free(local);
     return refused == 3 ? 0 : 33;
 }
 
@@ -253,12 +272,146 @@ static int run_insider(const char *address)
         return 42;
     status = insider_kvx(&info, &reg);
     if (status == 0)
-        status = insider_ucx(&info, reg.base, reg.size);
+        status = insider_ucx(info.transport_address.data, reg.base, reg.size);
     kvx_metadata_destroy(md);
     free(bytes);
     kvx_agent_destroy(agent);
     zmq_ctx_term(zmq);
     return status;
+}
+
+/* ---- the other direction: a decode agent's storage that prefills may push into ---- */
+
+/* What the owner publishes, as push metadata carries it, and what it reports at the end. */
+struct owner_grants {
+    uint8_t address[2048];
+    size_t address_size;
+    uint8_t read_grant[64];
+    uint8_t write_grant[64];
+    size_t grant_size;
+    uint64_t base;
+};
+
+struct owner_report {
+    struct transport_data_counters counters;
+    bool block3_written; /* the honest write's bytes */
+    bool rest_intact;    /* every other byte still the pattern */
+};
+
+#define OWNER_SIZE (16 * PAGE)
+
+/* The owner: a served transport (tcp) with one storage of the pattern; publishes its worker
+ * address, grants and base on `ready`, serves until a byte on `go`, then reports. */
+static int run_owner(int ready, int go)
+{
+    struct owner_grants g = {0};
+    struct owner_report r = {.block3_written = true, .rest_intact = true};
+    struct transport *t;
+    struct transport_mem *mem;
+    uint8_t *bytes;
+    void *buf;
+    size_t size;
+
+    alarm(120);
+    if (transport_create("tcp", false, &t) != KVX_OK ||
+        transport_mem_map(t, NULL, OWNER_SIZE, &mem) != KVX_OK)
+        return 50;
+    bytes = transport_mem_address(mem);
+    for (uint64_t i = 0; i < OWNER_SIZE; i++)
+        bytes[i] = pattern_byte(i);
+    g.base = (uint64_t)(uintptr_t)bytes;
+    for (int writable = 0; writable < 2; writable++) {
+        if (transport_mem_pack_rkey(t, mem, writable, &buf, &size) != KVX_OK ||
+            size > sizeof(g.read_grant))
+            return 51;
+        memcpy(writable ? g.write_grant : g.read_grant, buf, size);
+        g.grant_size = size;
+        free(buf);
+    }
+    if (transport_worker_address(t, &buf, &g.address_size) != KVX_OK ||
+        g.address_size > sizeof(g.address))
+        return 52;
+    memcpy(g.address, buf, g.address_size);
+    free(buf);
+    if (write(ready, &g, sizeof(g)) != sizeof(g))
+        return 53;
+    for (struct pollfd item = {.fd = go, .events = POLLIN}; poll(&item, 1, 0) == 0;)
+        transport_progress(t);
+    r.counters = *transport_data_counters(t);
+    for (uint64_t i = 0; i < OWNER_SIZE; i++) {
+        if (i / PAGE == 3)
+            r.block3_written = r.block3_written && bytes[i] == 0xab;
+        else
+            r.rest_intact = r.rest_intact && bytes[i] == pattern_byte(i);
+    }
+    if (write(ready, &r, sizeof(r)) != sizeof(r))
+        return 54;
+    transport_mem_unmap(t, mem);
+    transport_destroy(t);
+    return 0;
+}
+
+/* A prefill that a decode agent registered with holds its write grant; one that did not (or an
+ * insider who read only its pull metadata) holds at most the read grant. With UCX's own puts,
+ * the read grant and writes past the storage's end, nothing of the owner changes; the write
+ * grant writes inside the storage, and the owner sees exactly those bytes. */
+static void pushes_write_only_with_the_write_grant_inside_the_storage(void **state)
+{
+    int ready[2];
+    int go[2];
+    int status;
+    pid_t owner;
+    struct owner_grants g;
+    struct owner_report r;
+    struct transport *t;
+    struct transport_conn *reader;
+    struct transport_conn *writer;
+    uint8_t local[PAGE];
+    const kvx_pair_t block3   = {0, 0, 0, 3 * PAGE, PAGE};
+    const kvx_pair_t past_end = {0, 0, 0, OWNER_SIZE, PAGE};
+
+    (void)state;
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(go), 0);
+    fflush(stdout);
+    owner = fork();
+    assert_true(owner >= 0);
+    if (owner == 0) {
+        close(ready[0]);
+        close(go[1]);
+        _exit(run_owner(ready[1], go[0]));
+    }
+    close(ready[1]);
+    close(go[0]);
+    assert_int_equal(read(ready[0], &g, sizeof(g)), sizeof(g));
+
+    assert_int_equal(insider_ucx(g.address, g.base, OWNER_SIZE), 0);
+    assert_int_equal(transport_create("tcp", false, &t), KVX_OK);
+    reader = conn_with_grant(t, &(kvx_blob_t){g.address, g.address_size},
+                             (kvx_blob_t){g.read_grant, g.grant_size}, g.base);
+    writer = conn_with_grant(t, &(kvx_blob_t){g.address, g.address_size},
+                             (kvx_blob_t){g.write_grant, g.grant_size}, g.base);
+    assert_non_null(reader);
+    assert_non_null(writer);
+    memset(local, 0xab, sizeof(local));
+    assert_int_equal(move_one(reader, true, &block3, local, g.base), KVX_ERR_IO);
+    assert_int_equal(move_one(writer, true, &past_end, local, g.base), KVX_ERR_IO);
+    assert_int_equal(move_one(writer, true, &block3, local, g.base), KVX_OK);
+    transport_conn_destroy(reader);
+    transport_conn_destroy(writer);
+    transport_destroy(t);
+
+    assert_int_equal(write(go[1], "q", 1), 1);
+    assert_int_equal(read(ready[0], &r, sizeof(r)), sizeof(r));
+    assert_int_equal(waitpid(owner, &status, 0), owner);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(r.block3_written);
+    assert_true(r.rest_intact);
+    assert_int_equal(r.counters.writes, 1);
+    assert_int_equal(r.counters.refused, 2);
+    close(ready[0]);
+    close(go[1]);
 }
 
 /* ---- the test ---- */
@@ -338,6 +491,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(over_tcp),
         cmocka_unit_test(over_the_default_transports),
+        cmocka_unit_test(pushes_write_only_with_the_write_grant_inside_the_storage),
     };
 
     setenv("UCX_NET_DEVICES", "lo", 1);
