@@ -149,11 +149,6 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
     return KVX_OK;
 }
 
-bool transport_serves(const struct transport *t)
-{
-    return t->served;
-}
-
 const struct transport_data_counters *transport_data_counters(const struct transport *t)
 {
     return &t->counters;
@@ -247,9 +242,9 @@ size_t transport_ops_pending(const struct transport *t)
     return t->pending + t->serving;
 }
 
-/* Peers may read what kvx maps; writing takes a mapping of its own (mem_map_writable). Where
- * the hardware checks keys (RDMA) it enforces this; shared memory and CMA cannot (they are the
- * OS user boundary's), and TCP gets no keys at all (transport_serves). */
+/* Peers may read what kvx maps; writing takes a mapping of its own (made when push metadata
+ * is first packed). Where the hardware checks keys (RDMA) it enforces this; shared memory and
+ * CMA cannot (they are the OS user boundary's), and TCP gets no keys at all (t->served). */
 #define MEM_PROT_READ                                                                              \
     (UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE | UCP_MEM_MAP_PROT_REMOTE_READ)
 #define MEM_PROT_WRITE (MEM_PROT_READ | UCP_MEM_MAP_PROT_REMOTE_WRITE)
@@ -865,10 +860,11 @@ kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
  * query for an endpoint's transports. */
 void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size)
 {
-    char *text   = NULL;
-    size_t len   = 0;
-    size_t used  = 0;
-    FILE *stream = open_memstream(&text, &len);
+    char *text    = NULL;
+    size_t len    = 0;
+    size_t used   = 0;
+    size_t served = 0;
+    FILE *stream  = open_memstream(&text, &len);
     char *line;
     char *save;
 
@@ -912,6 +908,11 @@ void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size
             break;
     }
     free(text);
+    for (size_t s = 0; s < conn->num_rkeys; s++)
+        served += conn->storages[s].served;
+    if (served > 0 && used < size) /* the peer's kvx checks and serves them (transport_am.c) */
+        used += (size_t)snprintf(buf + used, size - used, "%skvx-served(%zu of %zu storages)",
+                                 used > 0 ? " " : "", served, conn->num_rkeys);
     if (conn->num_mapped > 0 && used < size) /* reads of those bypass the lanes */
         snprintf(buf + used, size - used, "%smemcpy(%zu of %zu storages mapped)",
                  used > 0 ? " " : "", conn->num_mapped, conn->num_rkeys);

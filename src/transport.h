@@ -41,16 +41,15 @@ void *transport_mem_address(const struct transport_mem *mem);
 /* What a peer needs to reach a mapping, as a malloc'd copy the caller frees (it travels in
  * the handshake metadata, to authenticated peers only): a UCX remote key that grants reads
  * (or, `writable`, writes too: push registrations), or, where this transport serves its own
- * memory (transport_serves), kvx's grant (a token the peer presents with each request). */
-kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem,
-                                     bool writable, void **buf_p, size_t *size_p);
-/* True when the transports include one on which UCX checks no remote key (TCP, whose gets and
- * puts UCX emulates in software and serves at any address): then the context has no RMA at
- * all, peers get grants instead of keys, and this transport serves their reads and writes
- * itself, each checked against its storages (transport_am.c). */
-bool transport_serves(const struct transport *t);
+ * memory (its transports include TCP), kvx's grant: a token the peer presents with each
+ * request. */
+kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem, bool writable,
+                                     void **buf_p, size_t *size_p);
 
-/* Requests of peers served (transport_serves): reads and writes, and those refused (a wrong
+/* Where the transports include TCP, UCX would serve peers' gets and puts at any address with
+ * any key (its software RMA): the context then has no RMA, peers get grants instead of keys,
+ * and this transport serves their reads and writes itself, each checked against its storages
+ * (transport_am.c). These count them: reads and writes served, and those refused (a wrong
  * token, a range outside every storage, a malformed message). */
 struct transport_data_counters {
     uint64_t reads;
