@@ -24,6 +24,8 @@
 enum { AM_READ = 24, AM_DATA, AM_WRITE, AM_WRITTEN };
 
 #define AM_FLAG_RENDEZVOUS 1u /* the destination is device memory: never eager */
+/* Answers in flight at once on the owner's side, across its peers: about 1 MiB of records. */
+#define AM_MAX_SERVING 8192
 
 enum { AM_STATUS_OK = 0, AM_STATUS_REFUSED = 1 };
 
@@ -129,11 +131,12 @@ static bool token_equal(const uint8_t *a, const uint8_t *b)
     return diff == 0;
 }
 
-/* The storage `index` of this transport if [offset, offset + length) lies inside it. */
+/* The storage `index` of this transport if it serves peers at all (a keyed one hands out no
+ * grant: its tokens are zeros nobody was given) and [offset, offset + length) lies inside. */
 static struct transport_mem *granted(struct transport *t, uint32_t index, uint64_t offset,
                                      uint64_t length)
 {
-    struct transport_mem *mem = index < t->num_mems ? t->mems[index] : NULL;
+    struct transport_mem *mem = t->served && index < t->num_mems ? t->mems[index] : NULL;
 
     if (mem == NULL || offset > mem->size || length > mem->size - offset)
         return NULL;
@@ -213,12 +216,16 @@ void am_replies_send(struct transport *t)
     }
 }
 
+/* A record for the answer to one request; NULL past AM_MAX_SERVING (a peer that sends
+ * requests and never takes the answers holds at most that many), counted refused. */
 static struct am_reply *reply_create(struct transport *t, ucp_ep_h ep, uint64_t cookie)
 {
-    struct am_reply *r = calloc(1, sizeof(*r));
+    struct am_reply *r = t->serving < AM_MAX_SERVING ? calloc(1, sizeof(*r)) : NULL;
 
-    if (r == NULL)
+    if (r == NULL) {
+        t->counters.refused++;
         return NULL;
+    }
     r->t      = t;
     r->ep     = ep;
     r->header = (struct am_answer_header){.cookie = cookie, .status = AM_STATUS_OK};
@@ -278,13 +285,14 @@ static ucs_status_t write_served(void *arg, const void *header, size_t header_le
     struct transport_mem *mem;
     struct am_reply *r;
 
+    /* A rendezvous refused without an answer fails its sender's send with the status. */
     if (header_length != sizeof(h) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         t->counters.refused++;
-        return UCS_OK; /* a rendezvous is dropped with it */
+        return rendezvous ? UCS_ERR_REJECTED : UCS_OK;
     }
     memcpy(&h, header, sizeof(h));
     if ((r = reply_create(t, param->reply_ep, h.cookie)) == NULL)
-        return UCS_OK;
+        return rendezvous ? UCS_ERR_NO_RESOURCE : UCS_OK;
     mem = granted(t, h.storage, h.offset, length);
     /* Device memory takes no memcpy: its writer must send it by rendezvous. */
     if (!token_equal(h.token, t->write_token) || mem == NULL || (mem->device && !rendezvous)) {

@@ -295,17 +295,20 @@ struct owner_grants {
 struct owner_report {
     struct transport_data_counters counters;
     bool block3_written; /* the honest write's bytes */
+    bool block3_intact;  /* or still the pattern */
     bool rest_intact;    /* every other byte still the pattern */
 };
 
 #define OWNER_SIZE (16 * PAGE)
+
+static const char *owner_tls; /* the owner's transports */
 
 /* The owner: a served transport (tcp) with one storage of the pattern; publishes its worker
  * address, grants and base on `ready`, serves until a byte on `go`, then reports. */
 static int run_owner(int ready, int go)
 {
     struct owner_grants g = {0};
-    struct owner_report r = {.block3_written = true, .rest_intact = true};
+    struct owner_report r = {.block3_written = true, .block3_intact = true, .rest_intact = true};
     struct transport *t;
     struct transport_mem *mem;
     uint8_t *bytes;
@@ -313,7 +316,7 @@ static int run_owner(int ready, int go)
     size_t size;
 
     alarm(120);
-    if (transport_create("tcp", false, &t) != KVX_OK ||
+    if (transport_create(owner_tls, false, &t) != KVX_OK ||
         transport_mem_map(t, NULL, OWNER_SIZE, &mem) != KVX_OK)
         return 50;
     bytes = transport_mem_address(mem);
@@ -339,10 +342,12 @@ static int run_owner(int ready, int go)
         transport_progress(t);
     r.counters = *transport_data_counters(t);
     for (uint64_t i = 0; i < OWNER_SIZE; i++) {
-        if (i / PAGE == 3)
+        if (i / PAGE == 3) {
             r.block3_written = r.block3_written && bytes[i] == 0xab;
-        else
+            r.block3_intact  = r.block3_intact && bytes[i] == pattern_byte(i);
+        } else {
             r.rest_intact = r.rest_intact && bytes[i] == pattern_byte(i);
+        }
     }
     if (write(ready, &r, sizeof(r)) != sizeof(r))
         return 54;
@@ -355,63 +360,123 @@ static int run_owner(int ready, int go)
  * insider who read only its pull metadata) holds at most the read grant. With UCX's own puts,
  * the read grant and writes past the storage's end, nothing of the owner changes; the write
  * grant writes inside the storage, and the owner sees exactly those bytes. */
-static void pushes_write_only_with_the_write_grant_inside_the_storage(void **state)
+struct owner {
+    pid_t pid;
+    int ready;
+    int go;
+    struct owner_grants grants;
+};
+
+/* Forks an owner on `tls` and reads what it publishes. */
+static void owner_start(struct owner *o, const char *tls)
 {
     int ready[2];
     int go[2];
-    int status;
-    pid_t owner;
-    struct owner_grants g;
-    struct owner_report r;
-    struct transport *t;
-    struct transport_conn *reader;
-    struct transport_conn *writer;
-    uint8_t local[PAGE];
-    const kvx_pair_t block3   = {0, 0, 0, 3 * PAGE, PAGE};
-    const kvx_pair_t past_end = {0, 0, 0, OWNER_SIZE, PAGE};
 
-    (void)state;
+    owner_tls = tls;
     assert_int_equal(pipe(ready), 0);
     assert_int_equal(pipe(go), 0);
     fflush(stdout);
-    owner = fork();
-    assert_true(owner >= 0);
-    if (owner == 0) {
+    o->pid = fork();
+    assert_true(o->pid >= 0);
+    if (o->pid == 0) {
         close(ready[0]);
         close(go[1]);
         _exit(run_owner(ready[1], go[0]));
     }
     close(ready[1]);
     close(go[0]);
-    assert_int_equal(read(ready[0], &g, sizeof(g)), sizeof(g));
+    o->ready = ready[0];
+    o->go    = go[1];
+    assert_int_equal(read(o->ready, &o->grants, sizeof(o->grants)), sizeof(o->grants));
+}
 
-    assert_int_equal(insider_ucx(g.address, g.base, OWNER_SIZE), 0);
+/* Stops it; what it reports. */
+static struct owner_report owner_end(struct owner *o)
+{
+    struct owner_report r;
+    int status;
+
+    assert_int_equal(write(o->go, "q", 1), 1);
+    assert_int_equal(read(o->ready, &r, sizeof(r)), sizeof(r));
+    assert_int_equal(waitpid(o->pid, &status, 0), o->pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    close(o->ready);
+    close(o->go);
+    return r;
+}
+
+/* A prefill that a decode agent registered with holds its write grant; one that did not (or an
+ * insider who read only its pull metadata) holds at most the read grant. With UCX's own puts,
+ * the read grant and writes past the storage's end, nothing of the owner changes; the write
+ * grant writes inside the storage, and the owner sees exactly those bytes. */
+static void pushes_write_only_with_the_write_grant_inside_the_storage(void **state)
+{
+    struct owner o;
+    struct owner_report r;
+    struct transport *t;
+    struct transport_conn *reader;
+    struct transport_conn *writer;
+    uint8_t local[PAGE];
+    const kvx_pair_t block3      = {0, 0, 0, 3 * PAGE, PAGE};
+    const kvx_pair_t past_end    = {0, 0, 0, OWNER_SIZE, PAGE};
+    const struct owner_grants *g = &o.grants;
+
+    (void)state;
+    owner_start(&o, "tcp");
+    assert_int_equal(insider_ucx(g->address, g->base, OWNER_SIZE), 0);
     assert_int_equal(transport_create("tcp", false, &t), KVX_OK);
-    reader = conn_with_grant(t, &(kvx_blob_t){g.address, g.address_size},
-                             (kvx_blob_t){g.read_grant, g.grant_size}, g.base);
-    writer = conn_with_grant(t, &(kvx_blob_t){g.address, g.address_size},
-                             (kvx_blob_t){g.write_grant, g.grant_size}, g.base);
+    reader = conn_with_grant(t, &(kvx_blob_t){g->address, g->address_size},
+                             (kvx_blob_t){g->read_grant, g->grant_size}, g->base);
+    writer = conn_with_grant(t, &(kvx_blob_t){g->address, g->address_size},
+                             (kvx_blob_t){g->write_grant, g->grant_size}, g->base);
     assert_non_null(reader);
     assert_non_null(writer);
     memset(local, 0xab, sizeof(local));
-    assert_int_equal(move_one(reader, true, &block3, local, g.base), KVX_ERR_IO);
-    assert_int_equal(move_one(writer, true, &past_end, local, g.base), KVX_ERR_IO);
-    assert_int_equal(move_one(writer, true, &block3, local, g.base), KVX_OK);
+    assert_int_equal(move_one(reader, true, &block3, local, g->base), KVX_ERR_IO);
+    assert_int_equal(move_one(writer, true, &past_end, local, g->base), KVX_ERR_IO);
+    assert_int_equal(move_one(writer, true, &block3, local, g->base), KVX_OK);
     transport_conn_destroy(reader);
     transport_conn_destroy(writer);
     transport_destroy(t);
 
-    assert_int_equal(write(go[1], "q", 1), 1);
-    assert_int_equal(read(ready[0], &r, sizeof(r)), sizeof(r));
-    assert_int_equal(waitpid(owner, &status, 0), owner);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
+    r = owner_end(&o);
     assert_true(r.block3_written);
     assert_true(r.rest_intact);
     assert_int_equal(r.counters.writes, 1);
     assert_int_equal(r.counters.refused, 2);
-    close(ready[0]);
-    close(go[1]);
+}
+
+/* A keyed owner (no TCP: UCX keys, not grants) serves no kvx request at all: its tokens are
+ * zeros that nobody was given, and a grant forged of zeros is refused. */
+static void a_keyed_owner_serves_no_forged_grant(void **state)
+{
+    struct owner o;
+    struct owner_report r;
+    struct transport *t;
+    struct transport_conn *conn;
+    uint8_t local[PAGE];
+    uint8_t forged[8 + 16]       = "kvxgrnt1"; /* the grant's prefix, then a token of zeros */
+    const kvx_pair_t block3      = {0, 0, 0, 3 * PAGE, PAGE};
+    const struct owner_grants *g = &o.grants;
+
+    (void)state;
+    owner_start(&o, "sm,cma");
+    assert_int_equal(transport_create("sm,cma", false, &t), KVX_OK);
+    conn = conn_with_grant(t, &(kvx_blob_t){g->address, g->address_size},
+                           (kvx_blob_t){forged, sizeof(forged)}, g->base);
+    assert_non_null(conn);
+    memset(local, 0xab, sizeof(local));
+    assert_int_equal(move_one(conn, true, &block3, local, g->base), KVX_ERR_IO);
+    assert_int_equal(move_one(conn, false, &block3, local, g->base), KVX_ERR_IO);
+    transport_conn_destroy(conn);
+    transport_destroy(t);
+    r                = owner_end(&o);
+    r.block3_written = !r.block3_written; /* nothing was written: block 3 keeps its pattern */
+    assert_true(r.rest_intact);
+    assert_int_equal(r.counters.writes + r.counters.reads, 0);
+    assert_int_equal(r.counters.refused, 2);
 }
 
 /* ---- the test ---- */
@@ -492,6 +557,7 @@ int main(void)
         cmocka_unit_test(over_tcp),
         cmocka_unit_test(over_the_default_transports),
         cmocka_unit_test(pushes_write_only_with_the_write_grant_inside_the_storage),
+        cmocka_unit_test(a_keyed_owner_serves_no_forged_grant),
     };
 
     setenv("UCX_NET_DEVICES", "lo", 1);
