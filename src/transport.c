@@ -66,6 +66,22 @@ static ucs_status_t settings_apply(ucp_config_t *config)
     return st;
 }
 
+/* A served context's TCP interface advertises no zero-copy put. Its receiver writes a put
+ * request wherever the request says, and UCX 1.22's own puts pick it for any key, even one the
+ * peer made of its own memory: a stock client's ucp_put_nbx at 0x1000 killed a prefill in
+ * uct_tcp_ep_handle_put_req (test_data_plane). Not advertised, UCX's puts fall back to its
+ * software RMA, which this context does not serve. UCX 1.13 takes TCP settings only from the
+ * environment, and its puts never pick TCP's put request. */
+static ucs_status_t served_settings_apply(ucp_config_t *config)
+{
+    unsigned major;
+    unsigned minor;
+    unsigned release;
+
+    ucp_get_version(&major, &minor, &release);
+    return major == 1 && minor <= 13 ? UCS_OK : ucp_config_modify(config, "TCP_PUT_ENABLE", "n");
+}
+
 /* True when the UCX_TLS list names TCP: UCX emulates gets and puts over it in software, and
  * its target writes and reads wherever the message says, key or no key. */
 static bool tls_without_keys(const char *tls)
@@ -130,6 +146,8 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
         st = ucp_config_modify(config, "MAX_RNDV_RAILS", "1");
     if (st == UCS_OK)
         st = settings_apply(config);
+    if (st == UCS_OK && t->served)
+        st = served_settings_apply(config);
     if (st == UCS_OK)
         st = ucp_init(&params, config, &t->context);
     ucp_config_release(config);

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -70,6 +71,7 @@ static int run_prefill(int ready, int go)
     uint8_t *bytes;
 
     alarm(120);
+    signal(SIGSEGV, SIG_DFL); /* a crash is this process's death, not cmocka's test's */
     if (agent_from_quoted(layout, &params, &agent) != KVX_OK)
         return 10;
     bytes = kvx_agent_storage(agent, 0, &size);
@@ -259,6 +261,7 @@ static int run_insider(const char *address)
     int status;
 
     alarm(60);
+    signal(SIGSEGV, SIG_DFL); /* a crash is this process's death, not cmocka's test's */
     if (setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
         return 40;
     if (agent_from_quoted(layout, NULL, &agent) != KVX_OK ||
@@ -513,6 +516,9 @@ static void an_insider_neither_writes_nor_reads_outside_its_grant(const char *tl
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
 
+    if (waitpid(prefill, &status, WNOHANG) == prefill) /* it must have survived */
+        fail_msg("the prefill died: %s %d", WIFSIGNALED(status) ? "signal" : "exit",
+                 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
     assert_int_equal(write(go[1], "s", 1), 1);
     assert_int_equal(read(ready, &r, sizeof(r)), sizeof(r));
     assert_true(r.intact);
