@@ -50,6 +50,17 @@ kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *
  * itself, each checked against its storages (transport_am.c). */
 bool transport_serves(const struct transport *t);
 
+/* The sizes of UCX's TCP segments in this transport, bytes: the largest active message it
+ * sends in one segment (tx) and the largest it receives (rx): kvx's 256 KiB, or what the
+ * environment's UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE set (UCX's defaults for the one
+ * not set). Both 0 without tcp in its list. A receiver aborts in UCX on a segment larger than
+ * its rx, so peers compare them at the handshake (conn_open). */
+struct transport_segments {
+    uint64_t tx;
+    uint64_t rx;
+};
+struct transport_segments transport_tcp_segments(const struct transport *t);
+
 /* Requests of peers served (transport_serves): reads and writes, and those refused (a wrong
  * token, a range outside every storage, a malformed message). */
 struct transport_data_counters {
