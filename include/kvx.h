@@ -432,8 +432,7 @@ KVX_API void kvx_pairs_stats(const kvx_pairs_t *pairs, kvx_pairs_stats_t *stats_
 #define KVX_MAX_METADATA_SIZE (16u << 20) /* bytes: a 65,536-region table is under 8 MiB */
 #define KVX_MAX_BLOB_SIZE     4096        /* bytes of a remote key or transport address */
 #define KVX_MAX_DIFFERENCES   4096        /* differences kept by kvx_metadata_validate */
-#define KVX_MAX_TCP_SEGMENT   (1u << 30)  /* bytes of a UCX TCP segment a peer may state: UCX
-                                             allocates buffers of it, so more is no setting */
+#define KVX_MAX_TCP_SEGMENT   (1u << 30)  /* bytes of a UCX TCP segment a peer may state */
 
 typedef enum kvx_transfer_mode {
     KVX_MODE_PULL, /* the decode side reads */

@@ -116,10 +116,10 @@ kvx_status_t transport_settings_apply(ucp_config_t *config, bool tcp,
             return status;
         if (seg.tx > seg.rx)
             return error_set(KVX_ERR_INVALID,
-                             ENV_TX ": %" PRIu64 " bytes%s is more than " ENV_RX " %" PRIu64
+                             "%s: %" PRIu64 " bytes%s is more than %s %" PRIu64
                              "%s: UCX needs tx <= rx",
-                             seg.tx, getenv(ENV_TX) == NULL ? " (UCX's default)" : "", seg.rx,
-                             getenv(ENV_RX) == NULL ? " (UCX's default)" : "");
+                             ENV_TX, seg.tx, getenv(ENV_TX) == NULL ? " (UCX's default)" : "",
+                             ENV_RX, seg.rx, getenv(ENV_RX) == NULL ? " (UCX's default)" : "");
         *segments_p = seg;
         return KVX_OK;
     }

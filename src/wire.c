@@ -166,11 +166,11 @@ kvx_status_t kvx_metadata_pack(const kvx_regions_t *t, const kvx_metadata_params
         KVX_METADATA_PARAM_FIELD_MODE | KVX_METADATA_PARAM_FIELD_STORAGE_BASES |
         KVX_METADATA_PARAM_FIELD_REMOTE_KEYS | KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS |
         KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS;
-    uint64_t mask            = p != NULL ? p->field_mask : 0;
-    kvx_transfer_mode_t mode = (mask & KVX_METADATA_PARAM_FIELD_MODE) ? p->mode : KVX_MODE_PULL;
-    Kvx__AgentMetadata md    = KVX__AGENT_METADATA__INIT;
-    Kvx__Envelope envelope   = KVX__ENVELOPE__INIT;
-    Kvx__TcpSegments segments    = KVX__TCP_SEGMENTS__INIT;
+    uint64_t mask             = p != NULL ? p->field_mask : 0;
+    kvx_transfer_mode_t mode  = (mask & KVX_METADATA_PARAM_FIELD_MODE) ? p->mode : KVX_MODE_PULL;
+    Kvx__AgentMetadata md     = KVX__AGENT_METADATA__INIT;
+    Kvx__Envelope envelope    = KVX__ENVELOPE__INIT;
+    Kvx__TcpSegments segments = KVX__TCP_SEGMENTS__INIT;
     Kvx__CompatFactors factors;
     uint8_t hash[KVX_COMPAT_HASH_LEN];
     Kvx__Region *regions         = calloc(t->num_regions, sizeof(*regions));

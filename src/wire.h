@@ -25,13 +25,13 @@ struct kvx_metadata {
     size_t num_registrations;
     uint8_t *transport_address;
     size_t transport_address_size;
-    uint64_t tcp_tx_seg_size;  /* bytes of the peer's UCX TCP segments; both 0: it has no tcp */
-    uint64_t tcp_rx_seg_size;  /* (docs/wire.md "TCP segments") */
-    bool tcp_segments_stated;  /* false: an older kvx that sent none; UCX's defaults assumed */
-    kvx_regions_t *regions; /* the peer's table; storage names are the registrations' */
-    char **differences;     /* of the last kvx_metadata_validate, at most KVX_MAX_DIFFERENCES */
-    size_t num_differences; /* found, possibly more than kept */
-    size_t max_differences; /* allocated entries of differences */
+    uint64_t tcp_tx_seg_size; /* bytes of the peer's UCX TCP segments; both 0: it has no tcp */
+    uint64_t tcp_rx_seg_size; /* (docs/wire.md "TCP segments") */
+    bool tcp_segments_stated; /* false: an older kvx that sent none; UCX's defaults assumed */
+    kvx_regions_t *regions;   /* the peer's table; storage names are the registrations' */
+    char **differences;       /* of the last kvx_metadata_validate, at most KVX_MAX_DIFFERENCES */
+    size_t num_differences;   /* found, possibly more than kept */
+    size_t max_differences;   /* allocated entries of differences */
 };
 
 /* The compatibility factors of a table and mode, and their hash (docs/wire.md). The

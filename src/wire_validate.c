@@ -191,9 +191,8 @@ kvx_status_t wire_tcp_segments_check(uint64_t tx, uint64_t rx, const char *what)
  * matter, only its tx (docs/performance.md "UCX's TCP segments"). */
 kvx_status_t wire_tcp_segments_agree(const kvx_metadata_t *md, uint64_t tx, uint64_t rx)
 {
-    const char *assumed = md->tcp_segments_stated
-                              ? ""
-                              : ", UCX's default: the peer is a kvx that states no sizes";
+    const char *assumed =
+        md->tcp_segments_stated ? "" : ", UCX's default: the peer is a kvx that states no sizes";
 
     if ((tx == 0 && rx == 0) || (md->tcp_tx_seg_size == 0 && md->tcp_rx_seg_size == 0))
         return KVX_OK; /* one side has no tcp: UCX connects them over none */

@@ -134,8 +134,8 @@ static void server_stop(struct server *s)
 static struct outcome client_work(const char *address, bool push)
 {
     static uint64_t ids[BLOCKS];
-    kvx_group_ids_t group     = {ids, BLOCKS};
-    kvx_request_t request     = {&group, 1, NULL, 0, NULL};
+    kvx_group_ids_t group = {ids, BLOCKS};
+    kvx_request_t request = {&group, 1, NULL, 0, NULL};
     uint8_t key[KVX_AUTH_KEY_LEN];
     kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TRANSPORTS |
                                                KVX_AGENT_PARAM_FIELD_AUTH_KEY,
