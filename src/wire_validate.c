@@ -1,6 +1,7 @@
 /* wire_validate.c: a peer's region table checked against ours, the way a pull plan will use
- * it: every difference by region, field, both values and the rule. Reads decoded metadata
- * only; the length rules are the planner's own (plan_lengths_agree). */
+ * it: every difference by region, field, both values and the rule; and its TCP segment sizes
+ * against ours. Reads decoded metadata only; the length rules are the planner's own
+ * (plan_lengths_agree). */
 #include "wire.h"
 
 #include "error.h"
