@@ -15,7 +15,7 @@
 /* kvx's TCP segments, bytes. UCX moves kvx's reads and writes over TCP as active messages, in
  * segments of 8 KiB by default; 256 KiB ones make TCP pulls and pushes 2.5-3.5x faster from
  * 64 KiB blocks up, and 4 KiB ones no slower (docs/performance.md "UCX's TCP segments"). */
-#define KVX_TCP_SEGMENT (256u << 10)
+#define TCP_SEGMENT_SIZE (256u << 10)
 
 #define ENV_TX "UCX_TCP_TX_SEG_SIZE"
 #define ENV_RX "UCX_TCP_RX_SEG_SIZE"
@@ -124,12 +124,12 @@ kvx_status_t transport_settings_apply(ucp_config_t *config, bool tcp,
         return KVX_OK;
     }
     tcp_names(&tx_name, &rx_name);
-    snprintf(value, sizeof(value), "%u", KVX_TCP_SEGMENT);
+    snprintf(value, sizeof(value), "%u", TCP_SEGMENT_SIZE);
     st = ucp_config_modify(config, tx_name, value);
     if (st == UCS_OK)
         st = ucp_config_modify(config, rx_name, value);
     if (st != UCS_OK)
         return transport_ucs_error("setting the TCP segment sizes", st);
-    *segments_p = (struct transport_segments){KVX_TCP_SEGMENT, KVX_TCP_SEGMENT};
+    *segments_p = (struct transport_segments){TCP_SEGMENT_SIZE, TCP_SEGMENT_SIZE};
     return KVX_OK;
 }
