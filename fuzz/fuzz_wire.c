@@ -1,9 +1,10 @@
-/* fuzz_wire.c: libFuzzer target of the handshake decoder and the remote-table check
- * (kvx.h "Wire"): any bytes either fail with a message or decode to metadata whose
- * invariants hold; validation agrees with the planner, and a re-pack decodes the same. */
+/* fuzz_wire.c: libFuzzer target of the handshake decoder, the remote-table check and the TCP
+ * segment check (kvx.h "Wire"): any bytes either fail with a message or decode to metadata
+ * whose invariants hold; validation agrees with the planner, and a re-pack decodes the same. */
 #include "fuzz_invariant.h"
 #include "error.h"
 #include "regions.h"
+#include "wire.h" /* white-box: the peer's TCP segments, which kvx.h does not show */
 
 #include "kvx.h"
 
@@ -144,6 +145,33 @@ static void check_decoded(const kvx_metadata_t *md)
     check_json(t);
 }
 
+/* The peer's TCP segments: both 0, each in 1..KVX_MAX_TCP_SEGMENT, or UCX's defaults for a peer
+ * that stated none; and the check against a few local settings refuses exactly a peer whose
+ * sends exceed our receives or whose receives are below our sends, naming the variables. */
+static void check_segments(const kvx_metadata_t *md)
+{
+    static const uint64_t locals[][2] = {{0, 0}, {8192, 65536}, {262144, 262144}, {1, 1}};
+    uint64_t tx                       = md->tcp_tx_seg_size;
+    uint64_t rx                       = md->tcp_rx_seg_size;
+
+    if (md->tcp_segments_stated ? !((tx == 0 && rx == 0) || (tx >= 1 && tx <= KVX_MAX_TCP_SEGMENT &&
+                                                             rx >= 1 && rx <= KVX_MAX_TCP_SEGMENT))
+                                : (tx != WIRE_UCX_TCP_TX_DEFAULT || rx != WIRE_UCX_TCP_RX_DEFAULT))
+        fuzz_fail("tcp segments: tx %" PRIu64 ", rx %" PRIu64 ", stated %d", tx, rx,
+                  (int)md->tcp_segments_stated);
+    for (size_t i = 0; i < sizeof(locals) / sizeof(locals[0]); i++) {
+        bool tcp_both  = !(locals[i][0] == 0 && locals[i][1] == 0) && !(tx == 0 && rx == 0);
+        bool fits      = !tcp_both || (tx <= locals[i][1] && locals[i][0] <= rx);
+        kvx_status_t s = wire_tcp_segments_agree(md, locals[i][0], locals[i][1]);
+
+        if (s != (fits ? KVX_OK : KVX_ERR_INVALID) ||
+            (!fits && strstr(kvx_errmsg(), "UCX_TCP_RX_SEG_SIZE") == NULL))
+            fuzz_fail("tcp segments: tx %" PRIu64 ", rx %" PRIu64 " against local %" PRIu64
+                      "/%" PRIu64 ": %s (%s)",
+                      tx, rx, locals[i][0], locals[i][1], kvx_status_str(s), kvx_errmsg());
+    }
+}
+
 /* Block 0 of every local group, planned against the peer: each pair stays inside a local
  * storage and inside the registration of the remote rank it is read from, so a peer's table
  * can never make this side read or write out of bounds. */
@@ -248,7 +276,7 @@ static void check_repack(const kvx_metadata_t *md)
         bases[s] = reg.base;
         keys[s]  = reg.remote_key;
     }
-    params = (kvx_metadata_params_t){.field_mask        = 0xff,
+    params = (kvx_metadata_params_t){.field_mask        = md->tcp_segments_stated ? 0x1ff : 0xff,
                                      .engine_id         = a.engine_id,
                                      .agent_name        = a.agent_name,
                                      .tp_rank           = a.tp_rank,
@@ -256,7 +284,9 @@ static void check_repack(const kvx_metadata_t *md)
                                      .mode              = a.mode,
                                      .storage_bases     = bases,
                                      .remote_keys       = keys,
-                                     .transport_address = a.transport_address};
+                                     .transport_address = a.transport_address,
+                                     .tcp_tx_seg_size   = md->tcp_tx_seg_size,
+                                     .tcp_rx_seg_size   = md->tcp_rx_seg_size};
     if (kvx_metadata_pack(t, &params, &buf, &size) != KVX_OK ||
         kvx_metadata_unpack(buf, size, t, a.mode, &again) != KVX_OK)
         fuzz_fail("decoded metadata does not pack and decode again");
@@ -268,6 +298,10 @@ static void check_repack(const kvx_metadata_t *md)
         (a.transport_address.size > 0 &&
          memcmp(a.transport_address.data, b.transport_address.data, a.transport_address.size) != 0))
         fuzz_fail("a re-packed info decodes differently");
+    if (again->tcp_segments_stated != md->tcp_segments_stated ||
+        again->tcp_tx_seg_size != md->tcp_tx_seg_size ||
+        again->tcp_rx_seg_size != md->tcp_rx_seg_size)
+        fuzz_fail("re-packed tcp segments decode differently");
     for (size_t s = 0; s < ns; s++) {
         kvx_registration_info_t x;
         kvx_registration_info_t y;
@@ -316,6 +350,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (md == NULL)
         fuzz_fail("unpack succeeded without a result");
     check_decoded(md);
+    check_segments(md);
     check_validate(md, 1, 0);
     check_validate(md, 2, 1);
     check_validate(md, 4, 2);

@@ -432,6 +432,7 @@ KVX_API void kvx_pairs_stats(const kvx_pairs_t *pairs, kvx_pairs_stats_t *stats_
 #define KVX_MAX_METADATA_SIZE (16u << 20) /* bytes: a 65,536-region table is under 8 MiB */
 #define KVX_MAX_BLOB_SIZE     4096        /* bytes of a remote key or transport address */
 #define KVX_MAX_DIFFERENCES   4096        /* differences kept by kvx_metadata_validate */
+#define KVX_MAX_TCP_SEGMENT   (1u << 30)  /* bytes of a UCX TCP segment a peer may state */
 
 typedef enum kvx_transfer_mode {
     KVX_MODE_PULL, /* the decode side reads */
@@ -457,6 +458,7 @@ enum {
     KVX_METADATA_PARAM_FIELD_STORAGE_BASES     = 1u << 5,
     KVX_METADATA_PARAM_FIELD_REMOTE_KEYS       = 1u << 6,
     KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS = 1u << 7,
+    KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS      = 1u << 8,
 };
 
 typedef struct kvx_metadata_params {
@@ -469,6 +471,11 @@ typedef struct kvx_metadata_params {
     const uint64_t *storage_bases; /* _STORAGE_BASES: address per storage; default all 0 */
     const kvx_blob_t *remote_keys; /* _REMOTE_KEYS: packed key per storage; default empty */
     kvx_blob_t transport_address;  /* _TRANSPORT_ADDRESS: default empty */
+    uint64_t tcp_tx_seg_size;      /* _TCP_SEGMENTS: bytes of UCX's TCP segments this side
+                                      sends and receives, each 1..KVX_MAX_TCP_SEGMENT, or both
+                                      0 when its transports have no tcp; default: not sent, and
+                                      a peer then assumes UCX's defaults (docs/wire.md) */
+    uint64_t tcp_rx_seg_size;      /* _TCP_SEGMENTS */
 } kvx_metadata_params_t;
 
 /* Encodes this agent's metadata: an envelope (version, hash, factors) around the body (ids,

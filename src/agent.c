@@ -239,7 +239,8 @@ static kvx_status_t agent_storages_map(kvx_agent_t *agent, const kvx_agent_param
     return KVX_OK;
 }
 
-/* Packs this agent's metadata for `mode`: table, addresses, remote keys, worker address. */
+/* Packs this agent's metadata for `mode`: table, addresses, remote keys, worker address, and
+ * the TCP segment sizes its peers check theirs against. */
 static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_params_t *params,
                                         kvx_transfer_mode_t mode, void **buf_p, size_t *size_p)
 {
@@ -285,6 +286,11 @@ static kvx_status_t agent_metadata_pack(kvx_agent_t *agent, const kvx_agent_para
     if (status == KVX_OK)
         status = transport_worker_address(agent->core.transport, &address, &address_size);
     if (status == KVX_OK) {
+        struct transport_segments seg = transport_tcp_segments(agent->core.transport);
+
+        mp.field_mask |= KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS;
+        mp.tcp_tx_seg_size   = seg.tx;
+        mp.tcp_rx_seg_size   = seg.rx;
         mp.transport_address = (kvx_blob_t){address, address_size};
         status               = kvx_metadata_pack(agent->core.regions, &mp, buf_p, size_p);
     }

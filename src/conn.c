@@ -1,6 +1,6 @@
-/* conn.c: opening a connection from a peer's metadata: decode (hash first), check the table,
- * plan, connect the transport with the peer's keys, and digest the peer's table so transfers
- * can tell when two ranks' tables are the same. Keeps no list of connections. */
+/* conn.c: opening a connection from a peer's metadata: decode (hash first), check the TCP
+ * segments and the table, plan, connect the transport with the peer's keys, and digest the peer's
+ * table so transfers can tell when two ranks' tables are the same. Keeps no list of connections. */
 #include "conn.h"
 
 #include "error.h"
@@ -78,6 +78,12 @@ kvx_status_t conn_open(struct transport *t, const kvx_regions_t *local, uint32_t
     if (c == NULL)
         return error_no_memory("a connection");
     status = kvx_metadata_unpack(metadata, size, local, mode, &c->metadata);
+    if (status == KVX_OK) {
+        /* before anything connects: a segment too large for its receiver aborts it in UCX */
+        struct transport_segments seg = transport_tcp_segments(t);
+
+        status = wire_tcp_segments_agree(c->metadata, seg.tx, seg.rx);
+    }
     if (status == KVX_OK && mode == KVX_MODE_PULL)
         status = kvx_metadata_validate(c->metadata, local, &params, NULL);
     if (status == KVX_OK) {

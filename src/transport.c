@@ -31,57 +31,6 @@ static kvx_status_t worker_create(ucp_context_h context, ucp_worker_h *worker_p)
     return st == UCS_OK ? KVX_OK : transport_ucs_error("creating a worker", st);
 }
 
-/* UCX settings kvx changes from UCX's defaults unless the environment sets them (UCX_...).
- * TCP segments: UCX moves gets over TCP as active messages, and puts and rendezvous in
- * segments, of 8 KiB by default; 256 KiB ones make TCP pulls and pushes 2.5-3.5x faster from
- * 64 KiB blocks up, and 4 KiB ones no slower (docs/performance.md "UCX's TCP segments").
- * UCX 1.13 reads them only from the environment (the kvx command line sets it there), and
- * warns on stdout of "invalid configurations" when given them here; 1.22 applies them. */
-static const struct {
-    const char *name;
-    const char *value;
-} transport_settings[] = {
-    {"TCP_TX_SEG_SIZE", "256k"},
-    {"TCP_RX_SEG_SIZE", "256k"},
-};
-
-static ucs_status_t settings_apply(ucp_config_t *config)
-{
-    ucs_status_t st = UCS_OK;
-    unsigned major;
-    unsigned minor;
-    unsigned release;
-
-    ucp_get_version(&major, &minor, &release);
-    if (major == 1 && minor <= 13)
-        return UCS_OK;
-
-    for (size_t i = 0; i < sizeof(transport_settings) / sizeof(transport_settings[0]); i++) {
-        char env[64];
-
-        snprintf(env, sizeof(env), "UCX_%s", transport_settings[i].name);
-        if (getenv(env) == NULL && st == UCS_OK)
-            st = ucp_config_modify(config, transport_settings[i].name, transport_settings[i].value);
-    }
-    return st;
-}
-
-/* A served context's TCP interface advertises no zero-copy put. Its receiver writes a put
- * request wherever the request says, and UCX 1.22's own puts pick it for any key, even one the
- * peer made of its own memory: a stock client's ucp_put_nbx at 0x1000 killed a prefill in
- * uct_tcp_ep_handle_put_req (test_data_plane). Not advertised, UCX's puts fall back to its
- * software RMA, which this context does not serve. UCX 1.13 takes TCP settings only from the
- * environment, and its puts never pick TCP's put request. */
-static ucs_status_t served_settings_apply(ucp_config_t *config)
-{
-    unsigned major;
-    unsigned minor;
-    unsigned release;
-
-    ucp_get_version(&major, &minor, &release);
-    return major == 1 && minor <= 13 ? UCS_OK : ucp_config_modify(config, "TCP_PUT_ENABLE", "n");
-}
-
 /* True when the UCX_TLS list names TCP: UCX emulates gets and puts over it in software, and
  * its target writes and reads wherever the message says, key or no key. */
 static bool tls_without_keys(const char *tls)
@@ -144,16 +93,14 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
     st = ucp_config_modify(config, "TLS", tls);
     if (st == UCS_OK && one_rail)
         st = ucp_config_modify(config, "MAX_RNDV_RAILS", "1");
-    if (st == UCS_OK)
-        st = settings_apply(config);
-    if (st == UCS_OK && t->served)
-        st = served_settings_apply(config);
-    if (st == UCS_OK)
-        st = ucp_init(&params, config, &t->context);
+    status = st == UCS_OK ? transport_settings_apply(config, t->served, &t->tcp_segments)
+                          : transport_ucs_error("configuring the context", st);
+    if (status == KVX_OK && (st = ucp_init(&params, config, &t->context)) != UCS_OK)
+        status = transport_ucs_error("creating the context", st);
     ucp_config_release(config);
-    if (st != UCS_OK) {
+    if (status != KVX_OK) {
         free(t);
-        return transport_ucs_error("creating the context", st);
+        return status;
     }
     status = worker_create(t->context, &t->worker);
     if (status == KVX_OK && (status = am_serve_set(t)) != KVX_OK)
@@ -165,6 +112,11 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
     }
     *transport_p = t;
     return KVX_OK;
+}
+
+struct transport_segments transport_tcp_segments(const struct transport *t)
+{
+    return t->tcp_segments;
 }
 
 const struct transport_data_counters *transport_data_counters(const struct transport *t)

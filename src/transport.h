@@ -46,6 +46,17 @@ void *transport_mem_address(const struct transport_mem *mem);
 kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem, bool writable,
                                      void **buf_p, size_t *size_p);
 
+/* The sizes of UCX's TCP segments in this transport, bytes: the largest active message it
+ * sends in one segment (tx) and the largest it receives (rx): kvx's 256 KiB, or what the
+ * environment's UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE set (UCX's defaults for the one
+ * not set). Both 0 without tcp in its list. A receiver aborts in UCX on a segment larger than
+ * its rx, so peers compare them at the handshake (conn_open). */
+struct transport_segments {
+    uint64_t tx;
+    uint64_t rx;
+};
+struct transport_segments transport_tcp_segments(const struct transport *t);
+
 /* Where the transports include TCP, UCX would serve peers' gets and puts at any address with
  * any key (its software RMA): the context then has no RMA, peers get grants instead of keys,
  * and this transport serves their reads and writes itself, each checked against its storages

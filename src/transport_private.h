@@ -23,6 +23,13 @@
 struct am_reply;
 struct am_request;
 
+/* Puts kvx's UCX settings into `config` where the environment sets none, for the UCX version
+ * loaded (transport_settings.c), and says which TCP segment sizes UCX will use: both 0 when
+ * `tcp` is false (the transport list has no tcp). An environment UCX would refuse, or that
+ * kvx cannot read, is an error naming the variable. */
+kvx_status_t transport_settings_apply(ucp_config_t *config, bool tcp,
+                                      struct transport_segments *segments_p);
+
 struct am_slot {
     transport_am_handler_t handler;
     void *arg;
@@ -56,6 +63,7 @@ struct transport {
     size_t serving;            /* of those */
     struct am_reply *queued;   /* answers to send once progress returned */
     struct transport_data_counters counters;
+    struct transport_segments tcp_segments; /* what UCX uses (transport_settings.c) */
 };
 
 struct transport_mem {

@@ -164,11 +164,13 @@ kvx_status_t kvx_metadata_pack(const kvx_regions_t *t, const kvx_metadata_params
         KVX_METADATA_PARAM_FIELD_ENGINE_ID | KVX_METADATA_PARAM_FIELD_AGENT_NAME |
         KVX_METADATA_PARAM_FIELD_TP_RANK | KVX_METADATA_PARAM_FIELD_TP_SIZE |
         KVX_METADATA_PARAM_FIELD_MODE | KVX_METADATA_PARAM_FIELD_STORAGE_BASES |
-        KVX_METADATA_PARAM_FIELD_REMOTE_KEYS | KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS;
-    uint64_t mask            = p != NULL ? p->field_mask : 0;
-    kvx_transfer_mode_t mode = (mask & KVX_METADATA_PARAM_FIELD_MODE) ? p->mode : KVX_MODE_PULL;
-    Kvx__AgentMetadata md    = KVX__AGENT_METADATA__INIT;
-    Kvx__Envelope envelope   = KVX__ENVELOPE__INIT;
+        KVX_METADATA_PARAM_FIELD_REMOTE_KEYS | KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS |
+        KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS;
+    uint64_t mask             = p != NULL ? p->field_mask : 0;
+    kvx_transfer_mode_t mode  = (mask & KVX_METADATA_PARAM_FIELD_MODE) ? p->mode : KVX_MODE_PULL;
+    Kvx__AgentMetadata md     = KVX__AGENT_METADATA__INIT;
+    Kvx__Envelope envelope    = KVX__ENVELOPE__INIT;
+    Kvx__TcpSegments segments = KVX__TCP_SEGMENTS__INIT;
     Kvx__CompatFactors factors;
     uint8_t hash[KVX_COMPAT_HASH_LEN];
     Kvx__Region *regions         = calloc(t->num_regions, sizeof(*regions));
@@ -208,6 +210,15 @@ kvx_status_t kvx_metadata_pack(const kvx_regions_t *t, const kvx_metadata_params
                                rank, tp_size, KVX_MAX_TP);
             goto out;
         }
+    }
+    if (mask & KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS) {
+        status = wire_tcp_segments_check(p->tcp_tx_seg_size, p->tcp_rx_seg_size,
+                                         "metadata params: tcp segments");
+        if (status != KVX_OK)
+            goto out;
+        segments.tx     = p->tcp_tx_seg_size;
+        segments.rx     = p->tcp_rx_seg_size;
+        md.tcp_segments = &segments;
     }
     if (regions == NULL || region_ptrs == NULL || regs == NULL || reg_ptrs == NULL) {
         status = error_no_memory("metadata");

@@ -25,10 +25,13 @@ struct kvx_metadata {
     size_t num_registrations;
     uint8_t *transport_address;
     size_t transport_address_size;
-    kvx_regions_t *regions; /* the peer's table; storage names are the registrations' */
-    char **differences;     /* of the last kvx_metadata_validate, at most KVX_MAX_DIFFERENCES */
-    size_t num_differences; /* found, possibly more than kept */
-    size_t max_differences; /* allocated entries of differences */
+    uint64_t tcp_tx_seg_size; /* bytes of the peer's UCX TCP segments; both 0: it has no tcp */
+    uint64_t tcp_rx_seg_size; /* (docs/wire.md "TCP segments") */
+    bool tcp_segments_stated; /* false: an older kvx that sent none; UCX's defaults assumed */
+    kvx_regions_t *regions;   /* the peer's table; storage names are the registrations' */
+    char **differences;       /* of the last kvx_metadata_validate, at most KVX_MAX_DIFFERENCES */
+    size_t num_differences;   /* found, possibly more than kept */
+    size_t max_differences;   /* allocated entries of differences */
 };
 
 /* The compatibility factors of a table and mode, and their hash (docs/wire.md). The
@@ -39,5 +42,20 @@ void wire_factors_fill(const kvx_regions_t *regions, kvx_transfer_mode_t mode,
                        struct Kvx__CompatFactors *factors);
 kvx_status_t wire_factors_hash(const struct Kvx__CompatFactors *factors,
                                uint8_t hash[KVX_COMPAT_HASH_LEN]);
+
+/* UCX's own TCP segment sizes, bytes (uct/tcp/tcp_iface.c, the same from 1.13 to 1.22): what
+ * a process uses that sets neither, and what a peer that states none is taken to use. */
+#define WIRE_UCX_TCP_TX_DEFAULT (8u << 10)
+#define WIRE_UCX_TCP_RX_DEFAULT (64u << 10)
+
+/* Checks a pair of TCP segment sizes as the wire carries them: both 0 (no tcp), or each in
+ * 1..KVX_MAX_TCP_SEGMENT; `what` starts the message. */
+kvx_status_t wire_tcp_segments_check(uint64_t tx, uint64_t rx, const char *what);
+
+/* Refuses, with both sizes and the UCX_TCP_* variables named, a peer whose TCP segments cannot
+ * interoperate with ours (`tx`, `rx`; both 0: we have no tcp): one whose sends are larger
+ * than what we receive, or whose receives are smaller than what we send, since UCX aborts a
+ * receiver on a segment larger than its rx (issue 22 finding 8). */
+kvx_status_t wire_tcp_segments_agree(const kvx_metadata_t *md, uint64_t tx, uint64_t rx);
 
 #endif

@@ -351,6 +351,22 @@ static kvx_status_t body_check(const Kvx__AgentMetadata *body, const Kvx__Envelo
     return KVX_OK;
 }
 
+/* The peer's TCP segment sizes, or UCX's defaults for a peer that states none (an older kvx,
+ * which may well have used tcp with them). */
+static kvx_status_t tcp_segments_copy(const Kvx__AgentMetadata *body, kvx_metadata_t *md)
+{
+    const Kvx__TcpSegments *seg = body->tcp_segments;
+    kvx_status_t status;
+
+    md->tcp_segments_stated = seg != NULL;
+    md->tcp_tx_seg_size     = seg != NULL ? seg->tx : WIRE_UCX_TCP_TX_DEFAULT;
+    md->tcp_rx_seg_size     = seg != NULL ? seg->rx : WIRE_UCX_TCP_RX_DEFAULT;
+    if (seg != NULL &&
+        (status = wire_tcp_segments_check(seg->tx, seg->rx, "metadata: tcp_segments")) != KVX_OK)
+        return status;
+    return KVX_OK;
+}
+
 kvx_status_t kvx_metadata_unpack(const void *buf, size_t size, const kvx_regions_t *local,
                                  kvx_transfer_mode_t mode, kvx_metadata_t **metadata_p)
 {
@@ -395,7 +411,8 @@ kvx_status_t kvx_metadata_unpack(const void *buf, size_t size, const kvx_regions
         (status = name_copy(&body->agent_name, "agent_name", true, &md->agent_name)) != KVX_OK ||
         (status = blob_copy(&body->transport_address, "transport_address", &md->transport_address,
                             &md->transport_address_size)) != KVX_OK ||
-        (status = table_build(body, md)) != KVX_OK)
+        (status = table_build(body, md)) != KVX_OK ||
+        (status = tcp_segments_copy(body, md)) != KVX_OK)
         goto out;
     *metadata_p = md;
     md          = NULL;

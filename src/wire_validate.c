@@ -1,6 +1,7 @@
 /* wire_validate.c: a peer's region table checked against ours, the way a pull plan will use
- * it: every difference by region, field, both values and the rule. Reads decoded metadata
- * only; the length rules are the planner's own (plan_lengths_agree). */
+ * it: every difference by region, field, both values and the rule; and its TCP segment sizes
+ * against ours. Reads decoded metadata only; the length rules are the planner's own
+ * (plan_lengths_agree). */
 #include "wire.h"
 
 #include "error.h"
@@ -170,4 +171,47 @@ const char *kvx_metadata_difference(const kvx_metadata_t *md, size_t index)
         md->num_differences < KVX_MAX_DIFFERENCES ? md->num_differences : KVX_MAX_DIFFERENCES;
 
     return index < kept ? md->differences[index] : NULL;
+}
+
+kvx_status_t wire_tcp_segments_check(uint64_t tx, uint64_t rx, const char *what)
+{
+    if (tx == 0 && rx == 0)
+        return KVX_OK;
+    if (tx < 1 || tx > KVX_MAX_TCP_SEGMENT || rx < 1 || rx > KVX_MAX_TCP_SEGMENT)
+        return error_set(KVX_ERR_INVALID,
+                         "%s: tx %" PRIu64 ", rx %" PRIu64 ": each must be 1..%u bytes, or both"
+                         " 0 (no tcp)",
+                         what, tx, rx, KVX_MAX_TCP_SEGMENT);
+    return KVX_OK;
+}
+
+/* UCX's TCP receiver holds one segment of rx bytes and asserts that a message fits it
+ * (tcp_ep.c, "hdr->length <= rx_seg_size"); a sender fills segments up to its tx. So what one
+ * side sends must fit what the other receives, both ways: pulls carry data one way and
+ * requests the other, pushes the reverse. Measured on UCX 1.13: a sender's rx does not
+ * matter, only its tx (docs/performance.md "UCX's TCP segments"). */
+kvx_status_t wire_tcp_segments_agree(const kvx_metadata_t *md, uint64_t tx, uint64_t rx)
+{
+    const char *assumed =
+        md->tcp_segments_stated ? "" : ", UCX's default: the peer is a kvx that states no sizes";
+
+    if ((tx == 0 && rx == 0) || (md->tcp_tx_seg_size == 0 && md->tcp_rx_seg_size == 0))
+        return KVX_OK; /* one side has no tcp: UCX connects them over none */
+    if (md->tcp_tx_seg_size > rx)
+        return error_set(KVX_ERR_INVALID,
+                         "tcp segments: the peer sends up to %" PRIu64 " bytes a segment (its"
+                         " UCX_TCP_TX_SEG_SIZE%s) and this side receives at most %" PRIu64
+                         " (UCX_TCP_RX_SEG_SIZE): UCX would abort the receiver; set"
+                         " UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE alike on both sides, or"
+                         " on neither",
+                         md->tcp_tx_seg_size, assumed, rx);
+    if (tx > md->tcp_rx_seg_size)
+        return error_set(KVX_ERR_INVALID,
+                         "tcp segments: this side sends up to %" PRIu64 " bytes a segment"
+                         " (UCX_TCP_TX_SEG_SIZE) and the peer receives at most %" PRIu64 " (its"
+                         " UCX_TCP_RX_SEG_SIZE%s): UCX would abort the receiver; set"
+                         " UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE alike on both sides, or"
+                         " on neither",
+                         tx, md->tcp_rx_seg_size, assumed);
+    return KVX_OK;
 }

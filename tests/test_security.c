@@ -11,6 +11,7 @@
 #include "prefill.h"
 #include "push_request.h"
 #include "sidechan.h"
+#include "wire.h" /* white-box: the victim's TCP segment sizes, which a forger copies */
 
 #include <zmq.h>
 
@@ -302,9 +303,10 @@ static kvx_metadata_t *metadata_fetch(const char *address, const kvx_regions_t *
 }
 
 /* Push metadata that names the worker, keys and bases of the agent `victim` described: what a
- * requester who read that agent's metadata could forge. */
-static void forged_push_metadata(const kvx_regions_t *table, const kvx_metadata_t *victim,
-                                 void **buf_p, size_t *size_p)
+ * requester who read that agent's metadata could forge, stating the TCP segment sizes
+ * `segments` ({tx, rx}; NULL: none, as a kvx from before issue 22). */
+static void push_metadata(const kvx_regions_t *table, const kvx_metadata_t *victim,
+                          const uint64_t *segments, void **buf_p, size_t *size_p)
 {
     kvx_metadata_info_t info;
     kvx_registration_info_t reg;
@@ -325,7 +327,22 @@ static void forged_push_metadata(const kvx_regions_t *table, const kvx_metadata_
                                    .storage_bases     = &base,
                                    .remote_keys       = &key,
                                    .transport_address = info.transport_address};
+    if (segments != NULL) {
+        mp.field_mask |= KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS;
+        mp.tcp_tx_seg_size = segments[0];
+        mp.tcp_rx_seg_size = segments[1];
+    }
     assert_int_equal(kvx_metadata_pack(table, &mp, buf_p, size_p), KVX_OK);
+}
+
+/* The same with the victim's own TCP segment sizes, so that the registration is judged on
+ * what it names, not refused for its segments. */
+static void forged_push_metadata(const kvx_regions_t *table, const kvx_metadata_t *victim,
+                                 void **buf_p, size_t *size_p)
+{
+    const uint64_t segments[2] = {victim->tcp_tx_seg_size, victim->tcp_rx_seg_size};
+
+    push_metadata(table, victim, segments, buf_p, size_p);
 }
 
 /* One request on an authenticated connection of its own; its answer's text (freed by the
@@ -425,6 +442,68 @@ static void forged_pushes_are_refused_and_change_no_byte(void **state)
     kvx_peer_destroy(peer);
     assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
     prefill_end(&third);
+    prefill_end(&p);
+}
+
+/* Issue 22 finding 8: a push registration whose TCP receive segment the prefill's writer would
+ * overrun (UCX would abort the decode process on the first segment) is refused before anything
+ * connects, naming both sizes; one that states none (a kvx from before issue 22) is taken to
+ * use UCX's defaults and refused the same way. An honest decode agent refuses such a prefill
+ * itself, at connect: these come from older or forging ones. The prefill serves on. */
+static void push_registrations_whose_segments_do_not_fit_are_refused(void **state)
+{
+    static const uint64_t small[2] = {8192, 8192};
+    const struct {
+        const uint64_t *segments;
+        const char *part;
+    } cases[] = {
+        {small, "the peer receives at most 8192 (its UCX_TCP_RX_SEG_SIZE)"},
+        {NULL, "the peer receives at most 65536 (its UCX_TCP_RX_SEG_SIZE, UCX's default"},
+    };
+    struct prefill p;
+    struct auth_keys keys;
+    struct sidechan_client *client;
+    kvx_metadata_t *md;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    void *zmq;
+    void *bytes;
+    size_t size;
+    struct report r;
+    uint64_t block        = 5;
+    kvx_group_ids_t group = {&block, 1};
+    kvx_request_t request = {&group, 1, NULL, 0, NULL};
+
+    (void)state;
+    prefill_start(&p);
+    agent = decode_agent(NULL);
+    assert_int_equal(auth_keys_derive(test_auth_key, &keys), KVX_OK);
+    zmq = zmq_ctx_new();
+    assert_int_equal(sidechan_client_create(zmq, p.address, &keys, 8, &client), KVX_OK);
+    md = metadata_fetch(p.address, kvx_agent_regions(agent));
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *answer;
+
+        push_metadata(kvx_agent_regions(agent), md, cases[i].segments, &bytes, &size);
+        answer = request_answer(client, VERB_PUSH_REGISTER, bytes, size, 10000);
+        assert_non_null(answer);
+        if (strstr(answer, "tcp segments: this side sends up to 262144 bytes a segment") == NULL ||
+            strstr(answer, cases[i].part) == NULL)
+            fail_msg("case %zu: the refusal does not name both sizes: %s", i, answer);
+        free(answer);
+        kvx_free(bytes);
+    }
+    kvx_metadata_destroy(md);
+    sidechan_client_destroy(client);
+    zmq_ctx_term(zmq);
+    r = prefill_report(&p);
+    assert_true(r.intact);
+    assert_int_equal(r.stats.pushes_refused, 2);
+
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    assert_int_equal(kvx_write(agent, &peer, 1, 11, &request, NULL), KVX_OK);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
     prefill_end(&p);
 }
 
@@ -914,6 +993,7 @@ int main(void)
         cmocka_unit_test(the_key_file_is_private_and_strict),
         cmocka_unit_test(a_peer_without_the_secret_gets_nothing),
         cmocka_unit_test(forged_pushes_are_refused_and_change_no_byte),
+        cmocka_unit_test(push_registrations_whose_segments_do_not_fit_are_refused),
         cmocka_unit_test(a_wrong_token_releases_nothing),
         cmocka_unit_test(floods_stay_within_the_memory_bound),
         cmocka_unit_test(connections_past_max_peers_are_refused),

@@ -1,10 +1,12 @@
 /* test_wire.c: the handshake metadata of kvx.h "Wire": every field through pack and unpack,
  * the compatibility hash, each kind of mismatch with its exact message, remote-table
- * validation, and hostile bytes (truncations, bit flips, limits). Peers that break a rule are
+ * validation, the TCP segment sizes each side states and their check (issue 22 finding 8),
+ * and hostile bytes (truncations, bit flips, limits). Peers that break a rule are
  * written by hand, field by field as proto/kvx.proto numbers them, so no generated code is
  * needed here; a_hand_written_peer_packs_the_same_bytes proves the writer matches pack. */
 #include "layouts.h"
 #include "regions.h" /* white-box: a hand-written peer copies head_split, which kvx.h hides */
+#include "wire.h"    /* white-box: the peer's TCP segments, which kvx.h does not show */
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -263,6 +265,8 @@ enum peer_field {
     REGION_HEAD_SPLIT,
     ALL_BLOCK_LEN_DIV,
     ALL_GROUPS,
+    SEG_TX, /* TcpSegments.tx: the message is sent when either of these is changed */
+    SEG_RX,
     LOCAL_TP, /* not sent: the local side's validation setting */
     LOCAL_BLOCK_SIZE
 };
@@ -430,6 +434,15 @@ static uint8_t *peer_encode(const kvx_regions_t *t, const kvx_metadata_params_t 
         pb_message(&body, 11, &m);
     }
     pick_bytes(&body, 12, &p, TRANSPORT, 0, address.data, address.size);
+    if ((mask & KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS) || pick(&p, SEG_TX, 0, 0) != 0 ||
+        pick(&p, SEG_RX, 0, 0) != 0) {
+        bool stated = (mask & KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS) != 0;
+        struct pb m = {0};
+
+        pb_uint(&m, 1, pick(&p, SEG_TX, 0, stated ? params->tcp_tx_seg_size : 0));
+        pb_uint(&m, 2, pick(&p, SEG_RX, 0, stated ? params->tcp_rx_seg_size : 0));
+        pb_message(&body, 13, &m);
+    }
 
     pb_uint(&env, 1, pick(&p, ENV_VERSION, 0, KVX_WIRE_VERSION));
     pb_bytes(&env, 2, hash[0], pick(&p, ENV_HASH_LEN, 0, KVX_COMPAT_HASH_LEN), false);
@@ -453,7 +466,7 @@ static const char transport[] = "ucx\0worker-address\xfe";
 
 /* Every field of kvx_metadata_params_t set, push mode. */
 static const kvx_metadata_params_t all_params = {
-    .field_mask        = 0xff,
+    .field_mask        = 0x1ff,
     .engine_id         = "engine-7f3a",
     .agent_name        = "prefill-3",
     .tp_rank           = 3,
@@ -462,6 +475,8 @@ static const kvx_metadata_params_t all_params = {
     .storage_bases     = all_bases,
     .remote_keys       = all_keys,
     .transport_address = {transport, sizeof(transport)},
+    .tcp_tx_seg_size   = 65536,
+    .tcp_rx_seg_size   = 262144,
 };
 
 static void round_trip_keeps_every_field(void **state)
@@ -489,6 +504,8 @@ static void round_trip_keeps_every_field(void **state)
     assert_int_equal(info.num_registrations, 4);
     assert_int_equal(info.transport_address.size, sizeof(transport));
     assert_memory_equal(info.transport_address.data, transport, sizeof(transport));
+    assert_true(md->tcp_segments_stated && md->tcp_tx_seg_size == 65536 &&
+                md->tcp_rx_seg_size == 262144);
     for (size_t s = 0; s < 4; s++) {
         assert_int_equal(kvx_metadata_registration(md, s, &reg), KVX_OK);
         assert_string_equal(reg.storage, kvx_regions_storage_name(local, s));
@@ -560,6 +577,9 @@ static void unset_params_take_their_defaults(void **state)
         assert_string_equal(info.agent_name, "kvx");
         assert_true(info.tp_rank == 0 && info.tp_size == 1 && info.mode == KVX_MODE_PULL);
         assert_int_equal(info.transport_address.size, 0);
+        /* no sizes stated: UCX's defaults (tx 8 KiB, rx 64 KiB) are assumed */
+        assert_true(!md->tcp_segments_stated && md->tcp_tx_seg_size == 8192 &&
+                    md->tcp_rx_seg_size == 65536);
         for (size_t s = 0; s < info.num_registrations; s++) {
             assert_int_equal(kvx_metadata_registration(md, s, &reg), KVX_OK);
             assert_true(reg.base == 0 && reg.remote_key.size == 0);
@@ -596,7 +616,12 @@ static void pack_rejects_bad_params_and_writes_nothing(void **state)
 {
     kvx_regions_t *local              = table_load(ROUND_TRIP_LAYOUT);
     kvx_blob_t big_keys[4]            = {{NULL, 0}, {NULL, 0}, {filler, KVX_MAX_BLOB_SIZE + 1}};
-    kvx_metadata_params_t unknown     = {.field_mask = 1u << 8};
+    kvx_metadata_params_t unknown     = {.field_mask = 1u << 9};
+    kvx_metadata_params_t no_rx       = {.field_mask      = KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS,
+                                         .tcp_tx_seg_size = 8192};
+    kvx_metadata_params_t huge_tx     = {.field_mask      = KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS,
+                                         .tcp_tx_seg_size = KVX_MAX_TCP_SEGMENT + 1ull,
+                                         .tcp_rx_seg_size = KVX_MAX_TCP_SEGMENT};
     kvx_metadata_params_t big_key     = {.field_mask  = KVX_METADATA_PARAM_FIELD_REMOTE_KEYS,
                                          .remote_keys = big_keys};
     kvx_metadata_params_t big_address = {.field_mask = KVX_METADATA_PARAM_FIELD_TRANSPORT_ADDRESS,
@@ -605,7 +630,11 @@ static void pack_rejects_bad_params_and_writes_nothing(void **state)
         const kvx_metadata_params_t *params;
         const char *msg;
     } cases[] = {
-        {&unknown, "metadata params: unknown field bits 0x100"},
+        {&unknown, "metadata params: unknown field bits 0x200"},
+        {&no_rx, "metadata params: tcp segments: tx 8192, rx 0: each must be 1..1073741824"
+                 " bytes, or both 0 (no tcp)"},
+        {&huge_tx, "metadata params: tcp segments: tx 1073741825, rx 1073741824: each must be"
+                   " 1..1073741824 bytes, or both 0 (no tcp)"},
         {&big_key, "remote_keys[2]: 4097 bytes is more than 4096"},
         {&big_address, "transport_address: 4097 bytes is more than 4096"},
     };
@@ -851,6 +880,16 @@ static const struct bad_peer_case {
     {{{REG_SIZE, 2, TWO63 - 1}, {REGION_STRIDE, 3, 1}, {REGION_NUM_BLOCKS, 3, TWO63 - 170}},
      /* 160 descriptors before region 3, then 8 per region */
      "the table's descriptor count overflows 63 bits at region 5"},
+    /* TCP segments (issue 22): both 0 (no tcp) or each within the limit. */
+    {{{SEG_RX, 0, 65536}},
+     "metadata: tcp_segments: tx 0, rx 65536: each must be 1..1073741824 bytes, or both 0 (no"
+     " tcp)"},
+    {{{SEG_TX, 0, 8192}},
+     "metadata: tcp_segments: tx 8192, rx 0: each must be 1..1073741824 bytes, or both 0 (no"
+     " tcp)"},
+    {{{SEG_TX, 0, 8192}, {SEG_RX, 0, UINT64_MAX}},
+     "metadata: tcp_segments: tx 8192, rx 18446744073709551615: each must be 1..1073741824"
+     " bytes, or both 0 (no tcp)"},
 };
 
 static void bad_peers_are_rejected_by_name(void **state)
@@ -1077,6 +1116,75 @@ static void differences_past_the_limit_are_counted_not_kept(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------
+ * TCP segments (issue 22 finding 8): UCX aborts a receiver on a segment larger than its rx,
+ * so a peer is refused when what one side sends does not fit what the other receives.
+ * ------------------------------------------------------------------------------------- */
+
+#define K(n)     ((n)*1024u)
+#define UNSTATED UINT64_MAX /* the peer sends no TcpSegments: an older kvx */
+
+static const struct segments_case {
+    const char *rule;
+    uint64_t peer_tx; /* UNSTATED: none sent */
+    uint64_t peer_rx;
+    uint64_t local_tx;
+    uint64_t local_rx;
+    const char *msg; /* NULL: accepted */
+} segments_cases[] = {
+    {"equal sizes interoperate", K(256), K(256), K(256), K(256), NULL},
+    {"UCX's defaults on both sides", K(8), K(64), K(8), K(64), NULL},
+    {"a larger peer rx alone does not matter (measured on 1.13)", K(8), K(256), K(8), K(64), NULL},
+    {"the peer sends more than we receive", K(256), K(256), K(8), K(64),
+     "tcp segments: the peer sends up to 262144 bytes a segment (its UCX_TCP_TX_SEG_SIZE) and"
+     " this side receives at most 65536 (UCX_TCP_RX_SEG_SIZE): UCX would abort the receiver; set"
+     " UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE alike on both sides, or on neither"},
+    {"we send more than the peer receives", K(8), K(8), K(256), K(256),
+     "tcp segments: this side sends up to 262144 bytes a segment (UCX_TCP_TX_SEG_SIZE) and the"
+     " peer receives at most 8192 (its UCX_TCP_RX_SEG_SIZE): UCX would abort the receiver; set"
+     " UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE alike on both sides, or on neither"},
+    {"an older peer is taken to use UCX's defaults", UNSTATED, 0, K(256), K(256),
+     "tcp segments: this side sends up to 262144 bytes a segment (UCX_TCP_TX_SEG_SIZE) and the"
+     " peer receives at most 65536 (its UCX_TCP_RX_SEG_SIZE, UCX's default: the peer is a kvx"
+     " that states no sizes): UCX would abort the receiver; set UCX_TCP_TX_SEG_SIZE and"
+     " UCX_TCP_RX_SEG_SIZE alike on both sides, or on neither"},
+    {"an older peer and UCX's defaults here", UNSTATED, 0, K(8), K(64), NULL},
+    {"a peer without tcp is not checked", 0, 0, K(256), K(256), NULL},
+    {"without tcp here nothing is checked", K(8), K(8), 0, 0, NULL},
+    {"the limit itself is a size", KVX_MAX_TCP_SEGMENT, KVX_MAX_TCP_SEGMENT, KVX_MAX_TCP_SEGMENT,
+     KVX_MAX_TCP_SEGMENT, NULL},
+};
+
+static void tcp_segments_are_checked_both_ways(void **state)
+{
+    kvx_regions_t *local = table_load(ROUND_TRIP_LAYOUT);
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(segments_cases) / sizeof(segments_cases[0]); i++) {
+        const struct segments_case *c = &segments_cases[i];
+        kvx_metadata_params_t params  = {.field_mask      = KVX_METADATA_PARAM_FIELD_TCP_SEGMENTS,
+                                         .tcp_tx_seg_size = c->peer_tx,
+                                         .tcp_rx_seg_size = c->peer_rx};
+        void *buf                     = NULL;
+        size_t size                   = 0;
+        kvx_metadata_t *md;
+        kvx_status_t status;
+
+        assert_int_equal(
+            kvx_metadata_pack(local, c->peer_tx == UNSTATED ? NULL : &params, &buf, &size), KVX_OK);
+        md     = unpack_ok(c->rule, buf, size, local, KVX_MODE_PULL);
+        status = wire_tcp_segments_agree(md, c->local_tx, c->local_rx);
+        if (c->msg == NULL && status != KVX_OK)
+            fail_msg("%s: refused: %s", c->rule, kvx_errmsg());
+        if (c->msg != NULL && (status != KVX_ERR_INVALID || strcmp(kvx_errmsg(), c->msg) != 0))
+            fail_msg("%s: status %d, message \"%s\"; expected \"%s\"", c->rule, status,
+                     kvx_errmsg(), c->msg);
+        kvx_metadata_destroy(md);
+        kvx_free(buf);
+    }
+    kvx_regions_destroy(local);
+}
+
+/* ---------------------------------------------------------------------------------------
  * Hostile bytes (run under ASan in CI: a crash or overread here fails the suite)
  * ------------------------------------------------------------------------------------- */
 
@@ -1197,6 +1305,7 @@ int main(void)
         cmocka_unit_test(bytes_that_are_no_envelope_or_body_are_rejected),
         cmocka_unit_test(remote_tables_are_checked_rule_by_rule),
         cmocka_unit_test(validate_rejects_an_impossible_setting),
+        cmocka_unit_test(tcp_segments_are_checked_both_ways),
         cmocka_unit_test(differences_past_the_limit_are_counted_not_kept),
         cmocka_unit_test(every_truncation_is_rejected),
         cmocka_unit_test(oversized_messages_are_rejected_before_decoding),

@@ -518,11 +518,6 @@ static int command_help(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    /* The library sets UCX's TCP segment sizes through UCX's config where UCX applies that
-     * (1.22 does; 1.13 ignores it), and UCX reads them from the environment in any version:
-     * a program may set its own, so the command line does, for every UCX (src/transport.c). */
-    setenv("UCX_TCP_TX_SEG_SIZE", "256k", 0);
-    setenv("UCX_TCP_RX_SEG_SIZE", "256k", 0);
     if (argc < 2)
         return cli_usage_error("no command given", usage_main);
     if (cli_is_help(argv[1]) || strcmp(argv[1], "help") == 0)
