@@ -167,6 +167,8 @@ unsigned transport_conn_progress(struct transport_conn *conn)
     conn->t->progressing--;
     if (conn->receives != NULL)
         am_receives_start(conn);
+    if (conn->waiting != NULL)
+        am_waiting_send(conn);
     return events;
 }
 
@@ -320,9 +322,36 @@ static kvx_status_t bytes_copy(const void *data, size_t size, void **buf_p, size
 }
 
 /* A grant: a prefix no UCX key starts with, then the token; the peer's connection tells the
- * two apart (conn_unpack_keys). */
-#define GRANT_MAGIC "kvxgrnt1"
-#define GRANT_SIZE  (sizeof(GRANT_MAGIC) - 1 + TRANSPORT_TOKEN_SIZE)
+ * two apart (conn_unpack_keys). A read grant of host memory also carries the mapping's UCX
+ * key, for one use only: a peer on this host that can attach the memory UCX allocated (shared
+ * memory segments: the OS user's boundary, as a ptrace is) copies from it directly
+ * (mapped_offset). The context has no RMA, so the key serves no get or put over any lane. */
+#define GRANT_MAGIC  "kvxgrnt1"
+#define GRANT_PREFIX (sizeof(GRANT_MAGIC) - 1)
+#define GRANT_SIZE   (GRANT_PREFIX + TRANSPORT_TOKEN_SIZE)
+
+static kvx_status_t grant_pack(struct transport *t, struct transport_mem *mem, bool writable,
+                               void **buf_p, size_t *size_p)
+{
+    void *packed    = NULL;
+    size_t key_size = 0;
+    bool with_key   = !writable && !mem->device &&
+                    ucp_rkey_pack(t->context, mem->memh, &packed, &key_size) == UCS_OK;
+    uint8_t *grant = malloc(GRANT_SIZE + (with_key ? key_size : 0));
+
+    if (grant != NULL) {
+        memcpy(grant, GRANT_MAGIC, GRANT_PREFIX);
+        memcpy(grant + GRANT_PREFIX, writable ? t->write_token : t->read_token,
+               TRANSPORT_TOKEN_SIZE);
+        if (with_key)
+            memcpy(grant + GRANT_SIZE, packed, key_size);
+        *buf_p  = grant;
+        *size_p = GRANT_SIZE + (with_key ? key_size : 0);
+    }
+    if (with_key)
+        ucp_rkey_buffer_release(packed);
+    return grant != NULL ? KVX_OK : error_no_memory("a grant");
+}
 
 kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *mem, bool writable,
                                      void **buf_p, size_t *size_p)
@@ -332,14 +361,8 @@ kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *
     ucs_status_t st;
     kvx_status_t status;
 
-    if (t->served) {
-        uint8_t grant[GRANT_SIZE];
-
-        memcpy(grant, GRANT_MAGIC, sizeof(GRANT_MAGIC) - 1);
-        memcpy(grant + sizeof(GRANT_MAGIC) - 1, writable ? t->write_token : t->read_token,
-               TRANSPORT_TOKEN_SIZE);
-        return bytes_copy(grant, sizeof(grant), buf_p, size_p);
-    }
+    if (t->served)
+        return grant_pack(t, mem, writable, buf_p, size_p);
     if (writable && mem->write_memh == NULL &&
         (st = memh_map(t, mem->address, mem->size, mem->device, MEM_PROT_WRITE,
                        &mem->write_memh)) != UCS_OK)
@@ -407,10 +430,11 @@ static struct transport_conn *conn_alloc(struct transport *t, size_t num_mems)
 
     if (conn == NULL)
         return NULL;
-    conn->t        = t;
-    conn->rkeys    = calloc(num_mems + 1, sizeof(*conn->rkeys));
-    conn->mapped   = calloc(num_mems + 1, sizeof(*conn->mapped));
-    conn->storages = calloc(num_mems + 1, sizeof(*conn->storages));
+    conn->t           = t;
+    conn->waiting_end = &conn->waiting;
+    conn->rkeys       = calloc(num_mems + 1, sizeof(*conn->rkeys));
+    conn->mapped      = calloc(num_mems + 1, sizeof(*conn->mapped));
+    conn->storages    = calloc(num_mems + 1, sizeof(*conn->storages));
     if (conn->rkeys == NULL || conn->mapped == NULL || conn->storages == NULL) {
         conn_unalloc(conn);
         return NULL;
@@ -425,10 +449,10 @@ static bool conn_take_grant(struct transport_conn *conn, size_t s,
 {
     struct conn_storage *storage = &conn->storages[s];
 
-    if (mem->rkey.size != GRANT_SIZE || memcmp(mem->rkey.data, GRANT_MAGIC, 8) != 0)
+    if (mem->rkey.size < GRANT_SIZE || memcmp(mem->rkey.data, GRANT_MAGIC, GRANT_PREFIX) != 0)
         return false;
     storage->served = true;
-    memcpy(storage->token, (const uint8_t *)mem->rkey.data + 8, TRANSPORT_TOKEN_SIZE);
+    memcpy(storage->token, (const uint8_t *)mem->rkey.data + GRANT_PREFIX, TRANSPORT_TOKEN_SIZE);
     return true;
 }
 
@@ -442,23 +466,27 @@ static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
     for (; conn->num_rkeys < num_mems; conn->num_rkeys++) {
         const struct transport_remote_mem *mem = &mems[conn->num_rkeys];
         ucp_rkey_h *rkey                       = &conn->rkeys[conn->num_rkeys];
+        bool served                            = conn_take_grant(conn, conn->num_rkeys, mem);
+        const uint8_t *key                     = (const uint8_t *)mem->rkey.data;
+        size_t key_size                        = mem->rkey.size;
         struct prefault_range range;
         ucs_status_t st;
 
         conn->storages[conn->num_rkeys].size   = mem->size;
         conn->storages[conn->num_rkeys].device = mem->device;
-        if (conn_take_grant(conn, conn->num_rkeys, mem))
-            continue;
-        if (conn->t->served) { /* no RMA in this context: a key is of no use */
+        if (served) { /* the key after the grant, if any, is only ever used for a mapping */
+            key += GRANT_SIZE;
+            key_size -= GRANT_SIZE;
+            if (key_size == 0 || mem->device || ucp_ep_rkey_unpack(conn->ep, key, rkey) != UCS_OK)
+                continue;             /* kvx's reads only */
+        } else if (conn->t->served) { /* no RMA in this context: a key is of no use */
             free(ranges);
             return error_set(KVX_ERR_INVALID,
                              "transport: the peer hands out UCX keys (its transports have no "
                              "tcp) and this agent's transports include tcp: give both the "
                              "same transports");
-        }
-        st = mem->rkey.size > 0 ? ucp_ep_rkey_unpack(conn->ep, mem->rkey.data, rkey)
-                                : UCS_ERR_INVALID_PARAM;
-        if (st != UCS_OK) {
+        } else if ((st = key_size > 0 ? ucp_ep_rkey_unpack(conn->ep, key, rkey)
+                                      : UCS_ERR_INVALID_PARAM) != UCS_OK) {
             free(ranges);
             return transport_ucs_error("unpacking a remote key", st);
         }
@@ -467,6 +495,10 @@ static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
         if (conn->mapped[conn->num_rkeys] != 0 && ranges != NULL)
             ranges[conn->num_mapped] = range;
         conn->num_mapped += conn->mapped[conn->num_rkeys] != 0;
+        if (served && conn->mapped[conn->num_rkeys] == 0) {
+            ucp_rkey_destroy(*rkey); /* not mapped here: of no use */
+            *rkey = NULL;
+        }
     }
     if (ranges != NULL)
         conn->prefault = prefault_start(ranges, conn->num_mapped);
@@ -717,6 +749,12 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
         ucs_status_ptr_t sp;
         kvx_status_t status;
 
+        /* Reads from a storage mapped here are copies, done in place. Writes never are: a
+         * peer's mapping proves nothing about whose memory it is (docs/security.md). */
+        if (!put && conn->mapped[rs] != 0 && targets->local_mems[ls] != KVX_MEM_VRAM) {
+            memcpy(local, (const void *)(uintptr_t)(conn->mapped[rs] + remote), p->len);
+            continue;
+        }
         if (conn->storages[rs].served) { /* the peer's kvx checks and serves it */
             uint64_t offset = remote - targets->remote_bases[rs];
 
@@ -725,12 +763,6 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
                                         targets->local_mems[ls] == KVX_MEM_VRAM);
             if (status != KVX_OK)
                 return status;
-            continue;
-        }
-        /* Reads from a storage mapped here are copies, done in place. Writes never are: a
-         * peer's mapping proves nothing about whose memory it is (docs/security.md). */
-        if (!put && conn->mapped[rs] != 0 && targets->local_mems[ls] != KVX_MEM_VRAM) {
-            memcpy(local, (const void *)(uintptr_t)(conn->mapped[rs] + remote), p->len);
             continue;
         }
         sp     = put ? ucp_put_nbx(conn->ep, local, p->len, remote, rkey, &param)

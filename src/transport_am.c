@@ -24,8 +24,13 @@
 enum { AM_READ = 24, AM_DATA, AM_WRITE, AM_WRITTEN };
 
 #define AM_FLAG_RENDEZVOUS 1u /* the destination is device memory: never eager */
-/* Answers in flight at once on the owner's side, across its peers: about 1 MiB of records. */
-#define AM_MAX_SERVING 8192
+/* Requests a connection has out at once; more wait for answers to come. Honest requesters stay
+ * well inside the owner's bound below, however large a transfer is. */
+#define AM_WINDOW 512
+/* Answers in flight at once on the owner's side, across its peers (64 peers' windows and
+ * more): about 8 MiB of records. A peer that sends requests and never takes the answers holds
+ * at most that many; past it requests are dropped, and their senders' deadlines answer. */
+#define AM_MAX_SERVING 65536
 
 enum { AM_STATUS_OK = 0, AM_STATUS_REFUSED = 1 };
 
@@ -68,6 +73,12 @@ struct am_request {
     bool receiving; /* UCX is receiving its data (rendezvous), or will (desc) */
     void *desc;     /* a rendezvous to receive once progress returned */
     struct am_request *next_receive;
+    /* Waiting for room in the connection's window (AM_WINDOW): what to send then. */
+    bool waiting;
+    unsigned id;
+    const void *data;
+    uint32_t send_flags;
+    struct am_request *next_waiting;
     union {
         struct am_read_header read;
         struct am_write_header write;
@@ -358,7 +369,8 @@ static void request_end(struct am_request *req, ucs_status_t status)
 
     if (req->ended)
         return;
-    req->ended                                   = true;
+    req->ended = true;
+    conn->in_flight -= !req->waiting;
     conn->by_cookie[req->index]                  = NULL;
     conn->free_cookies[conn->num_free_cookies++] = req->index;
     transport_op_complete(req->op, status);
@@ -532,30 +544,69 @@ static kvx_status_t request_create(struct transport_op *op, uint32_t storage, vo
     return KVX_OK;
 }
 
-/* Sends the request's message and counts it in its op; undoes the request if UCX refused. */
-static kvx_status_t request_send(struct am_request *req, unsigned id, const void *header,
-                                 size_t header_length, const void *data, uint64_t length,
+/* Sends a request's message now. */
+static ucs_status_ptr_t request_send_now(struct am_request *req)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .cb.send   = request_sent,
+        .user_data = req,
+        .flags     = UCP_AM_SEND_FLAG_REPLY | req->send_flags,
+    };
+    size_t header_length = req->write ? sizeof(req->header.write) : sizeof(req->header.read);
+    ucs_status_ptr_t sp  = ucp_am_send_nbx(req->conn->ep, req->id, &req->header, header_length,
+                                           req->data, req->write ? req->length : 0, &param);
+
+    req->waiting = false;
+    req->conn->in_flight++;
+    req->sending = sp != NULL && !UCS_PTR_IS_ERR(sp);
+    return sp;
+}
+
+/* Counts the request in its op and sends it, or queues it behind the connection's window;
+ * undoes it if UCX refused. */
+static kvx_status_t request_send(struct am_request *req, unsigned id, const void *data,
                                  uint32_t flags)
 {
     struct transport_conn *conn = req->conn;
-    ucp_request_param_t param   = {
-          .op_attr_mask =
-              UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-          .cb.send   = request_sent,
-          .user_data = req,
-          .flags     = UCP_AM_SEND_FLAG_REPLY | flags,
-    };
     ucs_status_ptr_t sp;
 
+    req->id         = id;
+    req->data       = data;
+    req->send_flags = flags;
     transport_op_posted_one(req->op);
-    sp = ucp_am_send_nbx(conn->ep, id, header, header_length, data, length, &param);
+    if (conn->in_flight >= AM_WINDOW || conn->waiting != NULL) {
+        req->waiting       = true;
+        req->next_waiting  = NULL;
+        *conn->waiting_end = req;
+        conn->waiting_end  = &req->next_waiting;
+        return KVX_OK;
+    }
+    sp = request_send_now(req);
     if (UCS_PTR_IS_ERR(sp)) {
         request_end(req, UCS_PTR_STATUS(sp));
         request_free_if_done(req);
         return transport_ucs_error("sending a request", UCS_PTR_STATUS(sp));
     }
-    req->sending = sp != NULL;
     return KVX_OK;
+}
+
+void am_waiting_send(struct transport_conn *conn)
+{
+    while (conn->waiting != NULL && conn->in_flight < AM_WINDOW) {
+        struct am_request *req = conn->waiting;
+        ucs_status_ptr_t sp;
+
+        conn->waiting = req->next_waiting;
+        if (conn->waiting == NULL)
+            conn->waiting_end = &conn->waiting;
+        sp = request_send_now(req);
+        if (UCS_PTR_IS_ERR(sp)) {
+            request_end(req, UCS_PTR_STATUS(sp));
+            request_free_if_done(req);
+        }
+    }
 }
 
 kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t offset, void *local,
@@ -575,8 +626,7 @@ kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t of
         .flags   = local_device ? AM_FLAG_RENDEZVOUS : 0,
     };
     memcpy(req->header.read.token, op->conn->storages[storage].token, TRANSPORT_TOKEN_SIZE);
-    return request_send(req, AM_READ, &req->header.read, sizeof(req->header.read), NULL, 0,
-                        UCP_AM_SEND_FLAG_EAGER);
+    return request_send(req, AM_READ, NULL, UCP_AM_SEND_FLAG_EAGER);
 }
 
 kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t offset,
@@ -596,6 +646,5 @@ kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t o
         .storage = storage,
     };
     memcpy(req->header.write.token, op->conn->storages[storage].token, TRANSPORT_TOKEN_SIZE);
-    return request_send(req, AM_WRITE, &req->header.write, sizeof(req->header.write), local, len,
-                        device ? UCP_AM_SEND_FLAG_RNDV : 0);
+    return request_send(req, AM_WRITE, local, device ? UCP_AM_SEND_FLAG_RNDV : 0);
 }

@@ -104,7 +104,10 @@ struct transport_conn {
     struct am_record *requests;         /* kvx reads and writes awaiting their answer */
     struct am_request **by_cookie;      /* the same, by the cookie's index */
     struct am_request *receives;        /* answers to receive once progress returned */
-    uint32_t *free_cookies;             /* indices of by_cookie not in use */
+    struct am_request *waiting;         /* requests behind the window, oldest first */
+    struct am_request **waiting_end;
+    size_t in_flight;       /* requests sent and not answered */
+    uint32_t *free_cookies; /* indices of by_cookie not in use */
     size_t num_cookies;
     size_t num_free_cookies;
     uint32_t generation; /* of cookies: an answer to a request that ended finds nothing */
@@ -150,6 +153,8 @@ kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t o
 void am_replies_send(struct transport *t);
 /* Starts receiving the rendezvous answers a connection's handlers queued. */
 void am_receives_start(struct transport_conn *conn);
+/* Sends the requests waiting for room in the connection's window. */
+void am_waiting_send(struct transport_conn *conn);
 /* Frees what a destroyed worker left of the protocol's records on `list`. */
 void am_records_free(struct am_record **list);
 /* Frees a connection's cookie table (after its worker). */

@@ -32,7 +32,12 @@
 
 #define PAGE     4096
 #define NOBODY   65534
-#define ATTACK_S 2 /* how long the insider progresses its own UCX calls before giving up */
+#define ATTACK_S 2
+#define GRANT_BYTES                                                                                \
+    24 /* a grant's prefix and token; a UCX key may follow (transport.c) */ /* how long the        \
+                                                                               insider progresses  \
+                                                                               its own UCX calls   \
+                                                                               before giving up */
 
 static const char layout[] =
     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 65536}], 'views': ["
@@ -118,9 +123,10 @@ static void insider_done(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
-/* UCX's own calls, as any UCX program with the victim's worker address could make them: a
- * key of its own memory stands in for the one it was not given. */
-static int insider_ucx(const void *address, uint64_t base, uint64_t size)
+/* UCX's own calls, as any UCX program with the victim's worker address could make them, with
+ * the UCX key a grant carries after its 24 bytes (for a same-host mapping) when there is one,
+ * else a key of its own memory in place of the one it was not given. */
+static int insider_ucx(const void *address, uint64_t base, uint64_t size, kvx_blob_t grant)
 {
     ucp_params_t params       = {.field_mask = UCP_PARAM_FIELD_FEATURES,
                                  .features   = UCP_FEATURE_RMA | UCP_FEATURE_AM};
@@ -153,8 +159,12 @@ static int insider_ucx(const void *address, uint64_t base, uint64_t size)
         ucp_ep_create(in.worker, &ep_params, &in.ep) != UCS_OK ||
         ucp_mem_map(in.context, &mp, &in.memh) != UCS_OK ||
         ucp_rkey_pack(in.context, in.memh, &packed, &packed_size) != UCS_OK ||
-        ucp_ep_rkey_unpack(in.ep, packed, &in.rkey) != UCS_OK)
+        ucp_ep_rkey_unpack(
+            in.ep, grant.size > GRANT_BYTES ? (const uint8_t *)grant.data + GRANT_BYTES : packed,
+            &in.rkey) != UCS_OK)
         return 21; /* the attack must really be made */
+    printf("insider: UCX calls with %s\n",
+           grant.size > GRANT_BYTES ? "the key in the grant" : "a key of its own");
     for (size_t i = 0; i < sizeof(targets) / sizeof(targets[0]); i++) {
         ucs_status_ptr_t sp = targets[i][1]
                                   ? ucp_put_nbx(in.ep, in.buf, PAGE, targets[i][0], in.rkey, &rp)
@@ -275,7 +285,7 @@ static int run_insider(const char *address)
         return 42;
     status = insider_kvx(&info, &reg);
     if (status == 0)
-        status = insider_ucx(info.transport_address.data, reg.base, reg.size);
+        status = insider_ucx(info.transport_address.data, reg.base, reg.size, reg.remote_key);
     kvx_metadata_destroy(md);
     free(bytes);
     kvx_agent_destroy(agent);
@@ -289,9 +299,10 @@ static int run_insider(const char *address)
 struct owner_grants {
     uint8_t address[2048];
     size_t address_size;
-    uint8_t read_grant[64];
-    uint8_t write_grant[64];
-    size_t grant_size;
+    uint8_t read_grant[1024];
+    uint8_t write_grant[1024];
+    size_t read_size;
+    size_t write_size;
     uint64_t base;
 };
 
@@ -331,7 +342,7 @@ static int run_owner(int ready, int go)
             size > sizeof(g.read_grant))
             return 51;
         memcpy(writable ? g.write_grant : g.read_grant, buf, size);
-        g.grant_size = size;
+        *(writable ? &g.write_size : &g.read_size) = size;
         free(buf);
     }
     if (transport_worker_address(t, &buf, &g.address_size) != KVX_OK ||
@@ -428,12 +439,13 @@ static void pushes_write_only_with_the_write_grant_inside_the_storage(void **sta
 
     (void)state;
     owner_start(&o, "tcp");
-    assert_int_equal(insider_ucx(g->address, g->base, OWNER_SIZE), 0);
+    assert_int_equal(
+        insider_ucx(g->address, g->base, OWNER_SIZE, (kvx_blob_t){g->read_grant, g->read_size}), 0);
     assert_int_equal(transport_create("tcp", false, &t), KVX_OK);
     reader = conn_with_grant(t, &(kvx_blob_t){g->address, g->address_size},
-                             (kvx_blob_t){g->read_grant, g->grant_size}, g->base);
+                             (kvx_blob_t){g->read_grant, g->read_size}, g->base);
     writer = conn_with_grant(t, &(kvx_blob_t){g->address, g->address_size},
-                             (kvx_blob_t){g->write_grant, g->grant_size}, g->base);
+                             (kvx_blob_t){g->write_grant, g->write_size}, g->base);
     assert_non_null(reader);
     assert_non_null(writer);
     memset(local, 0xab, sizeof(local));
