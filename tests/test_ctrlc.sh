@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # test_ctrlc.sh: issue 22 finding 7, a decode worker stopped with Ctrl-C mid-pull must never
-# take its prefill process down. One kvx serve (P), then for each transport list 50 kvx
-# fetches of 64 MiB, each stopped (SIGSTOP) once P has served its reads and before it
-# finished, then sent SIGINT and continued, so it dies with the pull in flight and P's
-# answers queued towards it. P must be alive after every one, and serve a verified pull at
-# the end.  usage: test_ctrlc.sh KVX SOURCE_DIR
+# take its prefill process down. For each transport list a kvx serve (P), then 50 kvx
+# fetches of 128 MiB over tcp (20 over sm,cma,tcp), each stopped (SIGSTOP) once P has served
+# its reads and before it finished, then sent SIGINT and continued, so it dies with the pull
+# in flight and P's answers queued towards it. P must be alive after every one, and serve a
+# verified pull at the end.  usage: test_ctrlc.sh KVX SOURCE_DIR
 #
 # "Mid-pull" is decided, not slept into: P's kvx_data_reads_served_total counter rises when
 # it starts answering D's reads (TCP in the list: kvx serves reads itself), D is stopped at
@@ -14,8 +14,8 @@ set -u
 kvx=$1
 src=$2
 export UCX_NET_DEVICES=lo # never another interface
-ITERATIONS=${KVX_CTRLC_ITERATIONS:-50}
-TRIES=$((ITERATIONS * 3))
+ITERATIONS=${KVX_CTRLC_ITERATIONS:-50} # over tcp, the finding's list; the issue asks 50
+DEFAULT_ITERATIONS=${KVX_CTRLC_DEFAULT_ITERATIONS:-20} # over sm,cma,tcp, to keep under a minute
 tmp=$(mktemp -d)
 serve_pid=
 fetch_pid=
@@ -33,12 +33,12 @@ source "$src/tests/support/check.sh"
 "$kvx" auth-key "$tmp/auth.key" >/dev/null || { echo "kvx auth-key failed"; exit 1; }
 export KVX_AUTH_FILE=$tmp/auth.key
 
-# A Llama-style attn cache scaled to 128 blocks of 64 KiB a layer: 2 MiB a block id, 256 MiB
-# for '0:0-127', many times what the loopback socket buffers hold, and a pull long enough
-# (about 100 ms here over TCP) that a scrape finds it under way.
+# A Llama-style attn cache scaled to 64 blocks of 64 KiB a layer: 2 MiB a block id, 128 MiB
+# for '0:0-63', many times what the loopback socket buffers hold, and a pull long enough
+# (about 50 ms here over TCP) that a scrape finds it under way.
 layout=$tmp/attn.json
-blocks='0:0-127'
-sed 's/"num_blocks": 2048/"num_blocks": 128/; s/"size": 134217728/"size": 8388608/' \
+blocks='0:0-63'
+sed 's/"num_blocks": 2048/"num_blocks": 64/; s/"size": 134217728/"size": 4194304/' \
   "$src/layouts/models/llama3-8b.json" >"$layout"
 
 now_ms() { date +%s%3N; }
@@ -97,12 +97,12 @@ serving() { grep -q '^metrics on ' "$serve_log" && grep -q '^serving ' "$serve_l
 p_alive() { kill -0 "$serve_pid" 2>/dev/null; }
 fetch_gone() { ! kill -0 "$fetch_pid" 2>/dev/null; }
 
-# interrupt_loop TRANSPORTS: ITERATIONS fetches killed mid-pull, P checked after each; sets
-# $cut to how many were.
+# interrupt_loop TRANSPORTS N: N fetches killed mid-pull (at most 3N tries), P checked after
+# each; sets $cut to how many were.
 interrupt_loop() {
-  local tls=$1 tries=0 log
+  local tls=$1 n=$2 tries=0 log
   cut=0
-  while ((cut < ITERATIONS && tries < TRIES)); do
+  while ((cut < n && tries < 3 * n)); do
     tries=$((tries + 1))
     scrape || { echo "P's metrics do not answer"; return 1; }
     base=$served
@@ -126,7 +126,7 @@ interrupt_loop() {
     }
   done
   echo "$tls: $cut of $tries fetches cut mid-pull"
-  ((cut == ITERATIONS))
+  ((cut == n))
 }
 
 fetch_verified() {
@@ -144,9 +144,10 @@ p_gone() { ! kill -0 "$serve_pid" 2>/dev/null; }
 # The default list too: on one host its wireup and small messages go over shared memory, its
 # large answers by rendezvous; TCP in it still makes kvx serve the reads.
 for tls in tcp sm,cma,tcp; do
+  n=$ITERATIONS
+  [[ $tls == tcp ]] || n=$DEFAULT_ITERATIONS
   serve "$tls" || { failed=$((failed + 1)); continue; }
-  check "$tls: $ITERATIONS fetches cut by Ctrl-C mid-pull, P alive after each" \
-    interrupt_loop "$tls"
+  check "$tls: $n fetches cut by Ctrl-C mid-pull, P alive after each" interrupt_loop "$tls" "$n"
   check "$tls: P still serves a verified pull" fetch_verified "$tls" 1001
   check "$tls: P logged no UCX fatal error or assertion" \
     bash -c "! grep -E 'Assertion|Fatal|Segmentation|backtrace' '$serve_log'"
