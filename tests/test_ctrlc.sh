@@ -112,9 +112,11 @@ interrupt_loop() {
       --transports "$tls" --request "$tries" >"$log" 2>&1 &
     fetch_pid=$!
     reads_rose_within 30 || return 1
-    kill -STOP "$fetch_pid"
-    kill -INT "$fetch_pid"
-    kill -CONT "$fetch_pid" # SIGINT stays pending on a stopped process until it continues
+    { # a fetch that finished first is gone already: not counted below
+      kill -STOP "$fetch_pid"
+      kill -INT "$fetch_pid"
+      kill -CONT "$fetch_pid" # SIGINT stays pending on a stopped process until it continues
+    } 2>/dev/null
     wait_until 30 "end of fetch $tries after SIGINT" fetch_gone || return 1
     wait "$fetch_pid"
     fetch_pid=
