@@ -72,6 +72,16 @@ static kvx_status_t env_size(const char *name, uint64_t *bytes_p)
     return KVX_OK;
 }
 
+static bool ucx_is_1_13(void)
+{
+    unsigned major;
+    unsigned minor;
+    unsigned release;
+
+    ucp_get_version(&major, &minor, &release);
+    return major == 1 && minor <= 13;
+}
+
 /* The name UCX's ucp_config_modify takes for TCP's setting `name` ("TX_SEG_SIZE"). It keeps
  * names it does not know and hands them to each transport's configuration when a worker opens
  * it: up to 1.16 matched against the transport's own field names ("TX_SEG_SIZE"), from 1.17
@@ -106,8 +116,11 @@ kvx_status_t transport_settings_apply(ucp_config_t *config, bool tcp,
      * receiver writes a put request wherever the request says, and UCX 1.22's own puts pick it
      * for any key, even one a peer made of its own memory (a stock client's ucp_put_nbx at
      * 0x1000 killed a prefill in uct_tcp_ep_handle_put_req: test_data_plane). Not advertised,
-     * UCX's puts fall back to its software RMA, which a context with TCP does not serve. */
-    if ((st = tcp_setting(config, "PUT_ENABLE", "n")) != UCS_OK)
+     * UCX's puts fall back to its software RMA, which a context with TCP does not serve. Not on
+     * UCX 1.13: without TCP's put its rendezvous takes a path that aborts the process when a
+     * peer dies mid-transfer (uct_iface.h "comp->count > 0": test_ctrlc), and its own puts
+     * never pick TCP's put request (docs/security.md says what that leaves). */
+    if (!ucx_is_1_13() && (st = tcp_setting(config, "PUT_ENABLE", "n")) != UCS_OK)
         return transport_ucs_error("turning TCP's zero-copy put off", st);
     if (getenv(ENV_TX) != NULL || getenv(ENV_RX) != NULL) {
         /* The user's word, and UCX's defaults for the one not set: kvx's 256 KiB beside a

@@ -85,7 +85,9 @@ reads_rose_within() {
 # $serve_log, $addr and $metrics_port.
 serve() {
   serve_log=$tmp/serve.$1
-  "$kvx" serve "$layout" --listen 127.0.0.1:0 --fill 42 --transports "$1" \
+  # --malloc: P's own memory, which a same-host D cannot map (UCX-allocated storage it would
+  # copy from directly), so every pull goes through the reads P serves.
+  "$kvx" serve "$layout" --listen 127.0.0.1:0 --fill 42 --transports "$1" --malloc \
     --metrics 127.0.0.1:0 >"$serve_log" 2>&1 &
   serve_pid=$!
   wait_until 30 "serving line from kvx serve" serving || { cat "$serve_log"; return 1; }
