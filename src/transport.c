@@ -154,7 +154,7 @@ unsigned transport_progress(struct transport *t)
     events = ucp_worker_progress(t->worker);
     t->progressing--;
     if (t->queued != NULL)
-        am_replies_send(t);
+        am_writes_receive(t);
     return events;
 }
 

@@ -92,14 +92,11 @@ struct am_reply {
     struct transport *t;
     ucp_ep_h ep;
     struct am_answer_header header;
-    void *desc; /* a write's rendezvous to receive once progress returned */
+    /* A write's rendezvous, received once progress returned (am_writes_receive). */
+    void *desc;
     void *dest;
-    /* what to send once progress returned (am_replies_send) */
-    struct am_reply *next_queued;
-    unsigned id;
-    const void *data;
     uint64_t length;
-    bool rendezvous;
+    struct am_reply *next_queued;
 };
 
 void am_record_link(struct am_record *r, struct am_record **list)
@@ -170,65 +167,58 @@ static void reply_sent(void *request, ucs_status_t status, void *user_data)
     reply_free(user_data);
 }
 
-/* Queues an answer (and, for a read, the bytes): UCX's TCP transport defers a send made from
- * inside its receive callback to a later wakeup, milliseconds away, so answers are sent once
- * progress returned (am_replies_send). */
+/* Sends an answer (and, for a read, the bytes) at once, from the handler or completion that
+ * made it: the requester's endpoint is UCX's, valid during that callback, and may be gone
+ * after it (a requester that died). The record goes when UCX is done with it. */
 static void reply_send(struct am_reply *r, unsigned id, const void *data, uint64_t length,
                        bool rendezvous)
 {
-    r->id          = id;
-    r->data        = data;
-    r->length      = length;
-    r->rendezvous  = rendezvous;
-    r->next_queued = r->t->queued;
-    r->t->queued   = r;
+    ucp_request_param_t param = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .cb.send   = reply_sent,
+        .user_data = r,
+        .flags     = rendezvous ? UCP_AM_SEND_FLAG_RNDV : 0,
+    };
+    ucs_status_ptr_t sp =
+        ucp_am_send_nbx(r->ep, id, &r->header, sizeof(r->header), data, length, &param);
+
+    if (sp == NULL || UCS_PTR_IS_ERR(sp))
+        reply_free(r);
 }
 
 static void written_received(void *request, ucs_status_t status, size_t length, void *user_data);
 
-/* Sends the answers queued; each record goes when UCX is done with it. */
-void am_replies_send(struct transport *t)
+/* Starts receiving the writes' bytes queued by write_served: UCX's TCP transport defers what
+ * a receive started inside its receive callback sends (the rendezvous's answer) to a later
+ * wakeup, milliseconds away. The answer follows once the bytes are in memory. */
+void am_writes_receive(struct transport *t)
 {
     struct am_reply *queued = t->queued;
 
     t->queued = NULL;
     while (queued != NULL) {
-        struct am_reply *r        = queued;
-        ucp_request_param_t param = {
-            .op_attr_mask =
-                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-            .cb.send   = reply_sent,
-            .user_data = r,
-            .flags     = r->rendezvous ? UCP_AM_SEND_FLAG_RNDV : 0,
+        struct am_reply *r       = queued;
+        ucp_request_param_t recv = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.recv_am   = written_received,
+            .user_data    = r,
         };
         ucs_status_ptr_t sp;
 
         queued = r->next_queued;
-        if (r->desc != NULL) { /* a write to receive first; its answer follows */
-            ucp_request_param_t recv = {
-                .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                .cb.recv_am   = written_received,
-                .user_data    = r,
-            };
-            void *desc = r->desc;
-
-            r->desc = NULL;
-            sp      = ucp_am_recv_data_nbx(t->worker, desc, r->dest, r->length, &recv);
-            if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-                r->header.status = sp == NULL ? AM_STATUS_OK : AM_STATUS_REFUSED;
+        sp     = ucp_am_recv_data_nbx(t->worker, r->desc, r->dest, r->length, &recv);
+        if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+            /* Done in place, or failed: the endpoint may be gone by now, so nothing is sent
+             * on a failure; the writer's deadline answers it. */
+            if (sp == NULL)
                 reply_send(r, AM_WRITTEN, NULL, 0, false);
-            }
-            continue;
+            else
+                reply_free(r);
         }
-        sp = ucp_am_send_nbx(r->ep, r->id, &r->header, sizeof(r->header), r->data, r->length,
-                             &param);
-        if (sp == NULL || UCS_PTR_IS_ERR(sp))
-            reply_free(r);
     }
 }
 
-/* A record for the answer to one request; NULL past AM_MAX_SERVING (a peer that sends
- * requests and never takes the answers holds at most that many), counted refused. */
 static struct am_reply *reply_create(struct transport *t, ucp_ep_h ep, uint64_t cookie)
 {
     struct am_reply *r = t->serving < AM_MAX_SERVING ? calloc(1, sizeof(*r)) : NULL;
@@ -287,7 +277,10 @@ static void written_received(void *request, ucs_status_t status, size_t length, 
 
     (void)length;
     ucp_request_free(request);
-    r->header.status = status == UCS_OK ? AM_STATUS_OK : AM_STATUS_REFUSED;
+    if (status != UCS_OK) { /* the writer went away, or UCX cancelled it: none to answer */
+        reply_free(r);
+        return;
+    }
     reply_send(r, AM_WRITTEN, NULL, 0, false);
 }
 
@@ -322,7 +315,7 @@ static ucs_status_t write_served(void *arg, const void *header, size_t header_le
         reply_send(r, AM_WRITTEN, NULL, 0, false);
         return UCS_OK;
     }
-    r->desc        = data; /* received once progress returned (am_replies_send) */
+    r->desc        = data; /* received once progress returned (am_writes_receive) */
     r->dest        = (char *)mem->address + h.offset;
     r->length      = length;
     r->next_queued = t->queued;

@@ -61,7 +61,7 @@ struct transport {
     size_t num_mems;
     struct am_record *replies; /* the main worker's: answers and writes being received */
     size_t serving;            /* of those */
-    struct am_reply *queued;   /* answers to send once progress returned */
+    struct am_reply *queued;   /* writes to receive once progress returned */
     struct transport_data_counters counters;
     struct transport_segments tcp_segments; /* what UCX uses (transport_settings.c) */
 };
@@ -149,8 +149,8 @@ kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t of
                           uint64_t len, bool local_device);
 kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t offset,
                            const void *local, uint64_t len);
-/* Sends the answers the main worker's handlers queued (after its progress returned). */
-void am_replies_send(struct transport *t);
+/* Receives the writes the main worker's handler queued (after its progress returned). */
+void am_writes_receive(struct transport *t);
 /* Starts receiving the rendezvous answers a connection's handlers queued. */
 void am_receives_start(struct transport_conn *conn);
 /* Sends the requests waiting for room in the connection's window. */

@@ -247,7 +247,7 @@ fetch_verified() {
   shift 4
   UCX_NET_DEVICES=veth-$host timeout -k 5 90 ip netns exec "$run-$host" "$kvx" fetch "$layout" \
     --peer "$peers" --blocks "$blocks" --transports tcp --fill 42 --verify "$@" >"$out" 2>&1 &&
-    tail -n 1 "$out" | grep -qx verified && grep -q ' over tcp([a-z_,]*)$' "$out" || {
+    tail -n 1 "$out" | grep -qx verified && grep -qE ' over tcp\([a-z_,]*\)( kvx-served\([^)]*\))?$' "$out" || {
     cat "$out"
     return 1
   }
