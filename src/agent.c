@@ -38,8 +38,11 @@
 #define AGENT_RECV_HWM             8
 /* A connection must finish its handshake within this, and only this many may be in theirs at
  * once (at least 256, at least max_peers), this many of them from one address: strangers
- * hold handshakes, never the admitted peers' places (docs/security.md, "Bounded everything"). */
-#define AGENT_HANDSHAKE_MS         1000
+ * hold handshakes, never the admitted peers' places (docs/security.md, "Bounded everything").
+ * The handshake includes the ZAP answer, which the agent's loop gives: in a busy engine (vLLM
+ * on 2 cores, its progress thread waiting for Python's lock) 1 s refused honest decode
+ * workers, so the bounds, not the deadline, are what keep strangers from filling it. */
+#define AGENT_HANDSHAKE_MS         5000
 #define AGENT_MIN_HANDSHAKES       256
 #define AGENT_HANDSHAKES_PER_SOURCE 32
 #define AGENT_DEFAULT_MAX_PEERS    64

@@ -124,7 +124,8 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
                                 size_t count, const struct transport_targets *targets);
 
 /* Posts a flush of the connection's endpoint, counted in `op`: puts posted before it are
- * complete at the target when it completes, which is what lets a notification follow. */
+ * complete at the target when it completes, which is what lets a notification follow. Posts
+ * nothing where every storage of the peer is served (its writes complete on its answer). */
 kvx_status_t transport_flush_post(struct transport_op *op);
 
 /* Posts an eager active message of at most TRANSPORT_AM_MAX bytes (copied into the op). */
