@@ -49,12 +49,13 @@ static void listener_open(void)
 {
     static const uint8_t secret[KVX_AUTH_KEY_LEN] = "the fuzzer's own deployment key";
     const struct sidechan_limits limits           = {1 << 16, 8, 1000};
+    const struct gate_limits admission            = {8, 256, 32, 1000};
     struct auth_keys keys;
     char bound[64];
 
     listener.zmq = zmq_ctx_new();
     if (loop_init(&listener.loop) != KVX_OK || auth_keys_derive(secret, &keys) != KVX_OK ||
-        gate_create(listener.zmq, &keys, 8, &listener.loop, &listener.gate) != KVX_OK ||
+        gate_create(listener.zmq, &keys, &admission, &listener.loop, &listener.gate) != KVX_OK ||
         sidechan_server_create(listener.zmq, "127.0.0.1:0", &limits, &keys, listener.gate, bound,
                                sizeof(bound), &listener.server) != KVX_OK)
         fuzz_fail("the listener could not start");
