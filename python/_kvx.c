@@ -287,14 +287,18 @@ static PyObject *layout_storages(LayoutObject *self, PyObject *unused)
     return sizes;
 }
 
-/* Every "vram" storage becomes host memory: the count changed. */
-static PyObject *layout_in_host_memory(LayoutObject *self, PyObject *unused)
+/* Every "vram" storage, or only storage `index` when one is given, becomes host memory: the
+ * count changed. */
+static PyObject *layout_in_host_memory(LayoutObject *self, PyObject *args)
 {
-    size_t moved = 0;
+    Py_ssize_t only = -1;
+    size_t moved    = 0;
 
-    (void)unused;
+    if (!PyArg_ParseTuple(args, "|n", &only))
+        return NULL;
     for (size_t s = 0; s < kvx_layout_num_storages(self->layout); s++) {
-        if (kvx_layout_storage_mem(self->layout, s) == KVX_MEM_VRAM &&
+        if ((only < 0 || (size_t)only == s) &&
+            kvx_layout_storage_mem(self->layout, s) == KVX_MEM_VRAM &&
             kvx_layout_set_storage_mem(self->layout, s, KVX_MEM_DRAM, 0) == KVX_OK)
             moved++;
     }
@@ -319,8 +323,8 @@ static PyMethodDef layout_methods[] = {
     {"regions", (PyCFunction)layout_regions, METH_NOARGS, "register: the region table"},
     {"storage_sizes", (PyCFunction)layout_storages, METH_NOARGS, "bytes of each storage"},
     {"storage_mems", (PyCFunction)layout_storage_mems, METH_NOARGS, "memory kind of each storage"},
-    {"in_host_memory", (PyCFunction)layout_in_host_memory, METH_NOARGS,
-     "vram storages become host memory; how many"},
+    {"in_host_memory", (PyCFunction)layout_in_host_memory, METH_VARARGS,
+     "vram storages (or storage INDEX) become host memory; how many"},
     {NULL, NULL, 0, NULL},
 };
 

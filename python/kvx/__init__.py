@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import threading
+import warnings
 import time
 
 from . import _kvx
@@ -113,9 +114,11 @@ class Layout:
         return self._handle.storage_mems()
 
     def in_host_memory(self):
-        """Turns the layout's "vram" storages into host memory and returns how many changed:
-        kvx never registers host buffers for a GPU storage on its own."""
-        return self._handle.in_host_memory()
+        """Turns the layout's "vram" storages into host memory, as `kvx serve --memory host`
+        does, and returns the layout (Layout.load(path).in_host_memory() reads as it should).
+        An Agent given host memory for a "vram" storage does this for that storage itself."""
+        self._handle.in_host_memory()
+        return self
 
 
 _DLPACK_CPU, _DLPACK_CUDA = 1, 2  # DLPack's device types kDLCPU and kDLCUDA
@@ -409,11 +412,16 @@ class Agent:
             if name not in memory:
                 continue
             kind, registered = memory[name]
-            if kind != mem:
+            if kind == "dram" and mem == "vram":
+                # The layout describes a deployment, the buffer says what it is: host memory
+                # for a GPU storage is registered as host memory, as `kvx serve` does by default.
+                warnings.warn("kvx: storage %s is \"vram\" in the layout; its memory is host "
+                              "memory, registered as such" % name, stacklevel=3)
+                self._layout._handle.in_host_memory(self._names.index(name))
+            elif kind != mem:
                 raise ValueError(
-                    "memory: storage %s is \"%s\" in the layout, its memory is %s" % (
-                        name, mem, "GPU memory" if kind == "vram" else "host memory")
-                    + (" (layout.in_host_memory() makes it host memory)" if mem == "vram" else ""))
+                    "memory: storage %s is \"%s\" in the layout, its memory is GPU memory "
+                    "(a GPU storage is \"vram\" in the layout file)" % (name, mem))
             nbytes = registered[1] if isinstance(registered, tuple) else None
             if nbytes is None:
                 view = memoryview(registered)
@@ -434,7 +442,7 @@ class Agent:
                                    "KVX_AUTH_FILE, or insecure=True on loopback", -1)
         if isinstance(auth, (bytes, bytearray)):
             return bytes(auth)
-        return _kvx.auth_key_load(os.fspath(auth))
+        return _kvx.auth_key_load(os.path.expanduser(os.fspath(auth)))
 
     def _agent(self, listen=None):
         with self._create_lock:

@@ -295,14 +295,30 @@ def test_cuda_memory_for_a_vram_storage_is_refused_by_name_unless_it_is_device_m
         agent.stats()
 
 
-def test_memory_of_the_wrong_kind_is_refused_before_any_agent():
+def test_gpu_memory_for_a_host_storage_is_refused_before_any_agent():
     with pytest.raises(ValueError, match=r'storage kv is "dram" in the layout, its memory is '
                                          r'GPU memory'):
         kvx.Agent(kvx.Layout.from_dict(SMALL), {"kv": CudaArray(np.zeros(65536, np.uint8))},
                   insecure=True)
-    with pytest.raises(ValueError, match=r'storage kv is "vram" in the layout, its memory is '
-                                         r'host memory \(layout.in_host_memory\(\)'):
-        kvx.Agent(kvx.Layout.from_dict(VRAM), {"kv": np.zeros(65536, np.uint8)}, insecure=True)
+
+
+def test_host_memory_for_a_vram_storage_is_registered_as_host_memory_with_a_note():
+    """Issue 24 item 1: the buffer says what it is; the layout's "vram" describes a deployment.
+    The agent registers it (a host-only build too) and says so once."""
+    layout = kvx.Layout.from_dict(VRAM)
+    cache = np.zeros(65536, np.uint8)
+    with pytest.warns(UserWarning, match=r'storage kv is "vram" in the layout; its memory is '
+                                         r'host memory, registered as such'):
+        agent = kvx.Agent(layout, {"kv": cache}, insecure=True)
+    with agent:
+        assert layout.storage_mems() == ["dram"]
+        agent.write_storage("kv", 100, b"kvx")
+        assert bytes(cache[100:103]) == b"kvx"  # registered in place, no copy
+
+
+def test_in_host_memory_returns_the_layout_for_chaining():
+    layout = kvx.Layout.from_dict(VRAM).in_host_memory()
+    assert isinstance(layout, kvx.Layout) and layout.storage_mems() == ["dram"]
 
 
 def test_cuda_array_interface_memory_must_be_writable_contiguous_and_large_enough():
