@@ -33,20 +33,21 @@ def ucx_root():
     return os.path.abspath(choice)
 
 
-def pkg_config(flag, ucx_root):
-    packages = PACKAGES + ([] if ucx_root else ["ucx"])
+def pkg_config(flag, prefix):
+    """Debian's -dev packages' flags, UCX's among them when no UCX prefix is given."""
+    packages = PACKAGES + ([] if prefix else ["ucx"])
     out = subprocess.run(["pkg-config", flag, *packages], check=True, capture_output=True,
                          text=True).stdout
     return shlex.split(out)
 
 
-def ucx_flags(flag, ucx_root):
+def ucx_flags(flag, prefix):
     """A UCX prefix's flags, its lib/ in the extension's RPATH; nothing for pkg-config's."""
-    if not ucx_root:
+    if not prefix:
         return []
     if flag == "--cflags":
-        return ["-I%s/include" % ucx_root]
-    return ["-L%s/lib" % ucx_root, "-Wl,-rpath,%s/lib" % ucx_root, "-lucp", "-luct", "-lucs"]
+        return ["-I%s/include" % prefix]
+    return ["-L%s/lib" % prefix, "-Wl,-rpath,%s/lib" % prefix, "-lucp", "-luct", "-lucs"]
 
 
 class BuildWithProto(build_ext):
@@ -59,12 +60,13 @@ class BuildWithProto(build_ext):
         out.mkdir(parents=True, exist_ok=True)
         subprocess.run(["protoc-c", "--c_out=%s" % out, "-I%s" % (ROOT / "proto"),
                         str(ROOT / "proto" / "kvx.proto")], check=True)
-        ucx = ucx_root()
+        prefix = ucx_root()
         for ext in self.extensions:
             ext.sources.append(os.path.relpath(out / "kvx.pb-c.c", HERE))
             ext.include_dirs.append(str(out))
-            ext.extra_compile_args += ucx_flags("--cflags", ucx) + pkg_config("--cflags", ucx)
-            ext.extra_link_args[:0] = ucx_flags("--libs", ucx) + pkg_config("--libs", ucx)
+            ext.extra_compile_args += (ucx_flags("--cflags", prefix) +
+                                       pkg_config("--cflags", prefix))
+            ext.extra_link_args[:0] = ucx_flags("--libs", prefix) + pkg_config("--libs", prefix)
         self.force = True
         super().run()
 
