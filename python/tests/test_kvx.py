@@ -38,7 +38,8 @@ class Prefill:
     """A prefill process on `layout_path`, holding request 7's `blocks`."""
 
     def __init__(self, layout_path, blocks, rank=0, size=1):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        # UCX logs to stderr: stdout carries the JSON lines read here (test_threads.py says why)
+        env = dict(os.environ, UCX_LOG_FILE="stderr", PYTHONPATH=os.pathsep.join(
             [os.environ.get("PYTHONPATH", ""), str(HERE)]))
         self.process = subprocess.Popen(
             [sys.executable, str(HERE / "prefill.py"), str(layout_path),
