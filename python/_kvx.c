@@ -1137,6 +1137,46 @@ static PyObject *agent_fileno(AgentObject *self, PyObject *unused)
     return agent != NULL ? PyLong_FromLong(self->fd) : raise_gone(GONE_AGENT);
 }
 
+/* dict[key] = value; -1 with the Python error set when that failed. */
+static int dict_set_u64(PyObject *dict, const char *key, uint64_t value)
+{
+    PyObject *v = PyLong_FromUnsignedLongLong(value);
+    int ret     = v != NULL ? PyDict_SetItemString(dict, key, v) : -1;
+
+    Py_XDECREF(v);
+    return ret;
+}
+
+/* Every field of the library's list (kvx_agent_stats_fields) under its name; a histogram as
+ * NAME_count and NAME_sum (truncated to an integer, in the field's unit). */
+static int stats_dict_fill(PyObject *dict, const kvx_agent_stats_t *s)
+{
+    size_t count;
+    const kvx_stat_field_t *fields = kvx_agent_stats_fields(&count);
+
+    for (size_t i = 0; i < count; i++) {
+        const char *at = (const char *)s + fields[i].offset;
+        char key[128];
+        uint64_t value;
+
+        if (fields[i].kind == KVX_STAT_KIND_HISTOGRAM) {
+            const kvx_histogram_t *h = (const kvx_histogram_t *)at;
+
+            snprintf(key, sizeof(key), "%s_count", fields[i].name);
+            if (dict_set_u64(dict, key, h->count) != 0)
+                return -1;
+            snprintf(key, sizeof(key), "%s_sum", fields[i].name);
+            if (dict_set_u64(dict, key, (uint64_t)h->sum) != 0)
+                return -1;
+            continue;
+        }
+        memcpy(&value, at, sizeof(value));
+        if (dict_set_u64(dict, fields[i].name, value) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static PyObject *agent_stats(AgentObject *self, PyObject *unused)
 {
     kvx_agent_t *agent;
@@ -1157,65 +1197,11 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
     Py_END_ALLOW_THREADS
     if (agent == NULL)
         return raise_gone(GONE_AGENT);
-    {
-        /* the counters of kvx_agent_stats_t by name (of the histograms, the transfers' count
-         * and sum only), then this binding's own: what released() and logs() could not keep */
-        const struct {
-            const char *name;
-            uint64_t value;
-        } counters[] = {
-            {"transfers", s.transfers},
-            {"transfers_failed", s.transfers_failed},
-            {"bytes", s.bytes},
-            {"notifications_failed", s.notifications_failed},
-            {"heartbeats_sent", s.heartbeats_sent},
-            {"heartbeats_missed", s.heartbeats_missed},
-            {"peers_dead", s.peers_dead},
-            {"peers_idle", s.peers_idle},
-            {"notifications", s.notifications},
-            {"notifications_dropped", s.notifications_dropped},
-            {"held", s.held},
-            {"released", s.released},
-            {"done_unknown", s.done_unknown},
-            {"leases_expired", s.leases_expired},
-            {"done_repeated", s.done_repeated},
-            {"ops_orphaned", s.ops_orphaned},
-            {"pushes_serving", s.pushes_serving},
-            {"pushes_refused", s.pushes_refused},
-            {"auth_refused", s.auth_refused},
-            {"peers_refused", s.peers_refused},
-            {"tokens_refused", s.tokens_refused},
-            {"peers_connected", s.peers_connected},
-            {"transfers_verified", s.transfers_verified},
-            {"verify_mismatches", s.verify_mismatches},
-            {"verify_failed", s.verify_failed},
-            {"verify_bytes_hashed", s.verify_bytes_hashed},
-            {"verify_ns", s.verify_ns},
-            {"verify_served", s.verify_served},
-            {"verify_refused", s.verify_refused},
-            {"dones_refused", s.dones_refused},
-            {"dones_early", s.dones_early},
-            {"data_reads_served", s.data_reads_served},
-            {"data_writes_served", s.data_writes_served},
-            {"data_refused", s.data_refused},
-            {"dones_rank_refused", s.dones_rank_refused},
-            {"handshakes", s.handshakes},
-            {"handshakes_refused", s.handshakes_refused},
-            {"transfer_us_count", s.transfer_us.count},
-            {"transfer_us_sum", (uint64_t)s.transfer_us.sum},
-            {"released_dropped", released_dropped},
-            {"logs_dropped", logs_dropped},
-        };
-
-        dict = PyDict_New();
-        for (size_t i = 0; dict != NULL && i < sizeof(counters) / sizeof(counters[0]); i++) {
-            PyObject *v = PyLong_FromUnsignedLongLong(counters[i].value);
-
-            if (v == NULL || PyDict_SetItemString(dict, counters[i].name, v) != 0)
-                Py_CLEAR(dict);
-            Py_XDECREF(v);
-        }
-    }
+    dict = PyDict_New();
+    if (dict != NULL && (stats_dict_fill(dict, &s) != 0 ||
+                         dict_set_u64(dict, "released_dropped", released_dropped) != 0 ||
+                         dict_set_u64(dict, "logs_dropped", logs_dropped) != 0))
+        Py_CLEAR(dict);
     return dict;
 }
 
