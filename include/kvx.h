@@ -307,6 +307,14 @@ KVX_API kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
 /* The table as JSON (spec formats.md "kvx_plan": 1), NUL-terminated, freed by kvx_free(). */
 KVX_API kvx_status_t kvx_regions_to_json(const kvx_regions_t *regions, char **json_p);
 
+/* `text` as a JSON string: in double quotes, with quotes and backslashes escaped (\" and \\),
+ * bytes below 0x20 as \u00XX, and every other byte as it is (names are UTF-8 bytes). Like
+ * snprintf: writes at most `size` bytes into `out` (NUL-terminated when size > 0; out may be
+ * NULL when size is 0) and returns the length of the whole string, NUL not counted, so a
+ * result >= size means it was cut. kvx's one JSON string writer: the region table's JSON,
+ * kvx plan --json and kvx fetch --json all quote through it. Any thread. */
+KVX_API size_t kvx_json_quote(char *out, size_t size, const char *text);
+
 /* ---------------------------------------------------------------------------------------
  * Plan: a request's (local, remote) descriptor pairs for one peer, pull direction (the
  * local side reads). Built once per peer; a request then costs only its own blocks.

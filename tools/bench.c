@@ -52,7 +52,7 @@ static const char usage_bench[] =
     "  --block-sizes LIST   bytes per block, suffixes K, M, G (powers of 1024)\n"
     "  --batch N            blocks per transfer; default 16\n"
     "  --iters N            timed transfers per point; default 100 (workload: 10)\n"
-    "  --transports LIST    UCX transports of both agents; default sm,cma,tcp\n"
+    "  --transports LIST    UCX transports of both agents; default " KVX_DEFAULT_TRANSPORTS "\n"
     "  --push-transports LIST  P's push writers' UCX transports; default tcp (docs/security.md)\n"
     "  --auth FILE          the side channel's secret; default KVX_AUTH_FILE's, else one made\n"
     "                       for this run (--peer and --listen need the same file on both)\n"

@@ -40,7 +40,7 @@ static const char usage_serve[] =
     "  --insecure          no secret: plain side channel, on a loopback address only\n"
     "  --fill SEED|random  the pattern's seed (default 1), or random: the pattern of a seed\n"
     "                      drawn from the kernel and never shown\n"
-    "  --transports LIST   UCX transports; default sm,cma,tcp (and cuda_copy,cuda_ipc\n"
+    "  --transports LIST   UCX transports; default " KVX_DEFAULT_TRANSPORTS " (and cuda_copy,cuda_ipc\n"
     "                      with --memory cuda)\n"
     "  --memory host|cuda  where the storages live: host memory (default; a layout's\n"
     "                      \"vram\" storages too, said on stderr) or GPU memory kvx\n"

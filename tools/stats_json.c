@@ -5,20 +5,22 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void json_string_print(FILE *out, const char *text)
 {
-    fputc('"', out);
-    for (const unsigned char *c = (const unsigned char *)text; *c != '\0'; c++) {
-        if (*c == '"' || *c == '\\')
-            fprintf(out, "\\%c", *c);
-        else if (*c < 0x20)
-            fprintf(out, "\\u%04x", *c);
-        else
-            fputc(*c, out);
-    }
-    fputc('"', out);
+    char small[256]; /* most strings: an error message, a name */
+    size_t len = kvx_json_quote(small, sizeof(small), text);
+    char *big  = len < sizeof(small) ? NULL : malloc(len + 1);
+
+    if (len < sizeof(small))
+        fputs(small, out);
+    else if (big != NULL && kvx_json_quote(big, len + 1, text) == len)
+        fputs(big, out);
+    else
+        fputs("null", out); /* out of memory: still a JSON value */
+    free(big);
 }
 
 /* The upper bound of the bucket holding quantile `q`: the figure is at most this. */
