@@ -562,6 +562,16 @@ KVX_API kvx_status_t kvx_auth_key_create(const char *path);
  * neither its group nor others may read or write. */
 KVX_API kvx_status_t kvx_auth_key_load(const char *path, uint8_t key[KVX_AUTH_KEY_LEN]);
 
+/* The environment variable that names a deployment's key file where none is given. */
+#define KVX_AUTH_FILE_ENV "KVX_AUTH_FILE"
+
+/* Which key file to use: `file` when given (neither NULL nor ""), else the file the
+ * environment variable KVX_AUTH_FILE_ENV names when it is set and not empty, else NULL.
+ * Every front end (kvx's commands, Python's Agent, the vLLM connector) asks here, so they
+ * agree. The result is `file` or the environment's own string: not to be freed, valid until
+ * the environment changes. */
+KVX_API const char *kvx_auth_file(const char *file);
+
 /* ---------------------------------------------------------------------------------------
  * Agent: one worker's storages, region table, UCX transport and handshake side channel
  * (docs/agent.md). Pull direction: the decode side connects to prefill agents and reads.

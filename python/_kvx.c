@@ -2204,6 +2204,30 @@ static PyObject *mod_auth_key_load(PyObject *module, PyObject *arg)
     return PyBytes_FromStringAndSize((const char *)key, sizeof(key));
 }
 
+/* auth_file(file=None): kvx_auth_file's answer: `file` when given, else the file
+ * KVX_AUTH_FILE names, else None. */
+static PyObject *mod_auth_file(PyObject *module, PyObject *args)
+{
+    PyObject *given = Py_None;
+    PyObject *path  = NULL;
+    const char *file;
+    PyObject *result;
+
+    (void)module;
+    if (!PyArg_ParseTuple(args, "|O:auth_file", &given))
+        return NULL;
+    if (given != Py_None && !PyUnicode_FSConverter(given, &path))
+        return NULL;
+    file = kvx_auth_file(path != NULL ? PyBytes_AS_STRING(path) : NULL);
+    if (file == NULL) {
+        Py_XDECREF(path);
+        Py_RETURN_NONE;
+    }
+    result = PyUnicode_DecodeFSDefault(file);
+    Py_XDECREF(path);
+    return result;
+}
+
 static PyObject *mod_auth_key_generate(PyObject *module, PyObject *unused)
 {
     uint8_t key[KVX_AUTH_KEY_LEN];
@@ -2276,6 +2300,8 @@ static PyMethodDef module_methods[] = {
     {"layout_from_json", mod_layout_from_json, METH_O, "a layout from JSON text or bytes"},
     {"token_generate", mod_token_generate, METH_NOARGS, "a new random hold token"},
     {"auth_key_load", mod_auth_key_load, METH_O, "the secret of a key file"},
+    {"auth_file", mod_auth_file, METH_VARARGS,
+     "auth_file(file=None): file if given, else the file KVX_AUTH_FILE names, else None"},
     {"auth_key_generate", mod_auth_key_generate, METH_NOARGS, "a new random secret"},
     {"ucx_version", mod_ucx_version, METH_NOARGS, "the version of the UCX library loaded"},
     {NULL, NULL, 0, NULL},
@@ -2314,6 +2340,8 @@ PyMODINIT_FUNC PyInit__kvx(void)
     if (error_base == NULL || PyModule_AddObject(m, "Error", error_base) != 0)
         return NULL;
     Py_INCREF(error_base);
+    if (PyModule_AddStringConstant(m, "AUTH_FILE_ENV", KVX_AUTH_FILE_ENV) != 0)
+        return NULL;
     for (size_t i = 0; i < sizeof(error_types) / sizeof(error_types[0]); i++) {
         char name[64];
 

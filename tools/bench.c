@@ -718,10 +718,9 @@ int bench_main(int argc, char **argv)
 
     if (ret >= 0)
         return ret;
-    if (a.auth == NULL)
-        a.auth = getenv("KVX_AUTH_FILE");
-    if ((a.auth != NULL && a.auth[0] != '\0' ? kvx_auth_key_load(a.auth, a.key)
-                                             : kvx_auth_key_generate(a.key)) != KVX_OK)
+    a.auth = kvx_auth_file(a.auth);
+    if ((a.auth != NULL ? kvx_auth_key_load(a.auth, a.key) : kvx_auth_key_generate(a.key)) !=
+        KVX_OK)
         return cli_fail(KVX_ERR_INVALID);
     if (getenv("UCX_NET_DEVICES") == NULL)
         setenv("UCX_NET_DEVICES", "lo", 1); /* the bench stays on loopback */

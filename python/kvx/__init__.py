@@ -37,7 +37,8 @@ from ._kvx import (  # noqa: F401  (the error classes are part of the API)
 
 __all__ = ["Layout", "Regions", "RegionInfo", "Agent", "Peer", "Transfer", "ReadStats",
            "VerifyResult", "Error",
-           "token_generate", "auth_key_load", "auth_key_generate", "ucx_version"]
+           "token_generate", "auth_key_load", "auth_key_generate", "auth_file", "AUTH_FILE_ENV",
+           "ucx_version"]
 
 RegionInfo = collections.namedtuple(
     "RegionInfo",
@@ -50,6 +51,8 @@ token_generate = _kvx.token_generate
 ucx_version = _kvx.ucx_version  # "1.22.0": what UCX does differs by version (docs/performance.md)
 auth_key_load = _kvx.auth_key_load
 auth_key_generate = _kvx.auth_key_generate
+auth_file = _kvx.auth_file  # the key file: the one given, else KVX_AUTH_FILE's, else None
+AUTH_FILE_ENV = _kvx.AUTH_FILE_ENV
 
 
 class Regions:
@@ -436,10 +439,10 @@ class Agent:
     @staticmethod
     def _auth_key(auth):
         if auth is None:
-            auth = os.environ.get("KVX_AUTH_FILE")
-            if not auth:
+            auth = _kvx.auth_file()
+            if auth is None:
                 raise InvalidError("no auth key: give auth= (a key file or its secret), set "
-                                   "KVX_AUTH_FILE, or insecure=True on loopback", -1)
+                                   "%s, or insecure=True on loopback" % AUTH_FILE_ENV, -1)
         if isinstance(auth, (bytes, bytearray)):
             return bytes(auth)
         return _kvx.auth_key_load(os.path.expanduser(os.fspath(auth)))

@@ -207,6 +207,42 @@ def test_no_secret_is_refused_unless_insecure(monkeypatch):
         assert len(agent.storage("kv")) == 65536
 
 
+def test_auth_file_is_resolved_by_the_library(monkeypatch, secret):
+    """Issue 24: KVX_AUTH_FILE is looked up in one place, the library's kvx_auth_file, which
+    the C commands, kvx.Agent and the vLLM connector all ask: a file given wins, an empty
+    one is none, and without the variable there is no file."""
+    assert kvx.AUTH_FILE_ENV == "KVX_AUTH_FILE"
+    assert kvx.auth_file() == str(secret)
+    assert kvx.auth_file("/given.key") == "/given.key"
+    assert kvx.auth_file(pathlib.Path("/given.key")) == "/given.key"
+    assert kvx.auth_file("") == str(secret)
+    monkeypatch.setenv("KVX_AUTH_FILE", "")
+    assert kvx.auth_file() is None
+    monkeypatch.delenv("KVX_AUTH_FILE")
+    assert kvx.auth_file() is None
+    with pytest.raises(kvx.InvalidError, match="KVX_AUTH_FILE"):
+        kvx.Agent(kvx.Layout.from_dict(SMALL))
+
+
+def test_stats_has_every_field_of_kvx_agent_stats_t():
+    """Issue 24: stats() walks the library's list of stats fields, so every field that
+    kvx.h declares (read from the header, not from that list) is a key: a histogram as its
+    _count and _sum."""
+    sys.path.insert(0, str(SOURCE / "tests/support"))
+    try:
+        from stats_fields import stats_fields
+    finally:
+        sys.path.pop(0)
+    want = set()
+    for name, kind in stats_fields(SOURCE / "include/kvx.h"):
+        want |= {name + "_count", name + "_sum"} if kind == "histogram" else {name}
+    with kvx.Agent(kvx.Layout.from_dict(SMALL), insecure=True) as agent:
+        stats = agent.stats()
+    assert "done_repeated" in want and "post_us_count" in want
+    assert set(stats) == want | {"released_dropped", "logs_dropped"}
+    assert all(isinstance(v, int) and v >= 0 for v in stats.values())
+
+
 def test_tp2_to_1_and_asyncio(tmp_path):
     """Two prefill ranks hold half of every layer's heads each; one decode rank reads both
     halves, once blocking and once awaited in asyncio."""
