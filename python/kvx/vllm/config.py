@@ -15,8 +15,8 @@ class Settings:
     auth_file: str | None = None  # the deployment's secret (default: KVX_AUTH_FILE)
     insecure: bool = False  # no secret: the side channel listens on loopback only
     listen: str | None = None  # P's kvx address, HOST or HOST:PORT (port 0: a free one)
-    timeout_ms: int | None = None  # handshake and transfer deadline (kvx default 10000)
-    lease_ms: int | None = None  # how long P holds blocks nobody reads (kvx default 30000)
+    timeout_ms: int | None = None  # handshake and transfer deadline (kvx.h KVX_DEFAULT_TIMEOUT_MS)
+    lease_ms: int | None = None  # how long P holds blocks nobody reads (KVX_DEFAULT_LEASE_MS)
     verify_one_in: int = 0  # verify every Nth transfer with checksums (0: none)
 
 
