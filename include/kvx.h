@@ -604,9 +604,10 @@ enum {
 };
 
 /* What a clear field_mask bit gives (kvx_agent_params_t): the agent's defaults, here only.
- * Front ends (kvx serve, kvx fetch, Python) set a field only when their user gave it. */
-#define KVX_DEFAULT_TRANSPORTS      "sm,cma,tcp" /* one host: shared memory, cross-memory
-                                                   attach, TCP for wire-up */
+ * Front ends (kvx serve, kvx fetch, Python) set a field only when their user gave it. On one
+ * host the transports are shared memory, cross-memory attach and TCP for wire-up; a push
+ * writer takes one lane that reaches the requester's own process. */
+#define KVX_DEFAULT_TRANSPORTS      "sm,cma,tcp"
 #define KVX_DEFAULT_TIMEOUT_MS      10000   /* 10 s */
 #define KVX_DEFAULT_LEASE_MS        30000   /* 30 s */
 #define KVX_DEFAULT_HEARTBEAT_MS    5000    /* 5 s */
@@ -614,7 +615,7 @@ enum {
 #define KVX_DEFAULT_MAX_PEERS       64
 #define KVX_DEFAULT_MAX_MESSAGE     1048576 /* 1 MiB */
 #define KVX_DEFAULT_MAX_PUSHES      64
-#define KVX_DEFAULT_PUSH_TRANSPORTS "tcp"    /* one lane to the requester's own process */
+#define KVX_DEFAULT_PUSH_TRANSPORTS "tcp"
 #define KVX_DEFAULT_MAX_PUSH_MS     300000 /* 5 min */
 
 typedef struct kvx_agent_params {
@@ -806,13 +807,13 @@ typedef enum kvx_stat_kind {
 } kvx_stat_kind_t;
 
 typedef struct kvx_stat_field {
-    const char *name;     /* the field's name in kvx_agent_stats_t: its key in JSON and Python */
-    const char *metric;   /* its Prometheus name, after "kvx_" */
-    const char *help;     /* Prometheus's HELP line: one sentence */
+    const char *name;   /* the field's name in kvx_agent_stats_t: its key in JSON and Python */
+    const char *metric; /* its Prometheus name, after "kvx_" */
+    const char *help;   /* Prometheus's HELP line: one sentence */
     kvx_stat_kind_t kind;
-    size_t offset;        /* of the field in kvx_agent_stats_t */
-    double scale;         /* Prometheus's unit in the field's: 1e-6 for microseconds shown as
-                             seconds; 1 when the field is shown as counted */
+    size_t offset; /* of the field in kvx_agent_stats_t */
+    double scale;  /* Prometheus's unit in the field's: 1e-6 for microseconds shown as
+                      seconds; 1 when the field is shown as counted */
 } kvx_stat_field_t;
 
 /* Every field of kvx_agent_stats_t, in the struct's order, *count_p of them: a static table,

@@ -63,8 +63,7 @@ __attribute__((format(printf, 2, 3))) static void text_printf(struct text *t, co
 
 /* A counter or gauge: the field's value, exact, or scaled to the metric's unit (nanoseconds
  * shown as seconds). */
-static void scalar(struct text *t, const char *labels, const kvx_stat_field_t *f,
-                   uint64_t value)
+static void scalar(struct text *t, const char *labels, const kvx_stat_field_t *f, uint64_t value)
 {
     text_printf(t, "# HELP kvx_%s %s\n# TYPE kvx_%s %s\n", f->metric, f->help, f->metric,
                 f->kind == KVX_STAT_KIND_GAUGE ? "gauge" : "counter");
@@ -120,7 +119,7 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
     if (s == NULL || text_p == NULL)
         return error_set(KVX_ERR_INVALID, "stats: stats and result are required");
     label_agent(&labels, agent_name != NULL ? agent_name : "kvx");
-    l = labels.data != NULL ? labels.data : "";
+    l      = labels.data != NULL ? labels.data : "";
     fields = kvx_agent_stats_fields(&count);
     for (size_t i = 0; i < count; i++) {
         const kvx_stat_field_t *f = &fields[i];

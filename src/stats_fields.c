@@ -5,11 +5,14 @@
 
 #include <stddef.h>
 
-#define FIELD(field, kind, metric, scale, help)                                                    \
-    {#field, metric, help, KVX_STAT_KIND_##kind, offsetof(kvx_agent_stats_t, field), scale}
-#define COUNTER(field, metric, help)             FIELD(field, COUNTER, metric, 1, help)
-#define GAUGE(field, metric, help)               FIELD(field, GAUGE, metric, 1, help)
-#define HISTOGRAM(field, metric, scale, help)    FIELD(field, HISTOGRAM, metric, scale, help)
+#define FIELD(field, kind_, metric_, scale_, help_)                                                \
+    {                                                                                              \
+        .name = #field, .metric = metric_, .help = help_, .kind = KVX_STAT_KIND_##kind_,           \
+        .offset = offsetof(kvx_agent_stats_t, field), .scale = scale_                              \
+    }
+#define COUNTER(field, metric, help)          FIELD(field, COUNTER, metric, 1, help)
+#define GAUGE(field, metric, help)            FIELD(field, GAUGE, metric, 1, help)
+#define HISTOGRAM(field, metric, scale, help) FIELD(field, HISTOGRAM, metric, scale, help)
 
 /* In the struct's order: test_stats checks that the entries tile the struct. */
 static const kvx_stat_field_t stats_fields[] = {
@@ -25,21 +28,17 @@ static const kvx_stat_field_t stats_fields[] = {
     COUNTER(peers_dead, "peers_dead_total",
             "Peers declared dead: transport error, silence or restart."),
     COUNTER(peers_idle, "peers_idle_total", "Peers dropped after the idle TTL."),
-    HISTOGRAM(transfer_us, "transfer_duration_seconds", 1e-6,
-              "Transfer time, post to completion."),
-    HISTOGRAM(post_us, "post_duration_seconds", 1e-6,
-              "Planning and posting time per transfer."),
+    HISTOGRAM(transfer_us, "transfer_duration_seconds", 1e-6, "Transfer time, post to completion."),
+    HISTOGRAM(post_us, "post_duration_seconds", 1e-6, "Planning and posting time per transfer."),
     HISTOGRAM(transfer_bytes, "transfer_size_bytes", 1, "Bytes per transfer."),
-    HISTOGRAM(transfer_descriptors, "transfer_descriptors", 1,
-              "Descriptors posted per transfer."),
+    HISTOGRAM(transfer_descriptors, "transfer_descriptors", 1, "Descriptors posted per transfer."),
     COUNTER(notifications, "notifications_received_total",
             "Done and heartbeat notifications received."),
     COUNTER(notifications_dropped, "notifications_dropped_total",
             "Malformed notifications, counted and ignored."),
     GAUGE(held, "held_requests", "Requests held for their consumers now."),
     COUNTER(released, "released_total", "Held requests released after every consumer's done."),
-    COUNTER(done_unknown, "done_unknown_total",
-            "Done for a request not held: never, or released."),
+    COUNTER(done_unknown, "done_unknown_total", "Done for a request not held: never, or released."),
     COUNTER(leases_expired, "leases_expired_total",
             "Held requests released when their lease expired."),
     COUNTER(done_repeated, "done_repeated_total",
@@ -53,8 +52,7 @@ static const kvx_stat_field_t stats_fields[] = {
             "Side-channel connections refused past max_peers."),
     COUNTER(tokens_refused, "tokens_refused_total",
             "Dones and heartbeats with a wrong hold token."),
-    GAUGE(peers_connected, "peers_connected",
-          "Authenticated side-channel connections open now."),
+    GAUGE(peers_connected, "peers_connected", "Authenticated side-channel connections open now."),
     COUNTER(transfers_verified, "transfers_verified_total",
             "Transfers whose checksums were compared with the prefill side's."),
     COUNTER(verify_mismatches, "verify_mismatches_total",

@@ -154,7 +154,7 @@ static void prometheus_text_has_every_field(void **state)
     }
     assert_int_equal(kvx_agent_stats_prometheus(&stats, "a", &text), KVX_OK);
     for (size_t i = 0; i < count; i++) {
-        const kvx_stat_field_t *f = &fields[i];
+        const kvx_stat_field_t *f        = &fields[i];
         static const char *const types[] = {"counter", "gauge", "histogram"};
         char line[256];
 
@@ -166,8 +166,8 @@ static void prometheus_text_has_every_field(void **state)
                  f->kind == KVX_STAT_KIND_HISTOGRAM ? "_count" : "");
         if (strstr(text, line) == NULL)
             fail_msg("no value line for %s: expected \"%s\"", f->name, line + 1);
-        assert_true(fabs(metric(text, line) - (double)(1000 + i) *
-                                                  (f->kind == KVX_STAT_KIND_HISTOGRAM ? 1 : f->scale)) <
+        assert_true(fabs(metric(text, line) -
+                         (double)(1000 + i) * (f->kind == KVX_STAT_KIND_HISTOGRAM ? 1 : f->scale)) <
                     1e-6);
     }
     free(text);

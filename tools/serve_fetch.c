@@ -18,8 +18,12 @@
 #include <time.h>
 
 /* The library's defaults in the usage text: kvx.h says them once. */
-#define STRING(x)       #x
-#define DEFAULT_TEXT(x) "default " STRING(x)
+#define STRING(x)         #x
+#define DEFAULT_TEXT(x)   "default " STRING(x)
+#define TIMEOUT_DEFAULT   DEFAULT_TEXT(KVX_DEFAULT_TIMEOUT_MS)
+#define LEASE_DEFAULT     DEFAULT_TEXT(KVX_DEFAULT_LEASE_MS)
+#define HEARTBEAT_DEFAULT DEFAULT_TEXT(KVX_DEFAULT_HEARTBEAT_MS)
+#define MAX_PUSH_DEFAULT  DEFAULT_TEXT(KVX_DEFAULT_MAX_PUSH_MS)
 
 static const char usage_serve[] =
     "usage: kvx serve LAYOUT --listen HOST:PORT (--auth FILE | --insecure)\n"
@@ -40,18 +44,18 @@ static const char usage_serve[] =
     "  --insecure          no secret: plain side channel, on a loopback address only\n"
     "  --fill SEED|random  the pattern's seed (default 1), or random: the pattern of a seed\n"
     "                      drawn from the kernel and never shown\n"
-    "  --transports LIST   UCX transports; default " KVX_DEFAULT_TRANSPORTS " (and cuda_copy,cuda_ipc\n"
-    "                      with --memory cuda)\n"
+    "  --transports LIST   UCX transports; default " KVX_DEFAULT_TRANSPORTS "\n"
+    "                      (and cuda_copy,cuda_ipc with --memory cuda)\n"
     "  --memory host|cuda  where the storages live: host memory (default; a layout's\n"
     "                      \"vram\" storages too, said on stderr) or GPU memory kvx\n"
     "                      allocates (filled through a host staging buffer: docs/gpu.md)\n"
     "  --timeout MS        handshake deadline, and how long a push writer may complete\n"
-    "                      nothing before its pushes fail; " DEFAULT_TEXT(KVX_DEFAULT_TIMEOUT_MS) "\n"
+    "                      nothing before its pushes fail; " TIMEOUT_DEFAULT "\n"
     "  --max-push MS       the longest a push may write: each writes as long as its\n"
     "                      requester waits (its --timeout), at most MS;\n"
-    "                      " DEFAULT_TEXT(KVX_DEFAULT_MAX_PUSH_MS) "\n"
+    "                      " MAX_PUSH_DEFAULT "\n"
     "  --lease MS          how long held blocks wait for their done or a heartbeat;\n"
-    "                      " DEFAULT_TEXT(KVX_DEFAULT_LEASE_MS) "\n"
+    "                      " LEASE_DEFAULT "\n"
     "  --hold ID=BLOCKS    before serving, hold request ID's blocks (the --blocks syntax of\n"
     "                      kvx fetch) until --consumers dones for ID arrived or the lease\n"
     "                      expired; prints \"released request ID\" then. Repeatable\n"
@@ -88,7 +92,7 @@ static const char usage_fetch[] =
     "  --fill SEED         with --verify: the seed kvx serve used, for the pattern check\n"
     "  --memory host|cuda  where the storages live, as kvx serve's; --verify reads GPU\n"
     "                      storages back into host memory to check them\n"
-    "  --timeout MS        handshake and transfer deadline; " DEFAULT_TEXT(KVX_DEFAULT_TIMEOUT_MS) "\n"
+    "  --timeout MS        handshake and transfer deadline; " TIMEOUT_DEFAULT "\n"
     "  --request ID        the request id read (and notified done); default 1. A prefill\n"
     "                      rank that holds ID (kvx serve --hold) releases it on the done\n"
     "  --token HEX         the hold's token (kvx serve --hold printed or was given it): a\n"
@@ -96,7 +100,7 @@ static const char usage_fetch[] =
     "  --want              want the request from every peer before reading: heartbeats\n"
     "                      carry its id, which keeps its lease alive on the prefill side\n"
     "  --heartbeat MS      heartbeat interval; a peer silent for three is dead;\n"
-    "                      " DEFAULT_TEXT(KVX_DEFAULT_HEARTBEAT_MS) "\n"
+    "                      " HEARTBEAT_DEFAULT "\n"
     "  --wait-before-read MS\n"
     "                      connect (and want), then wait MS, heartbeating, before reading;\n"
     "                      prints \"waiting MS ms before reading request ID\" on stderr\n"
@@ -124,7 +128,7 @@ struct agent_args {
     uint64_t tp_rank;
     uint64_t tp_size;
     uint64_t seed;
-    uint64_t timeout_ms;  /* the agent's default (kvx.h) unless given */
+    uint64_t timeout_ms; /* the agent's default (kvx.h) unless given */
     uint64_t lease_ms;
     uint64_t heartbeat_ms;
     uint64_t max_push_ms;  /* serve */
