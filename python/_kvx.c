@@ -1197,6 +1197,8 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
     Py_END_ALLOW_THREADS
     if (agent == NULL)
         return raise_gone(GONE_AGENT);
+    /* the library's fields, then this binding's own: what released() and logs() could not
+     * keep */
     dict = PyDict_New();
     if (dict != NULL && (stats_dict_fill(dict, &s) != 0 ||
                          dict_set_u64(dict, "released_dropped", released_dropped) != 0 ||
