@@ -53,6 +53,9 @@
 #define AGENT_DEFAULT_PEER_TTL_MS  3600000
 #define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
 #define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
+/* Bytes of same-host copies (reads from a peer's storage mapped here) made in one turn: about
+ * half a millisecond of memcpy here, so a large pull never holds a turn (docs/agent.md). */
+#define AGENT_COPY_BYTES_PER_TURN  ((size_t)4 << 20)
 /* How long the loop keeps turning without sleeping while UCX operations of ours are in flight:
  * about the gap between the steps of a transfer that needs the peer (an emulated get's reply,
  * a flush), so such a transfer does not pay a wakeup (tens of microseconds here) per step.
@@ -849,6 +852,8 @@ static size_t agent_turn(kvx_agent_t *agent)
     for (int round = 0; round < AGENT_PROGRESS_ROUNDS && transport_progress(core->transport) > 0;
          round++)
         events++;
+    events += transport_copies_run(core->transport, AGENT_COPY_BYTES_PER_TURN);
+    events += transport_settle_run(core->transport);
     events += peers_progress(core);
     if (agent->pushes != NULL)
         events += push_progress(agent->pushes);

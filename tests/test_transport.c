@@ -25,6 +25,7 @@
 #define STALL_MS     300   /* progress towards a stopped peer before giving up */
 #define DESTROY_MAX  2.0   /* seconds a destroy may take: a bound on a hang, not a timing */
 #define AM_DONE      1
+#define COPY_SLICE   (1u << 20) /* bytes of queued copies a progress loop makes at a time */
 
 /* The byte the target holds at `offset` before any put, and the byte the parent puts. */
 static uint8_t p_pattern(uint64_t offset)
@@ -324,8 +325,10 @@ static bool progress_until_done(const struct done *d, uint64_t timeout_ms)
 {
     uint64_t deadline = clock_ms() + timeout_ms;
 
-    while (d->calls == 0 && clock_ms() < deadline)
+    while (d->calls == 0 && clock_ms() < deadline) {
         transport_conn_progress(left.conn);
+        transport_copies_run(left.t, COPY_SLICE); /* the loop's copies, a slice a turn */
+    }
     return d->calls > 0;
 }
 
@@ -339,6 +342,8 @@ static void progress_for(uint64_t ms)
         if (left.conn != NULL)
             transport_conn_progress(left.conn);
         transport_progress(left.t);
+        transport_copies_run(left.t, COPY_SLICE);
+        transport_settle_run(left.t);
     }
 }
 
