@@ -595,6 +595,92 @@ static void destroying_conn_after_peer_killed_frees_every_op_record(void **state
     local_close();
 }
 
+/* Blocks of the local storage holding the target's bytes of the same block (the gets below
+ * read block b into block b): a block not copied still holds zeros, which no block of the
+ * target's pattern is. */
+static size_t blocks_copied(void)
+{
+    size_t copied = 0;
+
+    for (uint64_t b = 0; b < NUM_BLOCKS; b++) {
+        bool same = true;
+
+        for (uint64_t o = 0; o < BLOCK && same; o++)
+            same = left.local[b * BLOCK + o] == p_pattern(b * BLOCK + o);
+        copied += same;
+    }
+    return copied;
+}
+
+/* Issue 23: a post never makes a large copy. Reads of a storage mapped here (UCX-allocated
+ * memory of a process on this host) are copies; the post makes at most TRANSPORT_COPY_INLINE
+ * bytes of them and queues the rest, which each transport_copies_run makes at most a budget
+ * of, so a post of the whole storage returns having copied a bounded part, even with the
+ * target stopped (a copy needs nothing of it). Counted in bytes that landed, not in time.
+ * A connection closed with copies still queued drops them: nothing lands after the close. */
+static void large_mapped_read_is_copied_by_the_loop_in_slices(void **state)
+{
+    const struct target_params params = {"sm,cma", true}; /* keys: mapped here on 1.13 */
+    const size_t inline_blocks        = TRANSPORT_COPY_INLINE / BLOCK;
+    const size_t slice_blocks         = COPY_SLICE / BLOCK;
+    struct transport_op *op;
+    struct done got     = {0};
+    struct done dropped = {0};
+    uint64_t remote_base;
+    size_t copied;
+    size_t turns = 0;
+    char lanes[256];
+
+    (void)state;
+    target_start(&params);
+    local_open(params.tls);
+    remote_base = conn_open();
+    transport_conn_describe(left.conn, lanes, sizeof(lanes));
+    if (strstr(lanes, "memcpy(1 of 1 storages mapped)") == NULL) {
+        print_message("UCX %s: not mapped here (%s): nothing to copy\n", kvx_ucx_version(), lanes);
+        conn_close();
+        target_kill();
+        local_close();
+        skip();
+    }
+    target_stop();
+
+    op     = rma_batch(&got, false, NULL, NUM_BLOCKS, false, remote_base);
+    copied = blocks_copied();
+    print_message("the post copied %zu of %u blocks (at most %zu)\n", copied, NUM_BLOCKS,
+                  inline_blocks);
+    assert_true(copied <= inline_blocks);
+    assert_int_equal(got.calls, 0); /* never inside the call */
+    assert_int_equal(transport_op_pending(op), 1);
+    while (got.calls == 0 && turns <= NUM_BLOCKS) {
+        size_t before = blocks_copied();
+
+        assert_true(transport_copies_run(left.t, COPY_SLICE) > 0);
+        turns++;
+        copied = blocks_copied();
+        assert_true(copied > before && copied - before <= slice_blocks);
+    }
+    assert_int_equal(got.calls, 1);
+    assert_int_equal(copied, NUM_BLOCKS);
+    assert_true(turns >= (NUM_BLOCKS - inline_blocks) / slice_blocks);
+    assert_int_equal(transport_op_status(op, "copies"), KVX_OK);
+    assert_int_equal(transport_copies_run(left.t, COPY_SLICE), 0);
+    transport_op_release(op);
+
+    /* Closed with copies queued: they never land, and nobody is told. */
+    memset(left.local, 0, STORAGE_SIZE);
+    rma_batch(&dropped, false, NULL, NUM_BLOCKS, false, remote_base);
+    copied = blocks_copied();
+    conn_close(); /* the op goes with its connection: nothing of it is pending */
+    assert_int_equal(transport_copies_run(left.t, STORAGE_SIZE), 0);
+    assert_int_equal(blocks_copied(), copied);
+    assert_int_equal(dropped.calls, 0);
+    assert_int_equal(transport_ops_orphaned(left.t), 0);
+
+    target_kill();
+    local_close();
+}
+
 /* Bad input from a peer is an error, never a crash. */
 /* A target's UCX-allocated storage is mapped here and read with memcpy (the test above
  * checks its bytes); one whose metadata claims more than UCX mapped is not, and reads of it go
@@ -649,6 +735,8 @@ int main(void)
         cmocka_unit_test_teardown(destroying_conn_after_peer_killed_frees_every_op_record,
                                   leftovers_clean),
         cmocka_unit_test_teardown(mapped_storage_is_used_only_where_every_page_is_mapped,
+                                  leftovers_clean),
+        cmocka_unit_test_teardown(large_mapped_read_is_copied_by_the_loop_in_slices,
                                   leftovers_clean),
         cmocka_unit_test_teardown(empty_worker_address_is_refused, leftovers_clean),
     };
