@@ -20,10 +20,32 @@ kvx_status_t checksum_range_check(const struct core *core, const struct checksum
 kvx_status_t checksum_local(struct core *core, const struct checksum_range *ranges, size_t count,
                             uint64_t *sums);
 
-/* VERB_CHECKSUM from a peer the gate admitted: the checksums of the ranges it names, or an
- * error answer (counted in verify_refused) when the request is malformed or any range lies
- * outside our storages; then nothing is hashed. */
-void checksum_serve(struct core *core, struct sidechan_server *side,
+/* Checksum requests being answered, the prefill side of VERB_CHECKSUM: each request is
+ * checked when it arrives and then hashed a slice at a time, in arrival order, by
+ * checksum_jobs_run, so one turn of the loop hashes a bounded number of bytes however many
+ * requests came (issue 23: 64 requests of 64 MiB once held one turn for 0.7 s). */
+struct checksum_jobs;
+
+/* Requests queued at most: 64 peers with VERIFY_WINDOW (8) requests out each, twice over.
+ * One more is refused (counted in verify_refused); its verification fails, nothing else. */
+#define CHECKSUM_MAX_JOBS 1024
+
+kvx_status_t checksum_jobs_create(struct checksum_jobs **jobs_p);
+/* Requests not answered yet are dropped: their requesters' deadlines end them. NULL-safe. */
+void checksum_jobs_destroy(struct checksum_jobs *jobs);
+
+/* VERB_CHECKSUM from a peer the gate admitted: queues the request, or answers an error now
+ * (counted in verify_refused) when it is malformed, any range lies outside our storages, or
+ * CHECKSUM_MAX_JOBS are queued; then nothing is hashed. */
+void checksum_serve(struct core *core, struct checksum_jobs *jobs, struct sidechan_server *side,
                     const struct sidechan_request *request);
+
+/* Hashes at most `budget` bytes of the queued requests, oldest first, and answers each once
+ * its last range is hashed (a range of a GPU storage that cannot be copied to the host is
+ * answered with the error). Returns the ranges worked on; 0 when nothing was queued. */
+size_t checksum_jobs_run(struct core *core, struct checksum_jobs *jobs,
+                         struct sidechan_server *side, uint64_t budget);
+
+bool checksum_jobs_pending(const struct checksum_jobs *jobs);
 
 #endif
