@@ -870,7 +870,9 @@ typedef struct kvx_xfer kvx_xfer_t;
  * kvx_xfer_wait() is waiting on its own. */
 typedef void (*kvx_xfer_cb_t)(void *arg, kvx_xfer_t *xfer, kvx_status_t status);
 
-/* Posts a pull of one request (as kvx_read, without waiting) and returns its handle: the
+/* Posts a pull of one request (as kvx_read, without waiting) and returns its handle, in
+ * microseconds whatever the request's size: reads that are same-host copies beyond a small
+ * budget are made by progress, a slice a turn (docs/agent.md, "Nothing blocks the caller"). The
  * agent's progress sends the `done` notifications once every get completed, completes it
  * with KVX_OK once every prefill rank answered that its done counted (its hold was alive,
  * with request->token; or it held nothing and no token was given), and calls `callback`
