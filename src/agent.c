@@ -56,7 +56,8 @@
 /* Bytes of same-host copies (reads from a peer's storage mapped here) made in one turn: about
  * half a millisecond of memcpy here, so a large pull never holds a turn (docs/agent.md). */
 #define AGENT_COPY_BYTES_PER_TURN  ((size_t)4 << 20)
-/* Bytes of checksum requests hashed in one turn: under a millisecond of XXH3 here. */
+/* Bytes of our memory hashed in one turn, for checksum requests and our own verifications:
+ * under a millisecond of XXH3 here. */
 #define AGENT_HASH_BYTES_PER_TURN  ((uint64_t)4 << 20)
 /* How long the loop keeps turning without sleeping while UCX operations of ours are in flight:
  * about the gap between the steps of a transfer that needs the peer (an emulated get's reply,
@@ -84,7 +85,6 @@ struct kvx_agent {
     struct sidechan_server *side; /* the listening side channel, or NULL */
     char listen_address[300];     /* "HOST:PORT" it is bound to (the real port when given 0) */
     struct push_server *pushes;
-    struct checksum_jobs *checksums; /* checksum requests being hashed, a slice a turn */
     struct xfer_set *xfers;
     struct hold_table holds;
     struct loop_timer lease_timer; /* at the earliest lease end of the hold table */
@@ -374,7 +374,7 @@ static void serve_checksum(void *arg, const struct sidechan_request *request)
 {
     kvx_agent_t *agent = arg;
 
-    checksum_serve(&agent->core, agent->checksums, agent->side, request);
+    checksum_serve(&agent->core, agent->core.checksums, agent->side, request);
 }
 
 /* The side channel's verbs, one table: what a listening agent answers, and only to peers its
@@ -421,9 +421,9 @@ static void agent_free(kvx_agent_t *agent)
     struct core *core = &agent->core;
 
     push_server_destroy(agent->pushes);
-    checksum_jobs_destroy(agent->checksums);
     dones_drop(core);
     xfer_set_destroy(agent->xfers);
+    checksum_jobs_destroy(core->checksums); /* after the transfers, whose verifications add */
     agent_queue_drop(agent);
     if (agent->side != NULL) {
         loop_unwatch_fd(&core->loop, sidechan_server_fd(agent->side));
@@ -529,8 +529,6 @@ static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
         status = loop_watch_fd(&core->loop, zsocket_fd(sockets[i]));
     if (status == KVX_OK)
         status = loop_watch_fd(&core->loop, sidechan_server_fd(agent->side));
-    if (status == KVX_OK)
-        status = checksum_jobs_create(&agent->checksums);
     if (status == KVX_OK)
         status = push_server_create(core, agent->side, agent->push_transports, agent->max_pushes,
                                     agent->max_push_ms, &agent->pushes);
@@ -677,6 +675,7 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
         (status = agent_metadata_pack(agent, params, KVX_MODE_PUSH, &agent->push_metadata,
                                       &agent->push_metadata_size)) != KVX_OK ||
         (status = loop_watch_fd(&core->loop, transport_event_fd(core->transport))) != KVX_OK ||
+        (status = checksum_jobs_create(&core->checksums)) != KVX_OK ||
         (status = xfer_set_create(core, &agent->xfers)) != KVX_OK)
         goto err;
     core->xfers = agent->xfers;
@@ -873,9 +872,7 @@ static size_t agent_turn(kvx_agent_t *agent)
                                         sizeof(agent_verbs) / sizeof(agent_verbs[0]), agent,
                                         AGENT_REQUESTS_PER_TURN, &malformed);
     core->stats.notifications_dropped += malformed;
-    if (agent->side != NULL)
-        events += checksum_jobs_run(core, agent->checksums, agent->side,
-                                    AGENT_HASH_BYTES_PER_TURN);
+    events += checksum_jobs_run(core, core->checksums, agent->side, AGENT_HASH_BYTES_PER_TURN);
     events += peers_serve(core);
     /* 3. Deadlines, heartbeats and leases, from the one timer heap. */
     events += loop_timers_run(&core->loop, clock_ms());
@@ -897,7 +894,7 @@ static bool agent_busy(kvx_agent_t *agent)
         busy |= push_busy(agent->pushes);
     if (agent->side != NULL)
         busy |= sidechan_server_readable(agent->side) || gate_readable(agent->gate);
-    busy |= checksum_jobs_pending(agent->checksums);
+    busy |= checksum_jobs_pending(agent->core.checksums);
     return busy;
 }
 

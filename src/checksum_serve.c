@@ -45,50 +45,12 @@ kvx_status_t checksum_range_check(const struct core *core, const struct checksum
 /* Bytes of GPU memory staged at a time: a host buffer of this size per hashing call. */
 #define CHECKSUM_STAGE_BYTES (4u << 20)
 
-/* Where a GPU storage's range is, for checksum_of_staged. */
-struct device_range {
-    struct gpu *gpu;
-    const uint8_t *at;
-};
-
-static kvx_status_t device_read(void *arg, uint64_t offset, void *dst, size_t len)
-{
-    const struct device_range *d = arg;
-
-    return gpu_copy(d->gpu, dst, d->at + offset, len);
-}
-
-kvx_status_t checksum_local(struct core *core, const struct checksum_range *ranges, size_t count,
-                            uint64_t *sums)
-{
-    uint64_t start      = now_ns();
-    uint8_t *stage      = NULL;
-    kvx_status_t status = KVX_OK;
-
-    for (size_t i = 0; i < count && status == KVX_OK; i++) {
-        const uint8_t *at = (const uint8_t *)core->bases[ranges[i].storage] + ranges[i].offset;
-        struct gpu *gpu   = core->gpus != NULL ? core->gpus[ranges[i].storage] : NULL;
-        struct device_range device = {gpu, at};
-
-        if (gpu == NULL)
-            sums[i] = checksum_of(at, ranges[i].len);
-        else if (stage == NULL && (stage = malloc(CHECKSUM_STAGE_BYTES)) == NULL)
-            status = error_no_memory("staging GPU memory to hash");
-        else
-            status = checksum_of_staged(device_read, &device, ranges[i].len, stage,
-                                        CHECKSUM_STAGE_BYTES, &sums[i]);
-        if (status == KVX_OK)
-            core->stats.verify_bytes_hashed += ranges[i].len;
-    }
-    free(stage);
-    core->stats.verify_ns += now_ns() - start;
-    return status;
-}
-
 /* One request: its ranges, checked, and the checksums of those hashed so far. */
 struct checksum_job {
     struct checksum_job *next;
-    struct sidechan_origin origin; /* where the answer goes */
+    struct sidechan_origin origin; /* where the answer goes, when `done` is NULL */
+    checksum_done_t done;          /* or who is told */
+    void *arg;
     struct checksum_range ranges[CHECKSUM_MAX_RANGES];
     uint64_t sums[CHECKSUM_MAX_RANGES];
     size_t count;
@@ -180,6 +142,7 @@ void checksum_serve(struct core *core, struct checksum_jobs *jobs, struct sidech
         }
     }
     job->origin     = request->origin;
+    job->done       = NULL;
     job->next_range = 0;
     job->hashed     = 0;
     if (jobs->tail != NULL)
@@ -194,6 +157,53 @@ err_refuse:
     refuse(core, side, &request->origin);
     job->next   = jobs->spare;
     jobs->spare = job;
+}
+
+kvx_status_t checksum_jobs_add(struct checksum_jobs *jobs, const struct checksum_range *ranges,
+                               size_t count, checksum_done_t done, void *arg)
+{
+    struct checksum_job *job = jobs->spare;
+
+    if (job == NULL && (job = malloc(sizeof(*job))) == NULL)
+        return error_no_memory("a checksum job");
+    if (job == jobs->spare)
+        jobs->spare = job->next;
+    job->next = NULL;
+    memcpy(job->ranges, ranges, count * sizeof(*ranges));
+    job->count      = count;
+    job->done       = done;
+    job->arg        = arg;
+    job->next_range = 0;
+    job->hashed     = 0;
+    if (jobs->tail != NULL)
+        jobs->tail->next = job;
+    else
+        jobs->head = job;
+    jobs->tail = job;
+    jobs->num_jobs++;
+    return KVX_OK;
+}
+
+void checksum_jobs_cancel(struct checksum_jobs *jobs, void *arg)
+{
+    struct checksum_job **link = &jobs->head;
+    struct checksum_job *last  = NULL;
+
+    /* Only the head can be partly hashed; the next head starts its stream afresh. */
+    while (*link != NULL) {
+        struct checksum_job *job = *link;
+
+        if (job->done == NULL || job->arg != arg) {
+            last = job;
+            link = &job->next;
+            continue;
+        }
+        *link = job->next;
+        jobs->num_jobs--;
+        job->next   = jobs->spare;
+        jobs->spare = job;
+    }
+    jobs->tail = last;
 }
 
 /* Takes the oldest job off the queue and keeps it for reuse. */
@@ -249,11 +259,17 @@ size_t checksum_jobs_run(struct core *core, struct checksum_jobs *jobs,
         struct checksum_job *job = jobs->head;
         uint64_t n               = 0;
         uint8_t answer[CHECKSUM_MAX_ANSWER_SIZE];
+        checksum_done_t done = job->done;
+        void *arg            = job->arg;
+        kvx_status_t status  = job_slice(core, jobs, budget, &n);
 
         worked++;
-        if (job_slice(core, jobs, budget, &n) != KVX_OK) {
-            refuse(core, side, &job->origin);
-            jobs_pop(jobs);
+        if (status != KVX_OK) {
+            if (done == NULL)
+                refuse(core, side, &job->origin);
+            jobs_pop(jobs); /* before `done`, which may add jobs (and reuse this one) */
+            if (done != NULL)
+                done(arg, status, NULL);
             continue;
         }
         budget -= n;
@@ -265,6 +281,14 @@ size_t checksum_jobs_run(struct core *core, struct checksum_jobs *jobs,
         job->hashed                  = 0;
         if (job->next_range < job->count)
             continue;
+        if (done != NULL) {
+            uint64_t sums[CHECKSUM_MAX_RANGES];
+
+            memcpy(sums, job->sums, job->count * sizeof(*sums));
+            jobs_pop(jobs); /* before `done`, which may add jobs (and reuse this one) */
+            done(arg, KVX_OK, sums);
+            continue;
+        }
         core->stats.verify_served++;
         sidechan_reply(side, &job->origin, answer,
                        checksum_answer_encode(job->sums, job->count, answer));
