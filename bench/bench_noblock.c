@@ -25,13 +25,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#define BIG_BLOCKS   1024      /* of 1 MiB: a 1 GiB request */
-#define SMALL_BLOCKS 4         /* of 4 KiB: the latency request */
+#define BIG_BLOCKS   1024 /* of 1 MiB: a 1 GiB request */
+#define SMALL_BLOCKS 4    /* of 4 KiB: the latency request */
 #define SMALL_RUNS   200
 #define PUSHES       6
-#define FLOOD_PULLS  8         /* verified at once: 8 x 8 checksum requests of 64 MiB out */
-#define CLOSING      16        /* connections closed at once */
-#define TIMEOUT_MS   20000     /* the agents' deadline: a bound on a hang, not a timing */
+#define FLOOD_PULLS  8     /* verified at once: 8 x 8 checksum requests of 64 MiB out */
+#define CLOSING      16    /* connections closed at once */
+#define TIMEOUT_MS   20000 /* the agents' deadline: a bound on a hang, not a timing */
 
 static const char layout_json[] =
     "{\"kvx_layout\": 1, \"storages\": [{\"name\": \"big\", \"size\": 1073741824},"
@@ -66,8 +66,8 @@ static void turn_timed(kvx_agent_t *agent, struct longest *l)
     uint64_t cpu  = cpu_ns();
 
     kvx_agent_progress(agent, 0);
-    wall = clock_ns() - wall;
-    cpu  = cpu_ns() - cpu;
+    wall    = clock_ns() - wall;
+    cpu     = cpu_ns() - cpu;
     l->wall = wall > l->wall ? wall : l->wall;
     l->cpu  = cpu > l->cpu ? cpu : l->cpu;
 }
@@ -197,9 +197,8 @@ static void prefill_reset(struct prefill_link *p)
 static void samples_print(const char *what, uint64_t *ns, size_t n)
 {
     qsort(ns, n, sizeof(*ns), stats_compare);
-    printf("%-44s p50 %9.1f us  p99 %9.1f us  max %9.1f us  (%zu runs)\n", what,
-           ns[n / 2] / 1e3, ns[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] / 1e3,
-           ns[n - 1] / 1e3, n);
+    printf("%-44s p50 %9.1f us  p99 %9.1f us  max %9.1f us  (%zu runs)\n", what, ns[n / 2] / 1e3,
+           ns[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] / 1e3, ns[n - 1] / 1e3, n);
 }
 
 static uint64_t big_ids[BIG_BLOCKS];
@@ -241,9 +240,9 @@ static void on_settled(void *arg, kvx_xfer_t *xfer, kvx_status_t status)
 static void posts_measure(kvx_agent_t *agent, kvx_peer_t *peer, int pulls)
 {
     kvx_group_ids_t groups[2];
-    kvx_group_ids_t small_groups[2]  = {{NULL, 0}, {small_ids, SMALL_BLOCKS}};
-    kvx_request_t request            = big_request(groups);
-    kvx_request_t small              = {small_groups, 2, NULL, 0, NULL};
+    kvx_group_ids_t small_groups[2] = {{NULL, 0}, {small_ids, SMALL_BLOCKS}};
+    kvx_request_t request           = big_request(groups);
+    kvx_request_t small             = {small_groups, 2, NULL, 0, NULL};
     uint64_t small_post[SMALL_RUNS];
     uint64_t small_total[SMALL_RUNS];
     uint64_t *post  = calloc((size_t)(pulls > PUSHES ? pulls : PUSHES), sizeof(*post));
@@ -370,8 +369,7 @@ static void closing_measure(kvx_agent_t *agent, struct prefill_link *p)
     kill(p->pid, SIGCONT);
     samples_print("kvx_xfer_destroy, 1 GiB pull in flight", destroy, CLOSING);
     printf("%-44s %9.1f ms wall, %7.1f ms CPU (%d connections closing, the prefill stopped)\n",
-           "longest decode turn until all settled", longest.wall / 1e6, longest.cpu / 1e6,
-           CLOSING);
+           "longest decode turn until all settled", longest.wall / 1e6, longest.cpu / 1e6, CLOSING);
     for (int i = 0; i < CLOSING; i++)
         kvx_peer_destroy(peers[i]);
     kvx_agent_progress(agent, 0);

@@ -61,8 +61,8 @@ struct checksum_job {
 struct checksum_jobs {
     struct checksum_job *head; /* queued, oldest first */
     struct checksum_job *tail;
-    struct checksum_job *spare; /* answered, kept for reuse */
-    size_t num_jobs;            /* queued */
+    struct checksum_job *spare;     /* answered, kept for reuse */
+    size_t num_jobs;                /* queued */
     struct checksum_stream *stream; /* the range being hashed: one at a time, in order */
     uint8_t *stage;                 /* CHECKSUM_STAGE_BYTES for GPU ranges; NULL until needed */
 };

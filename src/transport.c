@@ -604,8 +604,8 @@ static bool conn_settle_round(struct transport_conn *conn, double until, size_t 
 {
     double now = clock_seconds();
 
-    while (conn_has_pending(conn) && conn->settle_idle < TRANSPORT_SETTLE_IDLE &&
-           now < until && now < conn->settle_deadline) {
+    while (conn_has_pending(conn) && conn->settle_idle < TRANSPORT_SETTLE_IDLE && now < until &&
+           now < conn->settle_deadline) {
         conn->t->progressing++;
         conn->settle_idle = ucp_worker_progress(conn->worker) > 0 ? 0 : conn->settle_idle + 1;
         conn->t->progressing--;
@@ -858,8 +858,8 @@ static kvx_status_t op_copy_queue(struct transport_op *op, void *dst, const void
 
     KVX_ASSERT(!op->armed && !op->released); /* copies come with the op's posts */
     if (op->num_copies == op->max_copies) {
-        size_t max             = op->max_copies == 0 ? 16 : 2 * op->max_copies;
-        struct op_copy *grown  = realloc(op->copies, max * sizeof(*grown));
+        size_t max            = op->max_copies == 0 ? 16 : 2 * op->max_copies;
+        struct op_copy *grown = realloc(op->copies, max * sizeof(*grown));
 
         if (grown == NULL)
             return error_no_memory("a transfer's copies");

@@ -147,8 +147,8 @@ struct transport_op {
     struct op_copy *copies; /* queued copies, copied in order; counted as one operation */
     size_t num_copies;
     size_t max_copies;
-    size_t next_copy;              /* the first not finished */
-    size_t copy_done;              /* bytes of copies[next_copy] already copied */
+    size_t next_copy;               /* the first not finished */
+    size_t copy_done;               /* bytes of copies[next_copy] already copied */
     struct transport_op *copy_next; /* in t->copying while it has copies left */
     bool copying;
     uint8_t am[TRANSPORT_AM_MAX]; /* an active message's bytes, alive until it completes */
