@@ -96,6 +96,8 @@ static void *read_blob(int fd, uint64_t *size_p)
 struct target_params {
     const char *tls; /* NULL: the default list */
     bool ucx_memory; /* UCX allocates the storage (shared memory); else it is malloc'd */
+    bool read_only;  /* its key grants reads only: a TCP-served grant then carries the UCX key
+                        a peer on this host maps the storage with */
 };
 
 struct target_state {
@@ -145,7 +147,7 @@ static int target_run(const struct target_params *params, int to_parent)
         state.storage[i] = p_pattern(i);
     if (transport_am_set_handler(t, AM_DONE, target_on_done, &state) != KVX_OK ||
         transport_worker_address(t, &address, &address_size) != KVX_OK ||
-        transport_mem_pack_rkey(t, mem, true, &rkey, &rkey_size) != KVX_OK)
+        transport_mem_pack_rkey(t, mem, !params->read_only, &rkey, &rkey_size) != KVX_OK)
         return 11;
     base = (uint64_t)(uintptr_t)state.storage;
     if (!write_blob(to_parent, address, address_size) || !write_blob(to_parent, rkey, rkey_size) ||
@@ -391,7 +393,7 @@ static struct transport_op *rma_batch(struct done *d, bool put, const uint32_t *
  * a list without TCP (UCX's own gets and puts, with keys). */
 static void exact_bytes_move_over(const char *tls)
 {
-    const struct target_params params = {tls, true};
+    const struct target_params params = {tls, true, false};
     void *local_bases[1];
     uint64_t remote_bases[1];
     kvx_mem_type_t local_mems[1] = {KVX_MEM_DRAM};
@@ -493,7 +495,7 @@ static void keyed_gets_and_puts_move_exact_bytes_and_notify_the_main_worker(void
  * no callback comes from it even after the target continues. */
 static void put_and_flush_towards_stopped_peer_over_tcp_end_within_deadline(void **state)
 {
-    const struct target_params params = {"tcp", false};
+    const struct target_params params = {"tcp", false, false};
     struct transport_op *op;
     struct done warm    = {0};
     struct done stalled = {0};
@@ -542,7 +544,7 @@ static void put_and_flush_towards_stopped_peer_over_tcp_end_within_deadline(void
  * connection frees every op record, released or not, and no callback runs after release. */
 static void destroying_conn_after_peer_killed_frees_every_op_record(void **state)
 {
-    const struct target_params params = {"tcp", false};
+    const struct target_params params = {"tcp", false, false};
     struct transport_op *warm_op;
     struct transport_op *puts_op;
     struct transport_op *gets_op;
@@ -620,7 +622,7 @@ static size_t blocks_copied(void)
  * A connection closed with copies still queued drops them: nothing lands after the close. */
 static void large_mapped_read_is_copied_by_the_loop_in_slices(void **state)
 {
-    const struct target_params params = {"sm,cma", true}; /* keys: mapped here on 1.13 */
+    const struct target_params params = {NULL, true, true}; /* mapped here on 1.13 and 1.22 */
     const size_t inline_blocks        = TRANSPORT_COPY_INLINE / BLOCK;
     const size_t slice_blocks         = COPY_SLICE / BLOCK;
     struct transport_op *op;
@@ -687,7 +689,7 @@ static void large_mapped_read_is_copied_by_the_loop_in_slices(void **state)
  * through UCX: a lying peer cannot make a copy fault. */
 static void mapped_storage_is_used_only_where_every_page_is_mapped(void **state)
 {
-    const struct target_params params = {"sm,cma", true}; /* keys: TCP would take grants */
+    const struct target_params params = {"sm,cma", true, false}; /* keys, not grants */
     char lanes[256];
 
     (void)state;
