@@ -706,8 +706,6 @@ static void conn_park(struct transport_conn *conn)
     }
 }
 
-static void op_copies_drop(struct transport_op *op);
-
 void transport_conn_destroy(struct transport_conn *conn)
 {
     struct transport *t;
@@ -718,7 +716,7 @@ void transport_conn_destroy(struct transport_conn *conn)
     t = conn->t;
     KVX_ASSERT(t->progressing == 0); /* a completion callback closing its own connection */
     for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
-        op_copies_drop(op); /* copies not made yet never are: the transfer is over */
+        copy_queue_drop(op); /* copies not made yet never are: the transfer is over */
     /* Its populating thread only ever reads ahead: stopped here, before any key goes, and
      * never needed again (a closing connection is not read from). */
     prefault_stop(conn->prefault);
@@ -760,7 +758,7 @@ void transport_op_release(struct transport_op *op)
     if (op == NULL)
         return;
     op->finished = NULL;
-    op_copies_drop(op); /* nobody wants them any more */
+    copy_queue_drop(op); /* nobody wants them any more */
     if (op->completed == op->posted) {
         op_free(op);
         return;
@@ -817,95 +815,6 @@ static kvx_status_t op_count(struct transport_op *op, ucs_status_ptr_t sp, const
     return KVX_OK;
 }
 
-/* Takes `op` off the transport's list of ops with copies left. */
-static void copying_unlink(struct transport_op *op)
-{
-    struct transport *t         = op->conn->t;
-    struct transport_op **link  = &t->copying;
-    struct transport_op *before = NULL;
-
-    while (*link != op) {
-        before = *link;
-        link   = &(*link)->copy_next;
-    }
-    *link = op->copy_next;
-    if (t->copying_tail == op)
-        t->copying_tail = before;
-    op->copying   = false;
-    op->copy_next = NULL;
-}
-
-/* Drops the copies of `op` not made yet: their one operation counts as completed, cancelled,
- * and nobody is told (the op is being let go, or its connection closed). */
-static void op_copies_drop(struct transport_op *op)
-{
-    if (!op->copying)
-        return;
-    copying_unlink(op);
-    op->num_copies = op->next_copy = op->copy_done = 0;
-    op->completed++;
-    if (!op->conn->parked)
-        op->conn->t->pending--;
-    if (op->first_error == 0)
-        op->first_error = UCS_ERR_CANCELED;
-}
-
-/* Queues a copy on `op`; the op's first queued copy makes it one more pending operation and
- * puts it on the transport's list. */
-static kvx_status_t op_copy_queue(struct transport_op *op, void *dst, const void *src, size_t len)
-{
-    struct transport *t = op->conn->t;
-
-    KVX_ASSERT(!op->armed && !op->released); /* copies come with the op's posts */
-    if (op->num_copies == op->max_copies) {
-        size_t max            = op->max_copies == 0 ? 16 : 2 * op->max_copies;
-        struct op_copy *grown = realloc(op->copies, max * sizeof(*grown));
-
-        if (grown == NULL)
-            return error_no_memory("a transfer's copies");
-        op->copies     = grown;
-        op->max_copies = max;
-    }
-    op->copies[op->num_copies++] = (struct op_copy){dst, src, len};
-    if (op->copying)
-        return KVX_OK;
-    op->copying = true;
-    transport_op_posted_one(op);
-    if (t->copying_tail != NULL)
-        t->copying_tail->copy_next = op;
-    else
-        t->copying = op;
-    t->copying_tail = op;
-    return KVX_OK;
-}
-
-size_t transport_copies_run(struct transport *t, size_t budget)
-{
-    size_t worked = 0;
-
-    while (t->copying != NULL && budget > 0) {
-        struct transport_op *op = t->copying;
-        struct op_copy *c       = &op->copies[op->next_copy];
-        size_t n                = c->len - op->copy_done < budget ? c->len - op->copy_done : budget;
-
-        memcpy((char *)c->dst + op->copy_done, (const char *)c->src + op->copy_done, n);
-        budget -= n;
-        op->copy_done += n;
-        worked++;
-        if (op->copy_done < c->len)
-            continue;
-        op->copy_done = 0;
-        if (++op->next_copy < op->num_copies)
-            continue;
-        copying_unlink(op);
-        op->num_copies = op->next_copy = 0;
-        t->progressing++; /* its owner hears of it as of any completion: it only records */
-        transport_op_complete(op, UCS_OK);
-        t->progressing--;
-    }
-    return worked;
-}
-
 kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pair_t *pairs,
                                 size_t count, const struct transport_targets *targets)
 {
@@ -942,7 +851,7 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
                 inline_left -= p->len;
                 continue;
             }
-            status = op_copy_queue(op, local, src, p->len);
+            status = copy_queue_add(op, local, src, p->len);
             if (status != KVX_OK)
                 return status;
             continue;

@@ -161,6 +161,13 @@ void transport_op_posted_one(struct transport_op *op);
 /* One operation of `op` completed, with a UCX status. */
 void transport_op_complete(struct transport_op *op, ucs_status_t status);
 
+/* transport_copy.c: queues a copy on `op` (its first makes the op one more pending operation,
+ * completed by transport_copies_run after its last copy), and drops the copies of `op` not
+ * made yet: their operation counts as completed, cancelled, and nobody is told (the op is
+ * being let go, or its connection closed). */
+kvx_status_t copy_queue_add(struct transport_op *op, void *dst, const void *src, size_t len);
+void copy_queue_drop(struct transport_op *op);
+
 void am_record_link(struct am_record *r, struct am_record **list);
 void am_record_unlink(struct am_record *r);
 
