@@ -818,9 +818,8 @@ static kvx_status_t op_count(struct transport_op *op, ucs_status_ptr_t sp, const
 kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pair_t *pairs,
                                 size_t count, const struct transport_targets *targets)
 {
-    size_t inline_left = TRANSPORT_COPY_INLINE;
-
     struct transport_conn *conn = op->conn;
+    size_t inline_left          = TRANSPORT_COPY_INLINE; /* bytes this post may still copy */
     ucp_request_param_t param   = {
           .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
           .cb.send      = op_completed,
