@@ -931,7 +931,9 @@ typedef struct kvx_xfer kvx_xfer_t;
  * kvx_xfer_wait() is waiting on its own. */
 typedef void (*kvx_xfer_cb_t)(void *arg, kvx_xfer_t *xfer, kvx_status_t status);
 
-/* Posts a pull of one request (as kvx_read, without waiting) and returns its handle: the
+/* Posts a pull of one request (as kvx_read, without waiting) and returns its handle, in
+ * microseconds whatever the request's size: reads that are same-host copies beyond a small
+ * budget are made by progress, a slice a turn (docs/agent.md, "Nothing blocks the caller"). The
  * agent's progress sends the `done` notifications once every get completed, completes it
  * with KVX_OK once every prefill rank answered that its done counted (its hold was alive,
  * with request->token; or it held nothing and no token was given), and calls `callback`
@@ -967,9 +969,11 @@ KVX_API kvx_status_t kvx_xfer_wait(kvx_xfer_t *xfer);
 KVX_API void kvx_xfer_stats(const kvx_xfer_t *xfer, kvx_read_stats_t *stats_p);
 
 /* Releases a transfer. One still in progress is cancelled first: its peers are closed before
- * this returns (no get writes our memory afterwards), and its callback fires once with
- * KVX_ERR_CANCELED from the next progress, after which kvx frees it; the handle must not be
- * used after this call either way. NULL-safe. */
+ * this returns, and its callback fires once with KVX_ERR_CANCELED from progress (the next one,
+ * unless a closed connection still settles UCX's local copies, for at most 1 s: docs/agent.md
+ * "Closing"), after which kvx frees it. No get writes our memory once that callback ran; the
+ * blocks are the caller's again from then. The handle must not be used after this call
+ * either way. Returns without waiting. NULL-safe. */
 KVX_API void kvx_xfer_destroy(kvx_xfer_t *xfer);
 
 /* Pulls one request from the prefill ranks in `peers` (one per remote TP rank this rank

@@ -47,6 +47,12 @@
 #define AGENT_HANDSHAKES_PER_SOURCE 32
 #define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
 #define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
+/* Bytes of same-host copies (reads from a peer's storage mapped here) made in one turn: about
+ * half a millisecond of memcpy here, so a large pull never holds a turn (docs/agent.md). */
+#define AGENT_COPY_BYTES_PER_TURN  ((size_t)4 << 20)
+/* Bytes of our memory hashed in one turn, for checksum requests and our own verifications:
+ * under a millisecond of XXH3 here. */
+#define AGENT_HASH_BYTES_PER_TURN  ((uint64_t)4 << 20)
 /* How long the loop keeps turning without sleeping while UCX operations of ours are in flight:
  * about the gap between the steps of a transfer that needs the peer (an emulated get's reply,
  * a flush), so such a transfer does not pay a wakeup (tens of microseconds here) per step.
@@ -362,7 +368,7 @@ static void serve_checksum(void *arg, const struct sidechan_request *request)
 {
     kvx_agent_t *agent = arg;
 
-    checksum_serve(&agent->core, agent->side, request);
+    checksum_serve(&agent->core, agent->core.checksums, agent->side, request);
 }
 
 /* The side channel's verbs, one table: what a listening agent answers, and only to peers its
@@ -411,6 +417,7 @@ static void agent_free(kvx_agent_t *agent)
     push_server_destroy(agent->pushes);
     dones_drop(core);
     xfer_set_destroy(agent->xfers);
+    checksum_jobs_destroy(core->checksums); /* after the transfers, whose verifications add */
     agent_queue_drop(agent);
     if (agent->side != NULL) {
         loop_unwatch_fd(&core->loop, sidechan_server_fd(agent->side));
@@ -662,6 +669,7 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
         (status = agent_metadata_pack(agent, params, KVX_MODE_PUSH, &agent->push_metadata,
                                       &agent->push_metadata_size)) != KVX_OK ||
         (status = loop_watch_fd(&core->loop, transport_event_fd(core->transport))) != KVX_OK ||
+        (status = checksum_jobs_create(&core->checksums)) != KVX_OK ||
         (status = xfer_set_create(core, &agent->xfers)) != KVX_OK)
         goto err;
     core->xfers = agent->xfers;
@@ -843,6 +851,8 @@ static size_t agent_turn(kvx_agent_t *agent)
     for (int round = 0; round < AGENT_PROGRESS_ROUNDS && transport_progress(core->transport) > 0;
          round++)
         events++;
+    events += transport_copies_run(core->transport, AGENT_COPY_BYTES_PER_TURN);
+    events += transport_settle_run(core->transport);
     events += peers_progress(core);
     if (agent->pushes != NULL)
         events += push_progress(agent->pushes);
@@ -856,6 +866,7 @@ static size_t agent_turn(kvx_agent_t *agent)
                                         sizeof(agent_verbs) / sizeof(agent_verbs[0]), agent,
                                         AGENT_REQUESTS_PER_TURN, &malformed);
     core->stats.notifications_dropped += malformed;
+    events += checksum_jobs_run(core, core->checksums, agent->side, AGENT_HASH_BYTES_PER_TURN);
     events += peers_serve(core);
     /* 3. Deadlines, heartbeats and leases, from the one timer heap. */
     events += loop_timers_run(&core->loop, clock_ms());
@@ -877,6 +888,7 @@ static bool agent_busy(kvx_agent_t *agent)
         busy |= push_busy(agent->pushes);
     if (agent->side != NULL)
         busy |= sidechan_server_readable(agent->side) || gate_readable(agent->gate);
+    busy |= checksum_jobs_pending(agent->core.checksums);
     return busy;
 }
 

@@ -27,12 +27,14 @@
 
 struct xfer_set;
 struct hold_table;
+struct checksum_jobs;
 
 struct core {
     struct kvx_agent *agent; /* whose core this is */
     struct xfer_set *xfers;  /* the agent's transfers (xfer.c) */
     struct hold_table *holds; /* prefill side: the requests held (hold.c; the agent's) */
     struct early_list early;  /* prefill side: dones and pushes waiting for their hold */
+    struct checksum_jobs *checksums; /* our memory being hashed, either side (checksum_serve.h) */
     kvx_regions_t *regions;
     struct transport *transport;
     const char *transports; /* the UCX_TLS list given to the transport */
