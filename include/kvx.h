@@ -757,6 +757,10 @@ typedef struct kvx_agent_stats {
                                     authenticated yet (gauge) */
     uint64_t handshakes_refused; /* listener: connections closed in their handshake, past the
                                     bound of handshakes or of one address's (docs/security.md) */
+    /* what the prefill side served (issue 24): its reads are one-sided, so counted from the
+       dones, which carry the bytes each decode rank read from it (docs/wire.md) */
+    uint64_t served_transfers; /* prefill side: dones that read bytes from it, counted or not */
+    uint64_t served_bytes;     /* prefill side: the bytes those dones say were read */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):
@@ -776,6 +780,18 @@ KVX_API kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *stats,
 typedef void (*kvx_log_cb_t)(void *arg, const char *line);
 
 KVX_API void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void *arg);
+
+/* Which lines reach the log callback. KVX_LOG_WARN: what went wrong or was refused (a peer
+ * down, a transfer failed, a lease expired, a refused done or connection, rate-limited where a
+ * peer could repeat it at will; UCX's own warnings). KVX_LOG_INFO (the default): those, and
+ * every state change that went as it should (a peer connected or admitted, a done counted, a
+ * hold released). */
+typedef enum kvx_log_level {
+    KVX_LOG_WARN = 0,
+    KVX_LOG_INFO = 1,
+} kvx_log_level_t;
+
+KVX_API void kvx_agent_set_log_level(kvx_agent_t *agent, kvx_log_level_t level);
 
 /* Called once per held request when it is released: every consumer rank reported `done`, or
  * its lease expired. The block ids are those given to kvx_hold, valid during the call. Runs

@@ -127,6 +127,9 @@ static void agent_on_release(void *arg, struct hold_release *r)
     if (r->expired)
         loop_log(&agent->core.loop, "request %" PRIu64 ": lease expired, its blocks released",
                  r->request_id);
+    else
+        loop_info(&agent->core.loop, "request %" PRIu64 ": released, every consumer reported",
+                  r->request_id);
     r->owner     = agent;
     r->event.run = release_run;
     loop_queue(&agent->core.loop, &r->event);
@@ -801,6 +804,11 @@ void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void 
 {
     agent->core.loop.log     = callback;
     agent->core.loop.log_arg = arg;
+}
+
+void kvx_agent_set_log_level(kvx_agent_t *agent, kvx_log_level_t level)
+{
+    agent->core.loop.log_quiet = level == KVX_LOG_WARN;
 }
 
 void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t callback, void *arg)

@@ -33,6 +33,7 @@ struct core {
     struct xfer_set *xfers;  /* the agent's transfers (xfer.c) */
     struct hold_table *holds; /* prefill side: the requests held (hold.c; the agent's) */
     struct early_list early;  /* prefill side: dones and pushes waiting for their hold */
+    struct loop_limit dones_refused_log; /* prefill side: refused dones logged (done_serve.c) */
     kvx_regions_t *regions;
     struct transport *transport;
     const char *transports; /* the UCX_TLS list given to the transport */

@@ -193,6 +193,11 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
     counter(&t, l, "data_refused_total",
             "Peers' reads and writes refused: wrong grant, outside the storages, malformed.",
             s->data_refused);
+    counter(&t, l, "served_transfers_total",
+            "Reads of this prefill agent's blocks, from the decode ranks' dones.",
+            s->served_transfers);
+    counter(&t, l, "served_bytes_total", "Bytes decode ranks read from this prefill agent.",
+            s->served_bytes);
     counter(&t, l, "dones_rank_refused_total",
             "Dones refused for their rank: not the hold's consumer, or bound to another "
             "connection (prefill side).",

@@ -76,6 +76,8 @@ void stats_json_print(FILE *out, const kvx_agent_stats_t *s)
             s->verify_ns, s->verify_served, s->verify_refused);
     fprintf(out,
             "\"data_reads_served\": %" PRIu64 ", \"data_writes_served\": %" PRIu64
-            ", \"data_refused\": %" PRIu64 "}",
-            s->data_reads_served, s->data_writes_served, s->data_refused);
+            ", \"data_refused\": %" PRIu64 ", \"served_transfers\": %" PRIu64
+            ", \"served_bytes\": %" PRIu64 "}",
+            s->data_reads_served, s->data_writes_served, s->data_refused, s->served_transfers,
+            s->served_bytes);
 }
