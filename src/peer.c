@@ -614,9 +614,11 @@ kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_tok
 
     if (peer_is_down(peer) || conn == NULL)
         return error_set(peer->down_status, "peer %s is down (%s)", peer->address, peer->down);
-    if (conn->metadata->done_version < NOTIFY_VERSION_READ) /* an older kvx: version 2 only */
+    if (conn->metadata->done_version < NOTIFY_VERSION_READ) { /* an older kvx: version 2 only */
+        note.done = notify_done(request_id, peer->core->tp_rank, token);
         return peer_request_send(peer, VERB_DONE, &note.done, sizeof(note.done), on_reply, arg,
                                  id_p);
+    }
     return peer_request_send(peer, VERB_DONE, &note, sizeof(note), on_reply, arg, id_p);
 }
 
