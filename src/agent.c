@@ -804,6 +804,7 @@ void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void 
 {
     agent->core.loop.log     = callback;
     agent->core.loop.log_arg = arg;
+    transport_log_route(agent->core.transport, callback != NULL);
 }
 
 void kvx_agent_set_log_level(kvx_agent_t *agent, kvx_log_level_t level)
@@ -843,6 +844,16 @@ kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_i
     return KVX_OK;
 }
 
+/* UCX's warnings and errors since the last turn, as log lines (transport_log.c): not events,
+ * so a warning alone never keeps the loop awake. */
+static void agent_ucx_log(struct core *core)
+{
+    char line[LOOP_LOG_LINE];
+
+    while (transport_log_next(core->transport, line, sizeof(line)))
+        loop_log(&core->loop, "%s", line);
+}
+
 /* One turn of the loop, its phases in order (docs/agent.md "The loop"); returns the events
  * it handled. User callbacks run only in the last phase. */
 static size_t agent_turn(kvx_agent_t *agent)
@@ -876,7 +887,8 @@ static size_t agent_turn(kvx_agent_t *agent)
     /* 4. Peers that went down (in any phase above) fail what they had in flight, and their
      * connections close, before any of it is reported. */
     events += xfers_fail_down_peers(agent->xfers);
-    /* 5. Completions: the only place user callbacks run. */
+    /* 5. Completions: the only place user callbacks run; UCX's own lines join the log. */
+    agent_ucx_log(core);
     events += loop_queue_run(&core->loop);
     return events;
 }
