@@ -6,7 +6,6 @@
  * line, since kvx knows already why they were left. Everything here is under one mutex. */
 #include "transport_private.h"
 
-#include <ucs/config/global_opts.h>
 #include <ucs/debug/log_def.h>
 
 #include <inttypes.h>
