@@ -336,8 +336,15 @@ static void serve_heartbeat(void *arg, const struct sidechan_request *request)
         agent->core.stats.notifications++;
         for (size_t i = 0; i < count; i++) {
             struct heartbeat_entry entry = heartbeat_entry(request->body, i);
+            uint64_t forged              = agent->holds.forged;
 
             hold_table_extend(&agent->holds, entry.request_id, &entry.token, now);
+            if (agent->holds.forged != forged) /* the answer cannot say it: the log does */
+                loop_log_limited(&agent->core.loop, &agent->core.tokens_refused_log, now,
+                                 "refused heartbeat entries",
+                                 "request %" PRIu64 ": heartbeat refused: wrong token: the "
+                                 "request is held with another",
+                                 entry.request_id);
         }
         alive_answer_format(reply, sizeof(reply), agent->core.instance, agent->engine_id);
     }

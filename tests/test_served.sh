@@ -66,7 +66,7 @@ check "serve over sm,cma: kvx_served_transfers_total counts the read" test "$(me
 check "serve over sm,cma: kvx_served_bytes_total is the bytes fetch read" \
   test "$(metric served_bytes_total)" = "$fetched"
 
-"$kvx" fetch "$layout" --peer "$addr" --blocks '0:0-1' --request 5 --token $wrong \
+"$kvx" fetch "$layout" --peer "$addr" --blocks '0:0-1' --request 5 --token $wrong --want \
   --transports sm,cma >"$tmp/fetch2" 2>&1
 status=$?
 check "fetch with a wrong token: exit status 2" test $status = 2
@@ -74,6 +74,8 @@ check "fetch with a wrong token: a line names the refusal and the blocks not loa
   bash -c "grep -qx 'kvx: error: read 5: remote rank 0: wrong token: the request is held with another' '$tmp/fetch2' && grep -qx 'kvx: not loaded: 0:0-1' '$tmp/fetch2'"
 check "serve without --verbose: the refused done is logged" \
   grep -qx 'kvx serve: request 5: done refused: wrong token: the request is held with another' "$tmp/quiet"
+check "serve without --verbose: the wanted request's heartbeat with the wrong token is logged" \
+  grep -qx 'kvx serve: request 5: heartbeat refused: wrong token: the request is held with another' "$tmp/quiet"
 check "serve without --verbose: no admission or counted done is logged" \
   bash -c "! grep -Eq 'admitted|counted' '$tmp/quiet'"
 check "serve: the refused read was served all the same" test "$(metric served_transfers_total)" = 2
