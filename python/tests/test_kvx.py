@@ -450,3 +450,30 @@ def test_release_and_log_callbacks_name_the_request(tmp_path):
         assert stats["served_transfers"] == 2 and stats["served_bytes"] == 2 * 2 * 4096
         with pytest.raises(TypeError):
             agent.set_log_callback("not callable")
+
+
+def test_log_level_warn_keeps_only_what_went_wrong(tmp_path):
+    """log_level="warn": a read that went as it should logs nothing on the prefill side (no
+    admission, no counted done, no release), a refused one still does; a level that is not
+    one is refused before any agent exists."""
+    path = write_layout(tmp_path, SMALL)
+    with pytest.raises(ValueError, match="log_level: 'debug' is not"):
+        kvx.Agent(kvx.Layout.load(path), insecure=True, log_level="debug").stats()
+    memory = np.zeros(65536, dtype=np.uint8)
+    with kvx.Agent(kvx.Layout.load(path), {"kv": memory}, log_level="warn") as agent:
+        address = agent.listen("127.0.0.1:0")
+        token = agent.hold(7, {0: [1]})
+        for t in (token.hex(), "01" * 16):
+            fetch = subprocess.Popen(
+                [str(KVX), "fetch", str(path), "--peer", address, "--blocks", "0:1",
+                 "--request", "7", "--token", t], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while fetch.poll() is None and time.monotonic() < deadline:
+                agent.progress(10)
+            assert fetch.wait(timeout=60) == (0 if t == token.hex() else 2)
+        agent.progress(10)
+        lines = agent.logs()
+        assert agent.released() == [7]
+        assert lines == ["request 7: done refused: hold released already: the blocks may "
+                         "have been reused"], lines
