@@ -776,7 +776,10 @@ KVX_API kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *stats,
 /* One line per state change (peer connected, dead, restarted, dropped when idle; transfer
  * failed; lease expired), never per block. Lines are queued (at most 64 between two
  * completion phases; more are counted in one "dropped" line) and delivered from the
- * completion phase of kvx_agent_progress, like every other callback. */
+ * completion phase of kvx_agent_progress, like every other callback. While a callback is
+ * set, UCX's own warnings and errors come as lines too ("UCX WARN: ...") and UCX no longer
+ * prints them; those of a closing connection's worker about what a dead peer left pending
+ * are summed in one line (docs/agent.md, "Served, logged, and UCX's own lines"). */
 typedef void (*kvx_log_cb_t)(void *arg, const char *line);
 
 KVX_API void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void *arg);
