@@ -64,19 +64,22 @@ static ucs_log_func_rc_t log_handler(const char *file, unsigned line, const char
     if (level > UCS_LOG_LEVEL_WARN || format == NULL)
         return UCS_LOG_FUNC_RC_CONTINUE;
     pthread_mutex_lock(&log_lock);
+    /* the closing transport's own agent if it has a callback, else any agent's that has one
+     * (a push writer's transport has none: its agent's main one takes its lines); while a
+     * transport is destroyed nothing more is delivered to it */
+    if (closing != NULL && closing->log_routed && !closing->log_destroying)
+        target = closing;
+    for (struct transport *t = log_transports; target == NULL && t != NULL; t = t->log_next) {
+        if (t->log_routed && !t->log_destroying)
+            target = t;
+    }
     if (closing != NULL && level == UCS_LOG_LEVEL_WARN && is_close_warning(format)) {
-        closing->log_quieted++;
+        (target != NULL ? target : closing)->log_quieted++;
         pthread_mutex_unlock(&log_lock);
         return UCS_LOG_FUNC_RC_STOP;
     }
-    /* a transport being destroyed delivers nothing more: its lines go to UCX's handler */
-    if (closing != NULL && !closing->log_destroying && closing->log_routed)
-        target = closing;
-    for (struct transport *t = log_transports; target == NULL && closing == NULL && t != NULL;
-         t = t->log_next) {
-        if (t->log_routed)
-            target = t;
-    }
+    if (closing != NULL && closing->log_destroying)
+        target = NULL; /* the agent is going: its errors print as UCX's */
     if (target != NULL)
         line_queue(target, level, format, ap);
     pthread_mutex_unlock(&log_lock);
