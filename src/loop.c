@@ -213,7 +213,8 @@ size_t loop_queue_run(struct loop *loop)
     return ran;
 }
 
-static void log_queue(struct loop *loop, const char *format, va_list args)
+__attribute__((format(printf, 2, 0))) static void log_queue(struct loop *loop, const char *format,
+                                                            va_list args)
 {
     if (loop->log == NULL)
         return;

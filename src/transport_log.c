@@ -31,7 +31,8 @@ static bool is_close_warning(const char *format)
 }
 
 /* Appends one line to `t`'s queue (log_lock held); a full queue counts it. */
-static void line_queue(struct transport *t, ucs_log_level_t level, const char *format, va_list ap)
+__attribute__((format(printf, 3, 0))) static void
+line_queue(struct transport *t, ucs_log_level_t level, const char *format, va_list ap)
 {
     const char *name = level == UCS_LOG_LEVEL_WARN ? "WARN" : "ERROR";
     char *line;
@@ -49,10 +50,9 @@ static void line_queue(struct transport *t, ucs_log_level_t level, const char *f
 /* UCX calls its handlers newest first and stops at the first that says STOP: a line taken
  * here is not printed by UCX's own handler. Anything below a warning, and any line while no
  * agent takes them, continues to UCX's handler, which prints it as it would without kvx. */
-static ucs_log_func_rc_t log_handler(const char *file, unsigned line, const char *function,
-                                     ucs_log_level_t level,
-                                     const ucs_log_component_config_t *comp_conf,
-                                     const char *format, va_list ap)
+__attribute__((format(printf, 6, 0))) static ucs_log_func_rc_t
+log_handler(const char *file, unsigned line, const char *function, ucs_log_level_t level,
+            const ucs_log_component_config_t *comp_conf, const char *format, va_list ap)
 {
     struct transport *closing = log_closing;
     struct transport *target  = NULL;
