@@ -33,8 +33,8 @@
 #include <unistd.h>
 
 /* What one side-channel connection may make a listener hold (sidechan_limits): ZeroMQ drops
- * a peer that sends a longer message, and stops reading one that has this many queued. */
-#define AGENT_DEFAULT_MAX_MESSAGE  (1u << 20)
+ * a peer that sends a message longer than max_message, and stops reading one that has this
+ * many queued. */
 #define AGENT_RECV_HWM             8
 /* A connection must finish its handshake within this, and only this many may be in theirs at
  * once (at least 256, at least max_peers), this many of them from one address: strangers
@@ -45,12 +45,6 @@
 #define AGENT_HANDSHAKE_MS         5000
 #define AGENT_MIN_HANDSHAKES       256
 #define AGENT_HANDSHAKES_PER_SOURCE 32
-#define AGENT_DEFAULT_MAX_PEERS    64
-#define AGENT_DEFAULT_MAX_PUSHES   64
-#define AGENT_DEFAULT_TIMEOUT_MS   10000
-#define AGENT_DEFAULT_LEASE_MS     30000
-#define AGENT_DEFAULT_HEARTBEAT_MS 5000
-#define AGENT_DEFAULT_PEER_TTL_MS  3600000
 #define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
 #define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
 /* How long the loop keeps turning without sleeping while UCX operations of ours are in flight:
@@ -565,31 +559,31 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
     agent->holds.tp_rank = core->tp_rank;
     agent->holds.tp_size = core->tp_size;
     core->timeout_ms =
-        (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : AGENT_DEFAULT_TIMEOUT_MS;
+        (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : KVX_DEFAULT_TIMEOUT_MS;
     agent->holds.lease_ms =
-        (mask & KVX_AGENT_PARAM_FIELD_LEASE_MS) ? params->lease_ms : AGENT_DEFAULT_LEASE_MS;
+        (mask & KVX_AGENT_PARAM_FIELD_LEASE_MS) ? params->lease_ms : KVX_DEFAULT_LEASE_MS;
     core->heartbeat_ms = (mask & KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS) ? params->heartbeat_ms
-                                                                     : AGENT_DEFAULT_HEARTBEAT_MS;
+                                                                     : KVX_DEFAULT_HEARTBEAT_MS;
     core->peer_ttl_ms  = (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms
-                                                                    : AGENT_DEFAULT_PEER_TTL_MS;
+                                                                    : KVX_DEFAULT_PEER_TTL_MS;
     agent->engine_id  = strdup((mask & KVX_AGENT_PARAM_FIELD_ENGINE_ID) && params->engine_id != NULL
                                    ? params->engine_id
                                    : "");
     agent->transports = strdup((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports
                                    ? params->transports
-                                   : TRANSPORT_DEFAULT_TLS);
+                                   : KVX_DEFAULT_TRANSPORTS);
     agent->push_transports =
         strdup((mask & KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS) && params->push_transports
                    ? params->push_transports
-                   : PUSH_DEFAULT_TLS);
+                   : KVX_DEFAULT_PUSH_TRANSPORTS);
     agent->max_peers =
-        (mask & KVX_AGENT_PARAM_FIELD_MAX_PEERS) ? params->max_peers : AGENT_DEFAULT_MAX_PEERS;
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_PEERS) ? params->max_peers : KVX_DEFAULT_MAX_PEERS;
     agent->max_message = (mask & KVX_AGENT_PARAM_FIELD_MAX_MESSAGE) ? params->max_message
-                                                                    : AGENT_DEFAULT_MAX_MESSAGE;
+                                                                    : KVX_DEFAULT_MAX_MESSAGE;
     agent->max_pushes =
-        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSHES) ? params->max_pushes : AGENT_DEFAULT_MAX_PUSHES;
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSHES) ? params->max_pushes : KVX_DEFAULT_MAX_PUSHES;
     agent->max_push_ms =
-        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS) ? params->max_push_ms : PUSH_DEFAULT_MAX_PUSH_MS;
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS) ? params->max_push_ms : KVX_DEFAULT_MAX_PUSH_MS;
     agent->insecure     = (mask & KVX_AGENT_PARAM_FIELD_INSECURE) && params->insecure;
     core->verify_one_in = (mask & KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN) ? params->verify_one_in : 0;
     if (agent->engine_id == NULL || agent->transports == NULL || agent->push_transports == NULL)
@@ -635,10 +629,10 @@ static kvx_status_t agent_transports_for_gpu(kvx_agent_t *agent, const kvx_agent
         gpu |= agent->gpus[s] != NULL;
     if (gpu && !((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports != NULL))
         status = agent_transports_replace(&agent->transports,
-                                          TRANSPORT_DEFAULT_TLS "," TRANSPORT_GPU_TLS);
+                                          KVX_DEFAULT_TRANSPORTS "," TRANSPORT_GPU_TLS);
     if (status == KVX_OK && gpu &&
         !((mask & KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS) && params->push_transports != NULL))
-        status = agent_transports_replace(&agent->push_transports, PUSH_DEFAULT_TLS ",cuda_copy");
+        status = agent_transports_replace(&agent->push_transports, KVX_DEFAULT_PUSH_TRANSPORTS ",cuda_copy");
     agent->core.transports = agent->transports;
     return status;
 }

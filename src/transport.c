@@ -74,7 +74,7 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
     if (t == NULL)
         return error_no_memory("a transport");
     if (tls == NULL)
-        tls = TRANSPORT_DEFAULT_TLS;
+        tls = KVX_DEFAULT_TRANSPORTS;
     transport_log_attach(t); /* first: UCX logs from ucp_init on */
     /* Without RMA a context registers none of UCX's software get and put handlers, which
      * serve any address to whoever reaches the worker: kvx serves its own (transport_am.c). */

@@ -12,15 +12,13 @@ struct transport_mem;  /* one mapped storage */
 struct transport_conn; /* a worker of its own, an endpoint on it and the peer's remote keys */
 struct transport_op;   /* completion counting of one batch of operations on one connection */
 
-/* Default transports on one host: shared memory, cross-memory attach, TCP for wire-up. */
-#define TRANSPORT_DEFAULT_TLS "sm,cma,tcp"
 /* What an agent with GPU storages adds to its default lists: UCX's CUDA copy engine (staging
  * and host <-> device) and CUDA IPC (device to device between processes of one host). Across
  * hosts GPUDirect RDMA is the RDMA transports' own ("rc", "dc"), listed by the user. */
 #define TRANSPORT_GPU_TLS "cuda_copy,cuda_ipc"
 
 /* Creates a context with RMA and active messages and its main worker. `tls` is a UCX_TLS list
- * (NULL: TRANSPORT_DEFAULT_TLS); `one_rail` keeps every operation of a connection on one lane
+ * (NULL: KVX_DEFAULT_TRANSPORTS); `one_rail` keeps every operation of a connection on one lane
  * per kind (push writers: what proved the peer also carries its data). UCX reads the rest of
  * its environment as usual (UCX_NET_DEVICES, ...). Destroy every connection first. */
 kvx_status_t transport_create(const char *tls, bool one_rail, struct transport **transport_p);

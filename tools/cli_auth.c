@@ -47,10 +47,9 @@ bool cli_auth(const char *file, bool insecure, uint8_t key[KVX_AUTH_KEY_LEN],
         params->insecure = true;
         return true;
     }
-    if (file == NULL)
-        file = getenv("KVX_AUTH_FILE");
-    if (file == NULL || file[0] == '\0') {
-        fprintf(stderr, "kvx: error: no auth key: give --auth FILE or KVX_AUTH_FILE (kvx "
+    file = kvx_auth_file(file);
+    if (file == NULL) {
+        fprintf(stderr, "kvx: error: no auth key: give --auth FILE or " KVX_AUTH_FILE_ENV " (kvx "
                         "auth-key FILE makes one), or --insecure on loopback only\n");
         return false;
     }
