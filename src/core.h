@@ -33,7 +33,7 @@ struct core {
     struct xfer_set *xfers;  /* the agent's transfers (xfer.c) */
     struct hold_table *holds; /* prefill side: the requests held (hold.c; the agent's) */
     struct early_list early;  /* prefill side: dones and pushes waiting for their hold */
-    struct loop_limit dones_refused_log; /* prefill side: refused dones logged (done_serve.c) */
+    struct loop_limit dones_refused_log;  /* prefill side: refused dones logged (done_serve.c) */
     struct loop_limit tokens_refused_log; /* prefill side: heartbeats' wrong tokens (agent.c) */
     kvx_regions_t *regions;
     struct transport *transport;
