@@ -21,12 +21,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t count;
 
     kvx_token_t token;
+    uint64_t bytes;
+    bool bytes_stated;
 
-    if (notify_done_parse(data, size, &request_id, &rank, &token)) {
-        struct notify n = notify_done(request_id, rank, &token);
+    if (notify_done_parse(data, size, &request_id, &rank, &token, &bytes, &bytes_stated)) {
+        struct notify_read n = notify_done_read(request_id, rank, &token, bytes);
 
-        invariant(size == sizeof(n) && rank < KVX_MAX_TP, "a done is one notification of a rank");
-        invariant(memcmp(&n, data, sizeof(n)) == 0, "a done re-encodes to its bytes");
+        invariant(rank < KVX_MAX_TP, "a done is of a rank");
+        invariant(size == (bytes_stated ? sizeof(n) : sizeof(n.done)),
+                  "a done is version 2 or 3 by its size");
+        invariant(bytes_stated || bytes == 0, "a version-2 done states no bytes");
+        if (!bytes_stated)
+            n.done = notify_done(request_id, rank, &token);
+        invariant(memcmp(&n, data, size) == 0, "a done re-encodes to its bytes");
     }
     if (heartbeat_ids_parse(data, size, &count)) {
         invariant(count * sizeof(struct heartbeat_entry) == size && count <= HEARTBEAT_MAX_IDS,

@@ -795,6 +795,10 @@ typedef struct kvx_agent_stats {
                                     authenticated yet (gauge) */
     uint64_t handshakes_refused; /* listener: connections closed in their handshake, past the
                                     bound of handshakes or of one address's (docs/security.md) */
+    /* what the prefill side served (issue 24): its reads are one-sided, so counted from the
+       dones, which carry the bytes each decode rank read from it (docs/wire.md) */
+    uint64_t served_transfers; /* prefill side: dones that read bytes from it, counted or not */
+    uint64_t served_bytes;     /* prefill side: the bytes those dones say were read */
 } kvx_agent_stats_t;
 
 /* What a field of kvx_agent_stats_t is, for the outputs that list every one (Prometheus,
@@ -833,10 +837,25 @@ KVX_API kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *stats,
 /* One line per state change (peer connected, dead, restarted, dropped when idle; transfer
  * failed; lease expired), never per block. Lines are queued (at most 64 between two
  * completion phases; more are counted in one "dropped" line) and delivered from the
- * completion phase of kvx_agent_progress, like every other callback. */
+ * completion phase of kvx_agent_progress, like every other callback. While a callback is
+ * set, UCX's own warnings and errors come as lines too ("UCX WARN: ...") and UCX no longer
+ * prints them; those of a closing connection's worker about what a dead peer left pending
+ * are summed in one line (docs/agent.md, "Served, logged, and UCX's own lines"). */
 typedef void (*kvx_log_cb_t)(void *arg, const char *line);
 
 KVX_API void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void *arg);
+
+/* Which lines reach the log callback. KVX_LOG_WARN: what went wrong or was refused (a peer
+ * down, a transfer failed, a lease expired, a refused done or connection, rate-limited where a
+ * peer could repeat it at will; UCX's own warnings). KVX_LOG_INFO (the default): those, and
+ * every state change that went as it should (a peer connected or admitted, a done counted, a
+ * hold released). */
+typedef enum kvx_log_level {
+    KVX_LOG_WARN = 0,
+    KVX_LOG_INFO = 1,
+} kvx_log_level_t;
+
+KVX_API void kvx_agent_set_log_level(kvx_agent_t *agent, kvx_log_level_t level);
 
 /* Called once per held request when it is released: every consumer rank reported `done`, or
  * its lease expired. The block ids are those given to kvx_hold, valid during the call. Runs

@@ -794,9 +794,10 @@ static void agent_dealloc(AgentObject *self)
 
 /* The names agent_init takes from its params dict: kvx_agent_params_t's fields. */
 static const char *const agent_param_names[] = {
-    "name",        "transports", "listen",        "engine_id",    "push_transports", "tp_rank",
-    "tp_size",     "timeout_ms", "lease_ms",      "heartbeat_ms", "peer_ttl_ms",     "max_peers",
-    "max_message", "max_pushes", "verify_one_in", "insecure",     "auth_key",        "max_push_ms",
+    "name",        "transports", "listen",      "engine_id",  "push_transports",
+    "tp_rank",     "tp_size",    "timeout_ms",  "lease_ms",   "heartbeat_ms",
+    "peer_ttl_ms", "max_peers",  "max_message", "max_pushes", "verify_one_in",
+    "insecure",    "auth_key",   "max_push_ms", "log_level",
 };
 
 /* 0, or -1 with a ValueError naming the first key of `params` that is not a parameter: a
@@ -841,6 +842,7 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
     kvx_status_t status;
     PyObject *value;
     Py_buffer key   = {0};
+    kvx_log_level_t level = KVX_LOG_INFO;
     bool any_memory = false;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OO!", keywords, &LayoutType, &layout, &memory,
@@ -960,6 +962,18 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
         p.field_mask |= KVX_AGENT_PARAM_FIELD_INSECURE;
         p.insecure = true;
     }
+    /* kvx_agent_set_log_level's: "info" (the default) or "warn", checked before any agent */
+    if ((value = PyDict_GetItemString(params, "log_level")) != NULL && value != Py_None) {
+        const char *text = PyUnicode_Check(value) ? PyUnicode_AsUTF8(value) : NULL;
+
+        if (text != NULL && strcmp(text, "warn") == 0) {
+            level = KVX_LOG_WARN;
+        } else if (text == NULL || strcmp(text, "info") != 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "log_level: %R is not \"info\" or \"warn\"", value);
+            goto fail;
+        }
+    }
     if ((value = PyDict_GetItemString(params, "auth_key")) != NULL && value != Py_None) {
         if (PyObject_GetBuffer(value, &key, PyBUF_SIMPLE) != 0)
             goto fail;
@@ -986,6 +1000,7 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
     /* The object is not shared yet: no other thread can call it before this returns. */
     kvx_agent_set_release_callback(agent, on_release, self);
     kvx_agent_set_log_callback(agent, on_log, self);
+    kvx_agent_set_log_level(agent, level);
     self->fd    = kvx_agent_fd(agent);
     self->agent = agent;
     return 0;

@@ -127,6 +127,9 @@ static void agent_on_release(void *arg, struct hold_release *r)
     if (r->expired)
         loop_log(&agent->core.loop, "request %" PRIu64 ": lease expired, its blocks released",
                  r->request_id);
+    else
+        loop_info(&agent->core.loop, "request %" PRIu64 ": released, every consumer reported",
+                  r->request_id);
     r->owner     = agent;
     r->event.run = release_run;
     loop_queue(&agent->core.loop, &r->event);
@@ -333,8 +336,15 @@ static void serve_heartbeat(void *arg, const struct sidechan_request *request)
         agent->core.stats.notifications++;
         for (size_t i = 0; i < count; i++) {
             struct heartbeat_entry entry = heartbeat_entry(request->body, i);
+            uint64_t forged              = agent->holds.forged;
 
             hold_table_extend(&agent->holds, entry.request_id, &entry.token, now);
+            if (agent->holds.forged != forged) /* the answer cannot say it: the log does */
+                loop_log_limited(&agent->core.loop, &agent->core.tokens_refused_log, now,
+                                 "refused heartbeat entries",
+                                 "request %" PRIu64 ": heartbeat refused: wrong token: the "
+                                 "request is held with another",
+                                 entry.request_id);
         }
         alive_answer_format(reply, sizeof(reply), agent->core.instance, agent->engine_id);
     }
@@ -803,6 +813,12 @@ void kvx_agent_set_log_callback(kvx_agent_t *agent, kvx_log_cb_t callback, void 
 {
     agent->core.loop.log     = callback;
     agent->core.loop.log_arg = arg;
+    transport_log_route(agent->core.transport, callback != NULL);
+}
+
+void kvx_agent_set_log_level(kvx_agent_t *agent, kvx_log_level_t level)
+{
+    agent->core.loop.log_quiet = level == KVX_LOG_WARN;
 }
 
 void kvx_agent_set_release_callback(kvx_agent_t *agent, kvx_release_cb_t callback, void *arg)
@@ -835,6 +851,16 @@ kvx_status_t kvx_hold(kvx_agent_t *agent, uint64_t request_id, const kvx_group_i
     early_release(&agent->core.early, request_id);
     agent_lease_timer_update(agent);
     return KVX_OK;
+}
+
+/* UCX's warnings and errors since the last turn, as log lines (transport_log.c): not events,
+ * so a warning alone never keeps the loop awake. */
+static void agent_ucx_log(struct core *core)
+{
+    char line[LOOP_LOG_LINE];
+
+    while (transport_log_next(core->transport, line, sizeof(line)))
+        loop_log(&core->loop, "%s", line);
 }
 
 /* One turn of the loop, its phases in order (docs/agent.md "The loop"); returns the events
@@ -873,7 +899,8 @@ static size_t agent_turn(kvx_agent_t *agent)
     /* 4. Peers that went down (in any phase above) fail what they had in flight, and their
      * connections close, before any of it is reported. */
     events += xfers_fail_down_peers(agent->xfers);
-    /* 5. Completions: the only place user callbacks run. */
+    /* 5. Completions: the only place user callbacks run; UCX's own lines join the log. */
+    agent_ucx_log(core);
     events += loop_queue_run(&core->loop);
     return events;
 }

@@ -35,6 +35,8 @@ struct core {
     struct hold_table *holds; /* prefill side: the requests held (hold.c; the agent's) */
     struct early_list early;  /* prefill side: dones and pushes waiting for their hold */
     struct checksum_jobs *checksums; /* our memory being hashed, either side (checksum_serve.h) */
+    struct loop_limit dones_refused_log;  /* prefill side: refused dones logged (done_serve.c) */
+    struct loop_limit tokens_refused_log; /* prefill side: heartbeats' wrong tokens (agent.c) */
     kvx_regions_t *regions;
     struct transport *transport;
     const char *transports; /* the UCX_TLS list given to the transport */

@@ -48,11 +48,15 @@ static void done_apply(struct core *core, struct sidechan_server *side,
     char reason[DONE_REASON_SIZE];
 
     if (done == HOLD_DONE_COUNTED || done == HOLD_DONE_RELEASED) {
+        loop_info(&core->loop, "request %" PRIu64 ": done of rank %" PRIu32 " counted%s",
+                  request_id, rank, done == HOLD_DONE_RELEASED ? ", the last one" : "");
         answer(side, origin, true, done == HOLD_DONE_RELEASED ? "released" : "counted");
         return;
     }
     if ((done == HOLD_DONE_UNKNOWN || done == HOLD_DONE_ENDED || done == HOLD_DONE_EXPIRED) &&
         !hold_token_given(token)) {
+        loop_info(&core->loop, "request %" PRIu64 ": done of rank %" PRIu32 ": nothing held",
+                  request_id, rank);
         answer(side, origin, true, "nothing held");
         return;
     }
@@ -63,6 +67,9 @@ static void done_apply(struct core *core, struct sidechan_server *side,
         snprintf(reason, sizeof(reason), "rank %" PRIu32 ": %s", rank, hold_done_reason(done));
     else
         snprintf(reason, sizeof(reason), "%s", hold_done_reason(done));
+    /* always logged, as the decode side is told: a peer may repeat it at will, so limited */
+    loop_log_limited(&core->loop, &core->dones_refused_log, clock_ms(), "refused dones",
+                     "request %" PRIu64 ": done refused: %s", request_id, reason);
     answer(side, origin, false, reason);
 }
 
@@ -116,6 +123,8 @@ static void done_park(struct core *core, struct sidechan_server *side,
         parked_free(p);
     snprintf(reason, sizeof(reason), "too many early dones: %d wait for their hold already",
              EARLY_MAX);
+    loop_log_limited(&core->loop, &core->dones_refused_log, clock_ms(), "refused dones",
+                     "request %" PRIu64 ": done refused: %s", request_id, reason);
     answer(side, &request->origin, false, reason);
 }
 
@@ -125,15 +134,26 @@ void done_serve(struct core *core, struct sidechan_server *side,
     uint64_t request_id;
     uint32_t rank;
     kvx_token_t token;
+    uint64_t bytes;
+    bool bytes_stated;
     char reason[DONE_REASON_SIZE];
 
-    if (!notify_done_parse(request->body, request->body_size, &request_id, &rank, &token)) {
+    if (!notify_done_parse(request->body, request->body_size, &request_id, &rank, &token, &bytes,
+                           &bytes_stated)) {
         core->stats.notifications_dropped++;
         snprintf(reason, sizeof(reason), "malformed done: %zu bytes", request->body_size);
+        loop_log_limited(&core->loop, &core->dones_refused_log, clock_ms(), "refused dones",
+                         "a done refused: %s", reason);
         answer(side, &request->origin, false, reason);
         return;
     }
     core->stats.notifications++;
+    /* The read is over whatever the hold says of it: its bytes were served (an older decode
+     * agent's done says nothing of them, and counts nothing here). */
+    if (bytes_stated && bytes > 0) {
+        core->stats.served_transfers++;
+        core->stats.served_bytes += bytes;
+    }
     if (hold_token_given(&token) && hold_table_state(core->holds, request_id) == HOLD_NONE)
         done_park(core, side, request, request_id, rank, &token);
     else

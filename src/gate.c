@@ -372,6 +372,8 @@ static void allowed(struct gate *g, const char *address)
     g->num_allowed++; /* < max_peers: zap_check refused otherwise */
     if (c != NULL)
         c->admitted = true;
+    loop_info(g->loop, "side channel: admitted a connection from %s",
+              address[0] != '\0' ? address : "an address gone already");
 }
 
 /* Answers one ZAP request: [version][request id][domain][address][identity][mechanism]

@@ -528,6 +528,23 @@ static kvx_status_t numbers_check(const cJSON *root, const char *json, size_t le
     return KVX_OK;
 }
 
+/* The 1-based line and column (in bytes) of `at` in `json`, for a message an editor can jump
+ * to: a byte offset alone made the reader count lines. */
+static void text_position(const char *json, const char *at, size_t *line_p, size_t *column_p)
+{
+    const char *line_start = json;
+    size_t line            = 1;
+
+    for (const char *c = json; c < at; c++) {
+        if (*c == '\n') {
+            line++;
+            line_start = c + 1;
+        }
+    }
+    *line_p   = line;
+    *column_p = (size_t)(at - line_start) + 1;
+}
+
 kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t **layout_p)
 {
     kvx_layout_params_t params = {0};
@@ -545,18 +562,29 @@ kvx_status_t kvx_layout_load_buffer(const char *json, size_t size, kvx_layout_t 
         return error_set(KVX_ERR_INVALID, "layout: holds a NUL byte or \\u0000, which would cut"
                                           " a name short");
     root = cJSON_ParseWithLengthOpts(json, size, &end, false);
-    if (root == NULL)
-        return error_set(KVX_ERR_INVALID, "layout: not valid JSON near byte %td",
-                         end != NULL ? end - json : (ptrdiff_t)0);
+    if (root == NULL) {
+        size_t line;
+        size_t column;
+
+        end = end != NULL && end >= json && end <= json + size ? end : json;
+        text_position(json, end, &line, &column);
+        return error_set(KVX_ERR_INVALID,
+                         "layout: not valid JSON at line %zu, column %zu (near byte %td)", line,
+                         column, end - json);
+    }
     while (end < json + size && (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t'))
         end++;
     if (end == json + size - 1 && *end == '\0')
         end++; /* one terminator, as from strlen() + 1, is not data */
     if (end < json + size) {
+        size_t line;
+        size_t column;
+
+        text_position(json, end, &line, &column);
         status = error_set(KVX_ERR_INVALID,
-                           "layout: unexpected data after the JSON object at"
-                           " byte %td",
-                           end - json);
+                           "layout: unexpected data after the JSON object at line %zu, column %zu"
+                           " (byte %td)",
+                           line, column, end - json);
         goto out;
     }
 
@@ -657,6 +685,8 @@ kvx_status_t kvx_layout_load_file(const char *path, kvx_layout_t **layout_p)
         done += (size_t)n;
     }
     status = kvx_layout_load_buffer(buffer, done, layout_p);
+    if (status != KVX_OK) /* the message names the file: a command may load two */
+        status = error_set(status, "%s: %s", path, kvx_errmsg());
 
 out:
     free(buffer);

@@ -7,6 +7,7 @@
 #include "error.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,18 +213,56 @@ size_t loop_queue_run(struct loop *loop)
     return ran;
 }
 
-void loop_log(struct loop *loop, const char *format, ...)
+__attribute__((format(printf, 2, 0))) static void log_queue(struct loop *loop, const char *format,
+                                                            va_list args)
 {
-    va_list args;
-
     if (loop->log == NULL)
         return;
     if (loop->num_lines == LOOP_LOG_LINES) {
         loop->lines_dropped++;
         return;
     }
-    va_start(args, format);
     vsnprintf(loop->lines[loop->num_lines++], LOOP_LOG_LINE, format, args);
+}
+
+void loop_log(struct loop *loop, const char *format, ...)
+{
+    va_list args;
+
+    va_start(args, format);
+    log_queue(loop, format, args);
+    va_end(args);
+}
+
+void loop_info(struct loop *loop, const char *format, ...)
+{
+    va_list args;
+
+    if (loop->log_quiet)
+        return;
+    va_start(args, format);
+    log_queue(loop, format, args);
+    va_end(args);
+}
+
+void loop_log_limited(struct loop *loop, struct loop_limit *limit, uint64_t now_ms,
+                      const char *what, const char *format, ...)
+{
+    va_list args;
+
+    if (limit->window_ms == 0 || now_ms - limit->window_ms >= LOOP_LIMIT_MS) {
+        if (limit->skipped > 0)
+            loop_log(loop, "%" PRIu64 " more %s not logged in %d s (at most %d lines each)",
+                     limit->skipped, what, LOOP_LIMIT_MS / 1000, LOOP_LIMIT_LINES);
+        *limit = (struct loop_limit){.window_ms = now_ms != 0 ? now_ms : 1};
+    }
+    if (limit->lines == LOOP_LIMIT_LINES) {
+        limit->skipped++;
+        return;
+    }
+    limit->lines++;
+    va_start(args, format);
+    log_queue(loop, format, args);
     va_end(args);
 }
 

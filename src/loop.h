@@ -38,6 +38,7 @@ struct loop {
     uint64_t timer_set_for; /* the deadline timer_fd is set to; 0: disarmed */
     kvx_log_cb_t log;
     void *log_arg;
+    bool log_quiet; /* kvx_agent_set_log_level(KVX_LOG_WARN): loop_info lines are not kept */
     char (*lines)[LOOP_LOG_LINE];
     size_t num_lines;
     uint64_t lines_dropped;
@@ -68,8 +69,29 @@ bool loop_queue_empty(const struct loop *loop);
 /* Takes `event` out of the queue if it is there (its object goes away without running). */
 void loop_unqueue(struct loop *loop, struct loop_event *event);
 
-/* A line for the log callback, delivered by loop_queue_run (the completion phase). */
+/* A line for the log callback, delivered by loop_queue_run (the completion phase).
+ * loop_log's lines say something went wrong or was refused (KVX_LOG_WARN): they are always
+ * kept; loop_info's say a state changed as it should (KVX_LOG_INFO): kept unless the level
+ * is KVX_LOG_WARN. */
 __attribute__((format(printf, 2, 3))) void loop_log(struct loop *loop, const char *format, ...);
+__attribute__((format(printf, 2, 3))) void loop_info(struct loop *loop, const char *format, ...);
+
+/* A bound on one kind of warning a peer can cause at will (a refused done): at most
+ * LOOP_LIMIT_LINES lines a LOOP_LIMIT_MS window, and one line counting the rest when the next
+ * window opens, so the log is never the peer's to fill. */
+#define LOOP_LIMIT_LINES 5
+#define LOOP_LIMIT_MS    10000
+struct loop_limit {
+    uint64_t window_ms; /* when the window opened (clock_ms) */
+    uint32_t lines;     /* logged in it */
+    uint64_t skipped;   /* not logged in it */
+};
+
+/* loop_log under `limit`, at `now_ms`; `what` names the kind in the line counting skips. */
+__attribute__((format(printf, 5, 6))) void loop_log_limited(struct loop *loop,
+                                                            struct loop_limit *limit,
+                                                            uint64_t now_ms, const char *what,
+                                                            const char *format, ...);
 
 /* Watching descriptors: UCX's wakeup descriptors, ZeroMQ's ZMQ_FD. */
 kvx_status_t loop_watch_fd(struct loop *loop, int fd);

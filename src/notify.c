@@ -7,6 +7,10 @@
 #include <stdio.h>
 #include <string.h>
 
+/* what travels: a peer of another build reads the same sizes */
+_Static_assert(sizeof(struct notify) == 40, "a version-2 done is 40 bytes");
+_Static_assert(sizeof(struct notify_read) == 48, "a version-3 done is 48 bytes");
+
 struct notify notify_done(uint64_t request_id, uint32_t tp_rank, const kvx_token_t *token)
 {
     struct notify n = {NOTIFY_MAGIC, NOTIFY_VERSION, NOTIFY_DONE, request_id, tp_rank, 0, {{0}}};
@@ -16,20 +20,33 @@ struct notify notify_done(uint64_t request_id, uint32_t tp_rank, const kvx_token
     return n;
 }
 
-bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p,
-                       kvx_token_t *token_p)
+struct notify_read notify_done_read(uint64_t request_id, uint32_t tp_rank, const kvx_token_t *token,
+                                    uint64_t bytes)
 {
-    struct notify n;
+    struct notify_read n = {notify_done(request_id, tp_rank, token), bytes};
 
-    if (size != sizeof(n))
+    n.done.version = NOTIFY_VERSION_READ;
+    return n;
+}
+
+bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p,
+                       kvx_token_t *token_p, uint64_t *bytes_p, bool *bytes_stated_p)
+{
+    struct notify_read n = {0};
+
+    /* the size and the version agree, so neither form reads as the other */
+    if (size != sizeof(n.done) && size != sizeof(n))
         return false;
-    memcpy(&n, data, sizeof(n));
-    if (n.magic != NOTIFY_MAGIC || n.version != NOTIFY_VERSION || n.kind != NOTIFY_DONE ||
-        n.tp_rank >= KVX_MAX_TP || n.reserved != 0)
+    memcpy(&n, data, size);
+    if (n.done.magic != NOTIFY_MAGIC || n.done.kind != NOTIFY_DONE ||
+        n.done.version != (size == sizeof(n) ? NOTIFY_VERSION_READ : NOTIFY_VERSION) ||
+        n.done.tp_rank >= KVX_MAX_TP || n.done.reserved != 0)
         return false;
-    *request_id_p = n.request_id;
-    *rank_p       = n.tp_rank;
-    *token_p      = n.token;
+    *request_id_p   = n.done.request_id;
+    *rank_p         = n.done.tp_rank;
+    *token_p        = n.done.token;
+    *bytes_p        = n.bytes;
+    *bytes_stated_p = size == sizeof(n);
     return true;
 }
 

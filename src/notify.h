@@ -12,7 +12,8 @@
 #include <stdint.h>
 
 #define NOTIFY_MAGIC         0x4b565844u /* "KVXD" */
-#define NOTIFY_VERSION       2
+#define NOTIFY_VERSION       2           /* a done without the bytes read (every kvx reads it) */
+#define NOTIFY_VERSION_READ  3 /* a done carrying the bytes read: to a peer that states it */
 #define NOTIFY_DONE          1
 #define HEARTBEAT_MAX_IDS    16384       /* request ids in one heartbeat: 384 KiB */
 #define ALIVE_ANSWER         "kvx-alive" /* then " INSTANCE ENGINE_ID" */
@@ -56,6 +57,14 @@ struct notify {
     kvx_token_t token; /* the hold's (zero when the sender has none) */
 };
 
+/* A version-3 done: the version-2 one, then the bytes the sender read from the receiving
+ * rank for the request (0: it only notified). A prefill agent states in its metadata
+ * (done_version, docs/wire.md) that it reads these; an older one reads only version 2. */
+struct notify_read {
+    struct notify done; /* version NOTIFY_VERSION_READ */
+    uint64_t bytes;
+};
+
 /* One wanted request in a heartbeat. */
 struct heartbeat_entry {
     uint64_t request_id;
@@ -65,10 +74,14 @@ struct heartbeat_entry {
 /* `token` may be NULL: none. */
 struct notify notify_done(uint64_t request_id, uint32_t tp_rank, const kvx_token_t *token);
 
-/* True when `data` is exactly a `done` notification of our version from a rank below
- * KVX_MAX_TP; its request id, the sender's rank and the token it presents. */
+struct notify_read notify_done_read(uint64_t request_id, uint32_t tp_rank, const kvx_token_t *token,
+                                    uint64_t bytes);
+
+/* True when `data` is exactly a `done` notification of version 2, or of version 3 with its
+ * size, from a rank below KVX_MAX_TP; its request id, the sender's rank, the token it presents
+ * and the bytes it read (*bytes_stated_p false and *bytes_p 0 for version 2). */
 bool notify_done_parse(const void *data, size_t size, uint64_t *request_id_p, uint32_t *rank_p,
-                       kvx_token_t *token_p);
+                       kvx_token_t *token_p, uint64_t *bytes_p, bool *bytes_stated_p);
 
 /* The answer's text into `text`; returns its length, 0 when it does not fit or `what` is
  * not printable or too long. */

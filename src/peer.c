@@ -10,12 +10,15 @@
 #include "notify.h"
 #include "push_request.h"
 #include "sidechan.h"
+#include "wire.h"
 
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+_Static_assert(WIRE_DONE_VERSION == NOTIFY_VERSION_READ, "the done version stated is the one read");
 
 #define PEER_MISSED_INTERVALS 3    /* silent heartbeat intervals before a peer is dead */
 #define PEER_SEND_HWM         1024 /* requests queued for a stalled peer; more fail at once */
@@ -236,8 +239,8 @@ static kvx_status_t peer_up(kvx_peer_t *peer)
     if (core->peers != NULL)
         core->peers->prev = peer;
     core->peers = peer;
-    loop_log(&core->loop, "peer %s (rank %" PRIu32 ", instance %016" PRIx64 ") connected",
-             peer->address, peer->link.conn->tp_rank, peer->link.instance);
+    loop_info(&core->loop, "peer %s (rank %" PRIu32 ", instance %016" PRIx64 ") connected",
+              peer->address, peer->link.conn->tp_rank, peer->link.instance);
     return loop_timer_start(&core->loop, &peer->heartbeat, clock_ms() + core->heartbeat_ms);
 }
 
@@ -604,12 +607,18 @@ kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
 }
 
 kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
-                            peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
+                            uint64_t bytes, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
 {
-    struct notify note = notify_done(request_id, peer->core->tp_rank, token);
+    struct notify_read note = notify_done_read(request_id, peer->core->tp_rank, token, bytes);
+    const struct conn *conn = peer_conn(peer);
 
-    if (peer_is_down(peer))
+    if (peer_is_down(peer) || conn == NULL)
         return error_set(peer->down_status, "peer %s is down (%s)", peer->address, peer->down);
+    if (conn->metadata->done_version < NOTIFY_VERSION_READ) { /* an older kvx: version 2 only */
+        note.done = notify_done(request_id, peer->core->tp_rank, token);
+        return peer_request_send(peer, VERB_DONE, &note.done, sizeof(note.done), on_reply, arg,
+                                 id_p);
+    }
     return peer_request_send(peer, VERB_DONE, &note, sizeof(note), on_reply, arg, id_p);
 }
 

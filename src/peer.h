@@ -53,11 +53,12 @@ kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *b
                                peer_reply_cb_t on_reply, void *arg, uint64_t *id_p);
 void peer_request_forget(kvx_peer_t *peer, uint64_t id);
 
-/* The `done` of `request_id` with its hold token (NULL: none), on the kept socket as a
- * request: `on_reply` gets the peer's answer (notify.h, done_answer_parse); *id_p identifies
- * it for peer_request_forget. */
+/* The `done` of `request_id` with its hold token (NULL: none) and the bytes read from the
+ * peer for it (sent where the peer's metadata states it reads them: docs/wire.md), on the kept
+ * socket as a request: `on_reply` gets the peer's answer (notify.h, done_answer_parse); *id_p
+ * identifies it for peer_request_forget. */
 kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
-                            peer_reply_cb_t on_reply, void *arg, uint64_t *id_p);
+                            uint64_t bytes, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p);
 
 /* The handle of our push writer on the peer: registers `metadata` (ours, push mode) on the
  * kept socket the first time, which blocks up to the timeout: the peer's writer sends a nonce

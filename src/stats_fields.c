@@ -83,6 +83,9 @@ static const kvx_stat_field_t stats_fields[] = {
     COUNTER(handshakes_refused, "handshakes_refused_total",
             "Side-channel connections closed in their handshake: past the bound of handshakes, "
             "or of one address's."),
+    COUNTER(served_transfers, "served_transfers_total",
+            "Reads of this prefill agent's blocks, from the decode ranks' dones."),
+    COUNTER(served_bytes, "served_bytes_total", "Bytes decode ranks read from this prefill agent."),
 };
 
 const kvx_stat_field_t *kvx_agent_stats_fields(size_t *count_p)

@@ -77,17 +77,20 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
         return error_no_memory("a transport");
     if (tls == NULL)
         tls = KVX_DEFAULT_TRANSPORTS;
+    transport_log_attach(t); /* first: UCX logs from ucp_init on */
     /* Without RMA a context registers none of UCX's software get and put handlers, which
      * serve any address to whoever reaches the worker: kvx serves its own (transport_am.c). */
     t->served = tls_without_keys(tls);
     if (!t->served)
         params.features |= UCP_FEATURE_RMA;
     if (t->served && (status = tokens_make(t)) != KVX_OK) {
+        transport_log_detach(t);
         free(t);
         return status;
     }
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
+        transport_log_detach(t);
         free(t);
         return transport_ucs_error("reading the UCX configuration", st);
     }
@@ -101,6 +104,7 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
         status = transport_ucs_error("creating the context", st);
     ucp_config_release(config);
     if (status != KVX_OK) {
+        transport_log_detach(t);
         free(t);
         return status;
     }
@@ -109,6 +113,7 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
         ucp_worker_destroy(t->worker);
     if (status != KVX_OK) {
         ucp_cleanup(t->context);
+        transport_log_detach(t);
         free(t);
         return status;
     }
@@ -135,6 +140,7 @@ void transport_destroy(struct transport *t)
 {
     if (t == NULL)
         return;
+    transport_log_close_begin(t, true);
     /* The transport's end may wait out the settling connections: there is no later turn. */
     while (t->settling != NULL) {
         struct transport_conn *conn = t->settling;
@@ -150,9 +156,12 @@ void transport_destroy(struct transport *t)
         t->parked = conn->next_parked;
         conn_free(conn);
     }
+    transport_log_close_begin(t, true); /* conn_free ended the window */
     ucp_worker_destroy(t->worker);
     am_records_free(&t->replies);
     ucp_cleanup(t->context);
+    transport_log_close_end();
+    transport_log_detach(t);
     free(t->mems);
     free(t);
 }
@@ -672,7 +681,9 @@ static void conn_free(struct transport_conn *conn)
     }
     for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
         op->finished = NULL; /* whatever completes during the destroy tells no owner */
+    transport_log_close_begin(conn->t, conn->t->log_destroying);
     ucp_worker_destroy(conn->worker);
+    transport_log_close_end();
     am_records_free(&conn->requests);
     am_conn_free(conn);
     while (conn->ops != NULL)

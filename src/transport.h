@@ -67,6 +67,14 @@ struct transport_data_counters {
 };
 const struct transport_data_counters *transport_data_counters(const struct transport *t);
 
+/* UCX's warnings and errors as lines of the agent's log (transport_log.c): taken from UCX's
+ * own output while `routed` (the agent has a log callback), else printed by UCX as usual.
+ * transport_log_next gives the next queued line ("UCX WARN: ...") into `line`, then one that
+ * counts the close-time warnings not shown; false when there is none. Callable from the
+ * agent's thread while UCX logs from any. */
+void transport_log_route(struct transport *t, bool routed);
+bool transport_log_next(struct transport *t, char *line, size_t size);
+
 /* The main worker's address, as a malloc'd copy the caller frees. */
 kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t *size_p);
 

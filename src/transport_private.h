@@ -23,8 +23,21 @@
 /* A grant a peer presents with each read or write (transport_am.c), 128 random bits. */
 #define TRANSPORT_TOKEN_SIZE 16
 
+/* UCX log lines kept for the agent between two of its turns (transport_log.c). */
+#define TRANSPORT_LOG_LINES 16
+#define TRANSPORT_LOG_LINE  384 /* bytes of one */
+
 struct am_reply;
 struct am_request;
+
+/* transport_log.c: a transport's place in the process-wide log routing (attach at create,
+ * detach at destroy, after its last worker), and the window in which this thread destroys
+ * one of its workers: the warnings UCX prints there about work a peer left are counted, not
+ * shown, and while `destroying` (the whole transport) nothing is routed to it any more. */
+void transport_log_attach(struct transport *t);
+void transport_log_detach(struct transport *t);
+void transport_log_close_begin(struct transport *t, bool destroying);
+void transport_log_close_end(void);
 
 /* Puts kvx's UCX settings into `config` where the environment sets none, for the UCX version
  * loaded (transport_settings.c), and says which TCP segment sizes UCX will use: both 0 when
@@ -71,6 +84,14 @@ struct transport {
     struct am_reply *queued;   /* writes to receive once progress returned */
     struct transport_data_counters counters;
     struct transport_segments tcp_segments; /* what UCX uses (transport_settings.c) */
+    /* UCX's log (transport_log.c), all under its mutex */
+    struct transport *log_next; /* in the process's list of transports */
+    bool log_routed;            /* UCX's warnings and errors come here, not to stdout */
+    bool log_destroying;        /* transport_destroy under way: nothing more is routed */
+    char log_lines[TRANSPORT_LOG_LINES][TRANSPORT_LOG_LINE];
+    size_t num_log_lines;
+    uint64_t log_dropped; /* lines past TRANSPORT_LOG_LINES */
+    uint64_t log_quieted; /* close-time warnings counted, not shown */
 };
 
 struct transport_mem {

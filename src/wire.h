@@ -28,11 +28,16 @@ struct kvx_metadata {
     uint64_t tcp_tx_seg_size; /* bytes of the peer's UCX TCP segments; both 0: it has no tcp */
     uint64_t tcp_rx_seg_size; /* (docs/wire.md "TCP segments") */
     bool tcp_segments_stated; /* false: an older kvx that sent none; UCX's defaults assumed */
+    uint32_t done_version;    /* the newest done it reads (notify.h); 2 for an older kvx */
     kvx_regions_t *regions;   /* the peer's table; storage names are the registrations' */
     char **differences;       /* of the last kvx_metadata_validate, at most KVX_MAX_DIFFERENCES */
     size_t num_differences;   /* found, possibly more than kept */
     size_t max_differences;   /* allocated entries of differences */
 };
+
+/* The done version this kvx reads and states (notify.h's NOTIFY_VERSION_READ; wire stays
+ * pure and apart from notify, so the number is repeated here and checked where both meet). */
+#define WIRE_DONE_VERSION 3
 
 /* The compatibility factors of a table and mode, and their hash (docs/wire.md). The
  * factors' strings point into the table. Declared with the generated type's tag so this

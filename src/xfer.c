@@ -32,6 +32,7 @@ struct xfer_leg {
     kvx_peer_t *peer;
     struct transport_op *op; /* pull: its gets */
     uint64_t reply_id;       /* the push or done awaiting its answer; 0: none */
+    uint64_t bytes;          /* pull: read from this peer (its done says so) */
 };
 
 struct kvx_xfer {
@@ -502,14 +503,14 @@ static kvx_status_t xfer_legs_find(kvx_xfer_t *x, kvx_peer_t *const *peers, size
                              "%s: the request needs remote rank %" PRIu32
                              ", which is not among the %zu peers",
                              x->push ? "write" : "read", rank, num_peers);
-        x->legs[x->num_legs++] = (struct xfer_leg){x, peer, NULL, 0};
+        x->legs[x->num_legs++] = (struct xfer_leg){x, peer, NULL, 0, 0};
     }
     x->num_reads = x->num_legs;
     for (size_t i = 0; i < notifies; i++) {
         kvx_peer_t *peer = peer_of_rank(peers, num_peers, kvx_peer_plan_notify_rank(plan, i));
 
         if (peer != NULL)
-            x->legs[x->num_legs++] = (struct xfer_leg){x, peer, NULL, 0};
+            x->legs[x->num_legs++] = (struct xfer_leg){x, peer, NULL, 0, 0};
     }
     return KVX_OK;
 }
@@ -597,6 +598,8 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
         size_t count                     = 0;
 
         status = read_pairs(x, request, first, r, set->pairs, set->alt, &pairs, &count);
+        for (size_t i = 0; status == KVX_OK && i < count; i++)
+            leg->bytes += pairs[i].len;
         if (status == KVX_OK)
             status = transport_op_create(conn->transport, xfer_op_finished, x, &leg->op);
         if (status == KVX_OK)
@@ -819,8 +822,8 @@ static void pull_notify(kvx_xfer_t *x)
     x->ops_left  = x->num_legs;
     for (size_t i = 0; i < x->num_legs; i++) {
         struct xfer_leg *leg = &x->legs[i];
-        kvx_status_t status =
-            peer_send_done(leg->peer, x->request_id, token, done_reply, leg, &leg->reply_id);
+        kvx_status_t status  = peer_send_done(leg->peer, x->request_id, token, leg->bytes,
+                                              done_reply, leg, &leg->reply_id);
 
         if (status != KVX_OK) {
             char what[300];

@@ -174,7 +174,7 @@ static const struct bad_layout_case {
      "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 8, 'b\\u001b': 0}], 'views': []}",
      "storages[0]: unknown key \"b\\x1b\""},
     {"not_an_object", "[1, 2]", "layout: expected a JSON object"},
-    {"not_json", "{'kvx_layout': 1,", "layout: not valid JSON near byte"},
+    {"not_json", "{'kvx_layout': 1,", "layout: not valid JSON at line 1, column"},
     {"trailing_data", "{'kvx_layout': 1, 'storages': [], 'views': []} x",
      "unexpected data after the JSON object"},
 };
@@ -308,6 +308,41 @@ static void missing_file_is_an_io_error(void **state)
     assert_int_equal(kvx_layout_load_file("/nonexistent/kvx.json", &layout), KVX_ERR_IO);
     assert_non_null(strstr(kvx_errmsg(), "/nonexistent/kvx.json: No such file"));
     assert_null(layout);
+}
+
+/* A layout file with a syntax error names the file, and the line and column where cJSON
+ * stopped, as an editor counts them (issue 24 item 9: a byte offset alone made the reader
+ * count lines); data after the object is placed the same way. */
+static void a_json_error_names_the_file_line_and_column(void **state)
+{
+    static const struct {
+        const char *text;
+        const char *message; /* after the path */
+    } cases[] = {
+        {"{\n  \"kvx_layout\": 1,\n  \"storages\": [,]\n}\n",
+         ": layout: not valid JSON at line 3, column 16 (near byte 36)"},
+        {"{\"kvx_layout\": 1, \"storages\": [], \"views\": []}\n\n  x\n",
+         ": layout: unexpected data after the JSON object at line 3, column 3 (byte 50)"},
+    };
+    char path[] = "/tmp/kvx-test-layout-XXXXXX";
+    char expected[256];
+    kvx_layout_t *layout = NULL;
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int fd = mkstemp(path);
+
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, cases[i].text, strlen(cases[i].text)),
+                         (ssize_t)strlen(cases[i].text));
+        close(fd);
+        assert_int_equal(kvx_layout_load_file(path, &layout), KVX_ERR_INVALID);
+        assert_null(layout);
+        snprintf(expected, sizeof(expected), "%s%s", path, cases[i].message);
+        assert_string_equal(kvx_errmsg(), expected);
+        unlink(path);
+        memcpy(path + strlen(path) - 6, "XXXXXX", 6);
+    }
 }
 
 /* True when every byte of `text` is printable ASCII: what a message made of ASCII fields
@@ -520,6 +555,7 @@ int main(void)
         cmocka_unit_test(an_error_can_prefix_the_one_before_it),
         cmocka_unit_test(unknown_param_bits_are_rejected),
         cmocka_unit_test(missing_file_is_an_io_error),
+        cmocka_unit_test(a_json_error_names_the_file_line_and_column),
         cmocka_unit_test(non_regular_files_fail_without_blocking),
         cmocka_unit_test(many_storages_are_found_by_name),
         cmocka_unit_test(nul_bytes_are_rejected),

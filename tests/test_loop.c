@@ -455,6 +455,50 @@ static void more_log_lines_than_fit_in_one_turn_give_one_dropped_line(void **sta
     assert_string_equal(logged.lines[0], "next turn");
 }
 
+/* Issue 24: at KVX_LOG_WARN (log_quiet) info lines are not kept, warnings are. */
+static void info_lines_are_kept_only_at_the_info_level(void **state)
+{
+    struct loop *loop = *state;
+
+    loop->log       = log_collect;
+    logged.count    = 0;
+    loop->log_quiet = true;
+    loop_info(loop, "info %d", 1);
+    loop_log(loop, "warning %d", 1);
+    loop->log_quiet = false;
+    loop_info(loop, "info %d", 2);
+    assert_int_equal(loop_queue_run(loop), 0);
+    assert_int_equal(logged.count, 2);
+    assert_string_equal(logged.lines[0], "warning 1");
+    assert_string_equal(logged.lines[1], "info 2");
+}
+
+/* A warning a peer can repeat at will: at most LOOP_LIMIT_LINES a window, the rest counted
+ * in one line when the next window opens (on the clock given, never the wall's). */
+static void limited_lines_keep_five_a_window_and_count_the_rest(void **state)
+{
+    struct loop *loop       = *state;
+    struct loop_limit limit = {0};
+    const uint64_t start_ms = 5000;
+
+    loop->log    = log_collect;
+    logged.count = 0;
+    for (int i = 0; i < LOOP_LIMIT_LINES + 3; i++)
+        loop_log_limited(loop, &limit, start_ms + (uint64_t)i, "refusals", "refused %d", i);
+    loop_log_limited(loop, &limit, start_ms + LOOP_LIMIT_MS - 1, "refusals", "refused late");
+    assert_int_equal(loop_queue_run(loop), 0);
+    assert_int_equal(logged.count, LOOP_LIMIT_LINES);
+    assert_string_equal(logged.lines[LOOP_LIMIT_LINES - 1], "refused 4");
+
+    logged.count = 0;
+    loop_log_limited(loop, &limit, start_ms + LOOP_LIMIT_MS, "refusals", "refused next");
+    assert_int_equal(loop_queue_run(loop), 0);
+    assert_int_equal(logged.count, 2);
+    assert_string_equal(logged.lines[0],
+                        "4 more refusals not logged in 10 s (at most 5 lines each)");
+    assert_string_equal(logged.lines[1], "refused next");
+}
+
 /* ----------------------------------------------------------------------------------------
  * The descriptor.
  * -------------------------------------------------------------------------------------- */
@@ -557,6 +601,8 @@ int main(void)
         LOOP_TEST(unqueued_event_never_runs_and_the_queue_stays_whole),
         LOOP_TEST(log_lines_arrive_in_order_when_the_queue_runs),
         LOOP_TEST(more_log_lines_than_fit_in_one_turn_give_one_dropped_line),
+        LOOP_TEST(info_lines_are_kept_only_at_the_info_level),
+        LOOP_TEST(limited_lines_keep_five_a_window_and_count_the_rest),
         LOOP_TEST(descriptor_is_readable_when_busy_woken_or_due_and_not_before),
         LOOP_TEST(watched_descriptor_makes_the_loop_readable_until_unwatched),
 #undef LOOP_TEST

@@ -20,19 +20,25 @@ static void done_parses_only_its_exact_form(void **state)
     unsigned char bytes[sizeof(note) + 1];
     uint64_t id   = 0;
     uint32_t rank = 0;
+    uint64_t read = 1;
+    bool stated   = true;
     kvx_token_t token;
 
     (void)state;
     memcpy(bytes, &note, sizeof(note));
-    assert_true(notify_done_parse(bytes, sizeof(note), &id, &rank, &token));
+    assert_true(notify_done_parse(bytes, sizeof(note), &id, &rank, &token, &read, &stated));
     assert_int_equal(id, 42);
     assert_int_equal(rank, 3);
     assert_memory_equal(token.bytes, sent.bytes, KVX_TOKEN_LEN);
-    assert_false(notify_done_parse(bytes, sizeof(note) - 1, &id, &rank, &token)); /* short */
-    assert_false(notify_done_parse(bytes, sizeof(note) + 1, &id, &rank, &token)); /* extra */
-    assert_false(notify_done_parse(bytes, 0, &id, &rank, &token));
+    assert_false(stated); /* version 2: no bytes */
+    assert_int_equal(read, 0);
+    assert_false(
+        notify_done_parse(bytes, sizeof(note) - 1, &id, &rank, &token, &read, &stated)); /* short */
+    assert_false(
+        notify_done_parse(bytes, sizeof(note) + 1, &id, &rank, &token, &read, &stated)); /* extra */
+    assert_false(notify_done_parse(bytes, 0, &id, &rank, &token, &read, &stated));
     note = notify_done(42, 3, NULL); /* no token: all zero, as a hold never issues */
-    assert_true(notify_done_parse(&note, sizeof(note), &id, &rank, &token));
+    assert_true(notify_done_parse(&note, sizeof(note), &id, &rank, &token, &read, &stated));
     assert_memory_equal(token.bytes, (kvx_token_t){{0}}.bytes, KVX_TOKEN_LEN);
     for (size_t field = 0; field < 5; field++) { /* magic, version, kind, rank, reserved */
         struct notify bad = note;
@@ -47,8 +53,40 @@ static void done_parses_only_its_exact_form(void **state)
             bad.tp_rank = KVX_MAX_TP;
         else
             bad.reserved = 1;
-        assert_false(notify_done_parse(&bad, sizeof(bad), &id, &rank, &token));
+        assert_false(notify_done_parse(&bad, sizeof(bad), &id, &rank, &token, &read, &stated));
     }
+}
+
+/* Version 3 carries the bytes read (issue 24 item 9), at its own size only: a version-3 header
+ * at version 2's size, or a version-2 header at version 3's, parses as neither. */
+static void a_version_3_done_carries_the_bytes_read_at_its_size_only(void **state)
+{
+    const kvx_token_t sent  = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
+    struct notify_read note = notify_done_read(43, 2, &sent, 123456789012ull);
+    struct notify_read bad;
+    uint64_t id   = 0;
+    uint32_t rank = 0;
+    uint64_t read = 0;
+    bool stated   = false;
+    kvx_token_t token;
+
+    (void)state;
+    assert_int_equal(sizeof(note), 48);
+    assert_true(notify_done_parse(&note, sizeof(note), &id, &rank, &token, &read, &stated));
+    assert_int_equal(id, 43);
+    assert_int_equal(rank, 2);
+    assert_true(stated);
+    assert_int_equal(read, 123456789012ull);
+    assert_memory_equal(token.bytes, sent.bytes, KVX_TOKEN_LEN);
+    assert_false(notify_done_parse(&note, sizeof(note.done), &id, &rank, &token, &read, &stated));
+    bad              = note;
+    bad.done.version = NOTIFY_VERSION;
+    assert_false(notify_done_parse(&bad, sizeof(bad), &id, &rank, &token, &read, &stated));
+    bad.done.version = NOTIFY_VERSION_READ + 1;
+    assert_false(notify_done_parse(&bad, sizeof(bad), &id, &rank, &token, &read, &stated));
+    bad               = note;
+    bad.done.reserved = 1;
+    assert_false(notify_done_parse(&bad, sizeof(bad), &id, &rank, &token, &read, &stated));
 }
 
 static void heartbeat_ids_are_whole_and_bounded(void **state)
@@ -210,6 +248,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(done_parses_only_its_exact_form),
+        cmocka_unit_test(a_version_3_done_carries_the_bytes_read_at_its_size_only),
         cmocka_unit_test(heartbeat_ids_are_whole_and_bounded),
         cmocka_unit_test(answers_round_trip),
         cmocka_unit_test(answers_reject_anything_else),

@@ -2,6 +2,10 @@
  * every byte compared, an active message at the main worker, bounded closes to dead peers. */
 #include "clock.h"
 #include "transport.h"
+#include "transport_private.h" /* white-box: the close window of transport_log.c */
+
+#include <ucs/config/global_opts.h>
+#include <ucs/debug/log_def.h>
 
 #include <setjmp.h>
 #include <signal.h>
@@ -724,6 +728,61 @@ static void empty_worker_address_is_refused(void **state)
     left.t = NULL;
 }
 
+/* Issue 24 item 10: UCX's own lines, dispatched through UCX's real handler stack. Routed,
+ * a warning and an error become the transport's lines; in a worker's close window the
+ * warnings of what a peer left pending are counted into one line, an error still comes
+ * through; not routed, nothing is taken (UCX prints it, as without kvx). */
+static void ucx_log_lines_are_routed_and_close_warnings_summed(void **state)
+{
+    ucs_log_component_config_t *component = &ucs_global_opts.log_component;
+    char line[512];
+
+    (void)state;
+    assert_int_equal(transport_create("tcp", false, &left.t), KVX_OK);
+    transport_log_route(left.t, true);
+    ucs_log_dispatch(__FILE__, __LINE__, __func__, UCS_LOG_LEVEL_WARN, component,
+                     "kvx test warning %d", 7);
+    ucs_log_dispatch(__FILE__, __LINE__, __func__, UCS_LOG_LEVEL_ERROR, component,
+                     "kvx test error %s", "x");
+    assert_true(transport_log_next(left.t, line, sizeof(line)));
+    assert_string_equal(line, "UCX WARN: kvx test warning 7");
+    assert_true(transport_log_next(left.t, line, sizeof(line)));
+    assert_string_equal(line, "UCX ERROR: kvx test error x");
+    assert_false(transport_log_next(left.t, line, sizeof(line)));
+
+    transport_log_close_begin(left.t, false);
+    ucs_log_dispatch(__FILE__, __LINE__, __func__, UCS_LOG_LEVEL_WARN, component,
+                     "worker %p: %u pending operations were not flushed", (void *)line, 3u);
+    for (unsigned i = 1; i < 45; i++) /* UCX's own words, as a closing worker prints them */
+        ucs_log_dispatch(__FILE__, __LINE__, __func__, UCS_LOG_LEVEL_WARN, component,
+                         "object %p%s was not returned to mpool %s", (void *)(line + i), "",
+                         "ucp_requests");
+    ucs_log_dispatch(__FILE__, __LINE__, __func__, UCS_LOG_LEVEL_ERROR, component,
+                     "kvx test error while closing");
+    transport_log_close_end();
+    assert_true(transport_log_next(left.t, line, sizeof(line)));
+    assert_string_equal(line, "UCX ERROR: kvx test error while closing");
+    assert_true(transport_log_next(left.t, line, sizeof(line)));
+    assert_non_null(strstr(line, "UCX: 45 warnings not shown, of closed connections' workers"));
+    assert_false(transport_log_next(left.t, line, sizeof(line)));
+
+    for (int i = 0; i < 20; i++) /* a full queue counts what it could not keep */
+        ucs_log_dispatch(__FILE__, __LINE__, __func__, UCS_LOG_LEVEL_WARN, component,
+                         "kvx test flood %d", i);
+    for (int i = 0; i < 16; i++)
+        assert_true(transport_log_next(left.t, line, sizeof(line)));
+    assert_string_equal(line, "UCX WARN: kvx test flood 15");
+    assert_true(transport_log_next(left.t, line, sizeof(line)));
+    assert_string_equal(line, "UCX: 4 more lines not kept (more than 16 at once)");
+
+    transport_log_route(left.t, false);
+    ucs_log_dispatch(__FILE__, __LINE__, __func__, UCS_LOG_LEVEL_WARN, component,
+                     "kvx test warning printed by UCX, as without kvx");
+    assert_false(transport_log_next(left.t, line, sizeof(line)));
+    transport_destroy(left.t);
+    left.t = NULL;
+}
+
 int main(void)
 {
     /* Every test that forks comes before any that only creates a context here. */
@@ -741,6 +800,8 @@ int main(void)
         cmocka_unit_test_teardown(large_mapped_read_is_copied_by_the_loop_in_slices,
                                   leftovers_clean),
         cmocka_unit_test_teardown(empty_worker_address_is_refused, leftovers_clean),
+        cmocka_unit_test_teardown(ucx_log_lines_are_routed_and_close_warnings_summed,
+                                  leftovers_clean),
     };
 
     setenv("UCX_NET_DEVICES", "lo", 1); /* never another interface */

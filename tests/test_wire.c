@@ -267,7 +267,8 @@ enum peer_field {
     ALL_GROUPS,
     SEG_TX, /* TcpSegments.tx: the message is sent when either of these is changed */
     SEG_RX,
-    LOCAL_TP, /* not sent: the local side's validation setting */
+    DONE_VERSION, /* AgentMetadata.done_version */
+    LOCAL_TP,     /* not sent: the local side's validation setting */
     LOCAL_BLOCK_SIZE
 };
 
@@ -443,6 +444,7 @@ static uint8_t *peer_encode(const kvx_regions_t *t, const kvx_metadata_params_t 
         pb_uint(&m, 2, pick(&p, SEG_RX, 0, stated ? params->tcp_rx_seg_size : 0));
         pb_message(&body, 13, &m);
     }
+    pb_uint(&body, 14, pick(&p, DONE_VERSION, 0, WIRE_DONE_VERSION));
 
     pb_uint(&env, 1, pick(&p, ENV_VERSION, 0, KVX_WIRE_VERSION));
     pb_bytes(&env, 2, hash[0], pick(&p, ENV_HASH_LEN, 0, KVX_COMPAT_HASH_LEN), false);
@@ -608,6 +610,29 @@ static void a_hand_written_peer_packs_the_same_bytes(void **state)
         assert_memory_equal(bytes, buf, size);
         free(bytes);
         kvx_free(buf);
+    }
+    kvx_regions_destroy(local);
+}
+
+/* A peer states which done it reads (issue 24 item 9: a version-3 done carries the bytes
+ * read); an older kvx states nothing and is sent version 2, which it parses. */
+static void a_peer_states_the_done_version_it_reads(void **state)
+{
+    kvx_regions_t *local                = table_load(ROUND_TRIP_LAYOUT);
+    const struct peer_change older[]    = {{DONE_VERSION, 0, 0}};
+    const struct peer_change newer[]    = {{DONE_VERSION, 0, 7}};
+    const struct peer_change *changes[] = {NULL, older, newer};
+    const uint32_t expected[]           = {WIRE_DONE_VERSION, 2, 7};
+
+    (void)state;
+    for (size_t k = 0; k < 3; k++) {
+        size_t size;
+        uint8_t *bytes     = peer_encode(local, NULL, changes[k], changes[k] != NULL, &size);
+        kvx_metadata_t *md = unpack_ok("done version", bytes, size, local, KVX_MODE_PULL);
+
+        assert_int_equal(md->done_version, expected[k]);
+        kvx_metadata_destroy(md);
+        free(bytes);
     }
     kvx_regions_destroy(local);
 }
@@ -1295,6 +1320,7 @@ int main(void)
         cmocka_unit_test(round_trip_keeps_every_field),
         cmocka_unit_test(unset_params_take_their_defaults),
         cmocka_unit_test(a_hand_written_peer_packs_the_same_bytes),
+        cmocka_unit_test(a_peer_states_the_done_version_it_reads),
         cmocka_unit_test(pack_rejects_bad_params_and_writes_nothing),
         cmocka_unit_test(compat_hash_is_pinned),
         cmocka_unit_test(compat_hash_ignores_key_order_and_non_factor_fields),

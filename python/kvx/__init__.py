@@ -381,7 +381,8 @@ class Agent:
 
     Thread-safe: any thread may call any method of the agent, its peers and transfers at any
     time (docs/python.md, "Ownership and threading"). Released holds are named by released(),
-    the agent's log lines by logs()."""
+    the agent's log lines by logs(), or passed to the callbacks of set_release_callback() and
+    set_log_callback()."""
 
     def __init__(self, layout, memory=None, *, auth=None, insecure=False, tp_rank=0, tp_size=1,
                  **params):
@@ -400,6 +401,9 @@ class Agent:
         self._request_ids = itertools.count(1)  # next() is atomic: threads post at once
         self._create_lock = threading.Lock()  # one C agent, whichever thread uses it first
         self._closed = False
+        self._on_release = None  # set_release_callback
+        self._on_log = None  # set_log_callback
+        self._undelivered = collections.deque()  # (callback kind, item) drained, not yet called
 
     def _memory_list(self, memory):
         if memory is None:
@@ -480,8 +484,48 @@ class Agent:
         It sleeps on the agent's descriptor without the agent's lock and takes it one turn at
         a time, so other threads (posting, polling, another progress()) get in between; while
         transfers are in flight it looks again every 1 ms. Raises InvalidError once the agent
-        is closed, from any thread, also while it sleeps."""
+        is closed, from any thread, also while it sleeps. Then it calls the release and log
+        callbacks (set_release_callback, set_log_callback) with what came meanwhile."""
         self._agent().progress(timeout_ms)
+        self._deliver()
+
+    def set_release_callback(self, callback):
+        """Prefill side: callback(request_id) once per released hold (every consumer's done,
+        or its lease ended), called by progress() on the thread calling it, with the GIL and
+        without the agent's lock (it may call the agent). None stops it; while one is set,
+        released() returns nothing: the ids go to the callback. If a callback raises, progress()
+        raises it, and the items still to deliver wait for the next progress()."""
+        if callback is not None and not callable(callback):
+            raise TypeError("set_release_callback: a callable or None")
+        self._on_release = callback
+
+    def set_log_callback(self, callback):
+        """callback(line) once per log line of the agent (what logs() returns otherwise, UCX's
+        own warnings among them: docs/python.md), called as the release callback is. None
+        stops it."""
+        if callback is not None and not callable(callback):
+            raise TypeError("set_log_callback: a callable or None")
+        self._on_log = callback
+
+    def _deliver(self):
+        """Drains what the set callbacks want into one queue, then calls them one item at a
+        time: a popleft is atomic, so with progress() in several threads each item is delivered
+        once (in order per thread, not across threads)."""
+        handle = self._handle
+        if handle is None:
+            return
+        if self._on_release is not None:
+            self._undelivered.extend(("release", i) for i in handle.released())
+        if self._on_log is not None:
+            self._undelivered.extend(("log", line) for line in handle.logs())
+        while True:
+            try:
+                kind, item = self._undelivered.popleft()
+            except IndexError:
+                return
+            callback = self._on_release if kind == "release" else self._on_log
+            if callback is not None:
+                callback(item)
 
     def fileno(self):
         return self._agent().fileno()

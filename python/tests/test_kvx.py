@@ -6,6 +6,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -460,3 +461,72 @@ def test_want_heartbeats_the_hold_until_a_read_or_unwant(tmp_path):
     report = prefill.finish()
     assert report["stats"]["released"] == 1 and report["stats"]["tokens_refused"] == 0
     assert report["stats"]["notifications"] >= 3
+
+
+def test_release_and_log_callbacks_name_the_request(tmp_path):
+    """Issue 24 item 10: this process serves as the prefill side, a `kvx fetch` process reads
+    request 7 with the hold's token and a second one with a wrong token; the release callback
+    gets 7 (and released() nothing, its ids go to the callback), the log callback the
+    admission, the counted done, the release and the refused done, each called by progress()
+    on this thread. The served counters come from the dones (issue 24 item 9)."""
+    path = write_layout(tmp_path, SMALL)
+    memory = np.zeros(65536, dtype=np.uint8)
+    released, lines, threads = [], [], set()
+    with kvx.Agent(kvx.Layout.load(path), {"kv": memory}) as agent:
+        address = agent.listen("127.0.0.1:0")
+        agent.set_release_callback(lambda request_id: (released.append(request_id),
+                                                       threads.add(threading.get_ident())))
+        agent.set_log_callback(lines.append)
+        token = agent.hold(7, {0: [1, 2]})
+        outputs = []
+        for t in ("01" * 16, token.hex()):  # the wrong token first, while the hold stands
+            fetch = subprocess.Popen(
+                [str(KVX), "fetch", str(path), "--peer", address, "--blocks", "0:1-2",
+                 "--request", "7", "--token", t], stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
+            deadline = time.monotonic() + 60
+            while fetch.poll() is None and time.monotonic() < deadline:
+                agent.progress(10)
+            outputs.append((fetch.wait(timeout=60), fetch.communicate(timeout=60)[0]))
+        while not released and time.monotonic() < deadline:
+            agent.progress(10)
+        assert outputs[0][0] == 2 and "wrong token" in outputs[0][1], outputs[0]
+        assert outputs[1][0] == 0, outputs[1]
+        assert released == [7] and threads == {threading.get_ident()}
+        assert agent.released() == []
+        assert any(line.startswith("side channel: admitted a connection from 127.0.0.1")
+                   for line in lines), lines
+        assert "request 7: done of rank 0 counted, the last one" in lines, lines
+        assert "request 7: released, every consumer reported" in lines, lines
+        assert any(line.startswith("request 7: done refused: ") for line in lines), lines
+        stats = agent.stats()
+        assert stats["served_transfers"] == 2 and stats["served_bytes"] == 2 * 2 * 4096
+        with pytest.raises(TypeError):
+            agent.set_log_callback("not callable")
+
+
+def test_log_level_warn_keeps_only_what_went_wrong(tmp_path):
+    """log_level="warn": a read that went as it should logs nothing on the prefill side (no
+    admission, no counted done, no release), a refused one still does; a level that is not
+    one is refused before any agent exists."""
+    path = write_layout(tmp_path, SMALL)
+    with pytest.raises(ValueError, match="log_level: 'debug' is not"):
+        kvx.Agent(kvx.Layout.load(path), insecure=True, log_level="debug").stats()
+    memory = np.zeros(65536, dtype=np.uint8)
+    with kvx.Agent(kvx.Layout.load(path), {"kv": memory}, log_level="warn") as agent:
+        address = agent.listen("127.0.0.1:0")
+        token = agent.hold(7, {0: [1]})
+        for t in (token.hex(), "01" * 16):
+            fetch = subprocess.Popen(
+                [str(KVX), "fetch", str(path), "--peer", address, "--blocks", "0:1",
+                 "--request", "7", "--token", t], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while fetch.poll() is None and time.monotonic() < deadline:
+                agent.progress(10)
+            assert fetch.wait(timeout=60) == (0 if t == token.hex() else 2)
+        agent.progress(10)
+        lines = agent.logs()
+        assert agent.released() == [7]
+        assert lines == ["request 7: done refused: hold released already: the blocks may "
+                         "have been reused"], lines

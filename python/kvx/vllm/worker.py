@@ -95,6 +95,8 @@ class KvxWorker:
                 params[key] = getattr(self.settings, key)
         if self.settings.verify_one_in:
             params["verify_one_in"] = self.settings.verify_one_in
+        if self.is_producer:  # its info lines are per request (dones, releases): warnings only
+            params["log_level"] = "warn"
         self.layout = kvx.Layout.from_dict(layout)
         self.agent = kvx.Agent(self.layout, memory, **auth_of(self.settings), **params)
         if self.is_producer:
