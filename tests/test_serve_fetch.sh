@@ -270,6 +270,10 @@ fi
 # kvx demo (what make demo runs): two processes, a batch of requests, every byte verified.
 check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && tail -n 1 '$tmp/demo' | grep -qx verified && [[ \$(grep -c ', verified\$' '$tmp/demo') -eq 16 ]]"
 
-check "kvx demo --p-tp 2 --d-tp 2: four processes, every byte verified" bash -c "'$kvx' demo --p-tp 2 --d-tp 2 >'$tmp/demo2' 2>&1 && tail -n 1 '$tmp/demo2' | grep -qx verified"
+# Issue 24: the 43 rows of the region table pushed the figures off the screen; the demo prints
+# the table's totals, and its rows only with --verbose.
+check "kvx demo prints the region table's totals, not its rows" \
+  bash -c "grep -q '^total: 43 regions, ' '$tmp/demo' && ! grep -q '^index  name' '$tmp/demo'"
+check "kvx demo --p-tp 2 --d-tp 2 --verbose: four processes, every byte verified, every row" bash -c "'$kvx' demo --p-tp 2 --d-tp 2 --verbose >'$tmp/demo2' 2>&1 && tail -n 1 '$tmp/demo2' | grep -qx verified && grep -q '^index  name' '$tmp/demo2' && [[ \$(grep -cE '^ +[0-9]+  ' '$tmp/demo2') -eq 43 ]]"
 
 checks_done

@@ -20,7 +20,8 @@
 static const char usage_serve[] =
     "usage: kvx serve LAYOUT --listen HOST:PORT (--auth FILE | --insecure)\n"
     "                 [--tp-rank R --tp-size N] [--fill SEED|random]\n"
-    "                 [--transports LIST] [--malloc] [--lease MS] [--metrics HOST:PORT]\n"
+    "                 [--transports LIST] [--malloc | --memory host|cuda] [--lease MS]\n"
+    "                 [--metrics HOST:PORT]\n"
     "                 [--timeout MS] [--max-push MS]\n"
     "                 [--hold 'ID=G:IDS;G:IDS' ... [--consumers N] [--token HEX]] [--verbose]\n"
     "\n"
@@ -34,10 +35,17 @@ static const char usage_serve[] =
     "  --auth FILE         the deployment's secret (kvx auth-key FILE); default the file\n"
     "                      KVX_AUTH_FILE names. Only peers with it are answered\n"
     "  --insecure          no secret: plain side channel, on a loopback address only\n"
+    "  --listen HOST:PORT  a host name (resolved: its first IPv4 address, else IPv6), an\n"
+    "                      IPv4 address or an IPv6 one in brackets ([::1]:0); 0.0.0.0:\n"
+    "                      every interface\n"
+    "  --tp-rank R, --tp-size N\n"
+    "                      this prefill rank of a TP group of N; default 0 of 1\n"
     "  --fill SEED|random  the pattern's seed (default 1), or random: the pattern of a seed\n"
     "                      drawn from the kernel and never shown\n"
     "  --transports LIST   UCX transports; default sm,cma,tcp (and cuda_copy,cuda_ipc\n"
     "                      with --memory cuda)\n"
+    "  --malloc            storages in memory this command allocates with malloc and\n"
+    "                      registers as an engine's (default: UCX allocates them)\n"
     "  --memory host|cuda  where the storages live: host memory (default; a layout's\n"
     "                      \"vram\" storages too, said on stderr) or GPU memory kvx\n"
     "                      allocates (filled through a host staging buffer: docs/gpu.md)\n"
@@ -78,6 +86,18 @@ static const char usage_fetch[] =
     "\n"
     "  --auth FILE         the deployment's secret, as kvx serve's; default KVX_AUTH_FILE\n"
     "  --insecure          no secret: only an insecure kvx serve on loopback answers\n"
+    "  --peer HOST:PORT,...  each prefill rank's side channel, rank order; nothing\n"
+    "                      listening there fails at once\n"
+    "  --blocks IDS        local block ids per group: '0:0-15,20;1:3' (group:ids;...)\n"
+    "  --remote-blocks IDS the prefill side's block ids, the same syntax; default the\n"
+    "                      same ids as --blocks\n"
+    "  --tp-rank R, --tp-size N\n"
+    "                      this decode rank of a TP group of N; default 0 of 1. The\n"
+    "                      prefill ranks' TP size comes from their handshake\n"
+    "  --transports LIST   UCX transports; default sm,cma,tcp (and cuda_copy,cuda_ipc\n"
+    "                      with --memory cuda)\n"
+    "  --malloc            storages in memory this command allocates with malloc and\n"
+    "                      registers as an engine's (default: UCX allocates them)\n"
     "  --push              ask the prefill ranks to write the blocks in (push mode) instead\n"
     "                      of reading them\n"
     "  --fill SEED         with --verify: the seed kvx serve used, for the pattern check\n"
@@ -94,7 +114,8 @@ static const char usage_fetch[] =
     "  --wait-before-read MS\n"
     "                      connect (and want), then wait MS, heartbeating, before reading;\n"
     "                      prints \"waiting MS ms before reading request ID\" on stderr\n"
-    "  --json              one JSON object: outcome, figures and the agent's stats\n"
+    "  --json              one JSON object on stdout whatever the outcome: ok, error,\n"
+    "                      the blocks not loaded, figures and the agent's stats\n"
     "  --verbose           one line on stderr per state change, never per block\n";
 
 static volatile sig_atomic_t stop_requested;
@@ -273,14 +294,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             if (a->num_holds == HOLDS_MAX)
                 return cli_usage_error("more than 64 --hold options", usage);
             text = &a->holds[a->num_holds++];
-        } else if (number == NULL) {
-            fprintf(stderr, "kvx: error: unknown option %s\n\n%s", arg, usage);
-            return EXIT_BAD_INPUT;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvx: error: %s needs a value\n\n%s", arg, usage);
-            return EXIT_BAD_INPUT;
-        }
+        } else if (number == NULL)
+            return cli_usage_errorf(usage, "unknown option %s", arg);
+        if (i + 1 >= argc)
+            return cli_usage_errorf(usage, "%s needs a value", arg);
         if (text != NULL)
             *text = argv[++i];
         else if (!number_option_parse(number, argv[++i], a))
