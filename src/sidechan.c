@@ -330,8 +330,9 @@ bool sidechan_client_recv(struct sidechan_client *client, uint64_t *id_p, char *
     return reply_receive(client->dealer, id_p, body_p, size_p);
 }
 
-/* A monitor of `socket`'s handshakes, so that a fetch refused by the peer fails at once with
- * the reason instead of at its deadline (ZeroMQ would only retry). */
+/* A monitor of `socket`'s connection and handshakes, so that a fetch nobody answers, or one
+ * the peer refuses, fails at once with the reason instead of at its deadline (ZeroMQ would
+ * only retry). */
 static void *handshake_monitor(void *zmq, void *socket)
 {
     static unsigned long serial; /* agents may live on several threads: the name is atomic */
@@ -341,10 +342,10 @@ static void *handshake_monitor(void *zmq, void *socket)
 
     snprintf(endpoint, sizeof(endpoint), "inproc://kvx-fetch-%lu",
              __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
-    if (zmq_socket_monitor(socket, endpoint,
-                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+    if (zmq_socket_monitor(
+            socket, endpoint,
+            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
         return NULL;
     pair = zmq_socket(zmq, ZMQ_PAIR);
     if (pair != NULL && (zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
@@ -355,9 +356,13 @@ static void *handshake_monitor(void *zmq, void *socket)
     return pair;
 }
 
-/* The failure a handshake event reports, as an error; KVX_OK when none waits. The message
+/* The failure the next monitor event reports, as an error; KVX_OK when it reports none (or
+ * none waits). A TCP connection made sets *connected_p. A connect retried before any was
+ * made means the first one failed: refused (nothing listens at that port) or unreachable,
+ * which ZeroMQ would retry forever; once connected, a retry follows a connection the peer
+ * closed, which the handshake's events explain or the deadline ends, as before. The message
  * does not name the peer: the caller's does (link_open wraps every step's). */
-static kvx_status_t handshake_failure(void *monitor, bool curve)
+static kvx_status_t monitor_failure(void *monitor, bool curve, bool *connected_p)
 {
     uint8_t head[6];
     uint16_t event;
@@ -371,6 +376,14 @@ static kvx_status_t handshake_failure(void *monitor, bool curve)
     if (size != (int)sizeof(head))
         return KVX_OK;
     memcpy(&event, head, sizeof(event));
+    if (event == ZMQ_EVENT_CONNECTED)
+        *connected_p = true;
+    if (event == ZMQ_EVENT_CONNECTED || (event == ZMQ_EVENT_CONNECT_RETRIED && *connected_p))
+        return KVX_OK;
+    if (event == ZMQ_EVENT_CONNECT_RETRIED)
+        return error_set(KVX_ERR_PEER_DOWN,
+                         "side channel: connection refused: is kvx serve (or the prefill "
+                         "agent) running there?");
     if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
         return error_set(KVX_ERR_PEER_REFUSED,
                          "side channel refused us (a different auth key, or it has too many "
@@ -389,6 +402,7 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
                             void **reply_p, size_t *size_p)
 {
     uint64_t deadline = clock_ms() + timeout_ms;
+    bool connected    = false; /* a TCP connection was made (the monitor said so) */
     void *socket;
     void *monitor       = NULL;
     kvx_status_t status = dealer_open(zmq, address, keys, 1, max_reply, &socket);
@@ -410,13 +424,18 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
         size_t size;
 
         if (now >= deadline) {
-            status = error_set(KVX_ERR_PEER_TIMEOUT, "no answer within %" PRIu32 " ms", timeout_ms);
+            status = connected ? error_set(KVX_ERR_PEER_TIMEOUT, "no answer within %" PRIu32 " ms",
+                                           timeout_ms)
+                               : error_set(KVX_ERR_PEER_TIMEOUT,
+                                           "no connection within %" PRIu32
+                                           " ms: is the address reachable from here?",
+                                           timeout_ms);
             break;
         }
         if (zmq_poll(items, 2, (long)(deadline - now)) <= 0)
             continue;
         if ((items[1].revents & ZMQ_POLLIN) &&
-            (status = handshake_failure(monitor, keys->curve)) != KVX_OK)
+            (status = monitor_failure(monitor, keys->curve, &connected)) != KVX_OK)
             break;
         if (!reply_receive(socket, &id, &body, &size))
             continue;

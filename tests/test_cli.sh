@@ -132,6 +132,11 @@ check "fetch takes no --hold" \
 check "fetch takes no --max-push (a prefill's bound)" \
   status_and_one_error_line 2 'takes no --listen, --hold or --max-push' \
   fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --max-push 1000
+# Issue 24 item 2: a fetch where nothing listens fails at once, not at its --timeout (port 1
+# has no listener; status_and_one_error_line gives it 10 s of the 60 asked for).
+check "fetch where nothing listens fails at once: connection refused" \
+  status_and_one_error_line 2 'peer 127.0.0.1:1: side channel: connection refused: is kvx serve' \
+  fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --timeout 60000
 check "serve --max-push 0 exits 2" \
   status_and_one_error_line 2 '--max-push: 0 is less than 1' "${serve_ex1[@]}" --max-push 0
 
