@@ -12,6 +12,7 @@
 #include "gate.h"
 #include "gpu.h"
 #include "hold.h"
+#include "hostport.h"
 #include "notify.h"
 #include "pattern.h"
 #include "peer.h"
@@ -34,25 +35,25 @@
 
 /* What one side-channel connection may make a listener hold (sidechan_limits): ZeroMQ drops
  * a peer that sends a longer message, and stops reading one that has this many queued. */
-#define AGENT_DEFAULT_MAX_MESSAGE  (1u << 20)
-#define AGENT_RECV_HWM             8
+#define AGENT_DEFAULT_MAX_MESSAGE (1u << 20)
+#define AGENT_RECV_HWM            8
 /* A connection must finish its handshake within this, and only this many may be in theirs at
  * once (at least 256, at least max_peers), this many of them from one address: strangers
  * hold handshakes, never the admitted peers' places (docs/security.md, "Bounded everything").
  * The handshake includes the ZAP answer, which the agent's loop gives: in a busy engine (vLLM
  * on 2 cores, its progress thread waiting for Python's lock) 1 s refused honest decode
  * workers, so the bounds, not the deadline, are what keep strangers from filling it. */
-#define AGENT_HANDSHAKE_MS         5000
-#define AGENT_MIN_HANDSHAKES       256
+#define AGENT_HANDSHAKE_MS          5000
+#define AGENT_MIN_HANDSHAKES        256
 #define AGENT_HANDSHAKES_PER_SOURCE 32
-#define AGENT_DEFAULT_MAX_PEERS    64
-#define AGENT_DEFAULT_MAX_PUSHES   64
-#define AGENT_DEFAULT_TIMEOUT_MS   10000
-#define AGENT_DEFAULT_LEASE_MS     30000
-#define AGENT_DEFAULT_HEARTBEAT_MS 5000
-#define AGENT_DEFAULT_PEER_TTL_MS  3600000
-#define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
-#define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
+#define AGENT_DEFAULT_MAX_PEERS     64
+#define AGENT_DEFAULT_MAX_PUSHES    64
+#define AGENT_DEFAULT_TIMEOUT_MS    10000
+#define AGENT_DEFAULT_LEASE_MS      30000
+#define AGENT_DEFAULT_HEARTBEAT_MS  5000
+#define AGENT_DEFAULT_PEER_TTL_MS   3600000
+#define AGENT_PROGRESS_ROUNDS       1024 /* main-worker progress rounds in one turn */
+#define AGENT_REQUESTS_PER_TURN     64   /* side-channel requests served in one turn */
 /* How long the loop keeps turning without sleeping while UCX operations of ours are in flight:
  * about the gap between the steps of a transfer that needs the peer (an emulated get's reply,
  * a flush), so such a transfer does not pay a wakeup (tens of microseconds here) per step.
@@ -482,12 +483,18 @@ static kvx_status_t agent_auth(kvx_agent_t *agent, const kvx_agent_params_t *par
         return error_set(KVX_ERR_INVALID,
                          "agent: no auth key: give the deployment's secret (auth_key; kvx "
                          "auth-key makes one), or set insecure for loopback-only use");
-    if (agent->insecure && (mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL &&
-        !auth_address_is_loopback(params->listen))
-        return error_set(KVX_ERR_INVALID,
-                         "agent: insecure, so it may listen on loopback only, not on \"%.64s\": "
-                         "give an auth key",
-                         params->listen);
+    if (agent->insecure && (mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL) {
+        struct hostport hp; /* a name counts by what it resolves to, not by its spelling */
+        kvx_status_t status = hostport_resolve(params->listen, "listen", &hp);
+
+        if (status != KVX_OK)
+            return status;
+        if (!hp.loopback)
+            return error_set(KVX_ERR_INVALID,
+                             "agent: insecure, so it may listen on loopback only, not on "
+                             "\"%.64s\": give an auth key",
+                             params->listen);
+    }
     if (!keyed) {
         agent->core.keys = (struct auth_keys){.curve = false};
         return KVX_OK;
@@ -501,12 +508,12 @@ static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
 {
     struct core *core                   = &agent->core;
     const struct sidechan_limits limits = {agent->max_message, AGENT_RECV_HWM, AGENT_HANDSHAKE_MS};
-    const struct gate_limits admission  = {
-         .max_peers      = agent->max_peers,
-         .max_handshakes = agent->max_peers > AGENT_MIN_HANDSHAKES ? agent->max_peers
-                                                                   : AGENT_MIN_HANDSHAKES,
-         .per_source     = AGENT_HANDSHAKES_PER_SOURCE,
-         .handshake_ms   = AGENT_HANDSHAKE_MS};
+    const struct gate_limits admission  = {.max_peers      = agent->max_peers,
+                                           .max_handshakes = agent->max_peers > AGENT_MIN_HANDSHAKES
+                                                                 ? agent->max_peers
+                                                                 : AGENT_MIN_HANDSHAKES,
+                                           .per_source     = AGENT_HANDSHAKES_PER_SOURCE,
+                                           .handshake_ms   = AGENT_HANDSHAKE_MS};
     void *sockets[2];
     size_t n;
     kvx_status_t status =
@@ -767,10 +774,10 @@ void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_
     if (agent->gate != NULL) {
         const struct gate_counters *gate = gate_counters(agent->gate);
 
-        stats.auth_refused    = gate->auth_refused;
-        stats.peers_refused   = gate->peers_refused;
-        stats.peers_connected = gate->connections;
-        stats.handshakes      = gate->handshakes;
+        stats.auth_refused       = gate->auth_refused;
+        stats.peers_refused      = gate->peers_refused;
+        stats.peers_connected    = gate->connections;
+        stats.handshakes         = gate->handshakes;
         stats.handshakes_refused = gate->handshakes_refused;
     }
     stats.dones_rank_refused = agent->holds.ranks_refused;

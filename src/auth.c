@@ -165,24 +165,6 @@ kvx_status_t auth_client_socket(void *socket, const struct auth_keys *keys)
     return KVX_OK;
 }
 
-bool auth_address_is_loopback(const char *address)
-{
-    const char *colon = strrchr(address, ':');
-    size_t host       = colon != NULL ? (size_t)(colon - address) : strlen(address);
-    unsigned a, b, c, d;
-    char tail;
-    char text[64];
-
-    if (host >= sizeof(text))
-        return false;
-    memcpy(text, address, host);
-    text[host] = '\0';
-    if (strcmp(text, "localhost") == 0)
-        return true;
-    return sscanf(text, "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) == 4 && a == 127 && b < 256 &&
-           c < 256 && d < 256;
-}
-
 bool auth_equal(const void *a, const void *b, size_t size)
 {
     const uint8_t *x = a;

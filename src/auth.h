@@ -27,9 +27,6 @@ kvx_status_t auth_keys_derive(const uint8_t secret[KVX_AUTH_KEY_LEN], struct aut
 kvx_status_t auth_server_socket(void *socket, const struct auth_keys *keys);
 kvx_status_t auth_client_socket(void *socket, const struct auth_keys *keys);
 
-/* True when "HOST:PORT" names a loopback host (127.0.0.0/8 or "localhost"). */
-bool auth_address_is_loopback(const char *address);
-
 /* Constant-time equality of two byte strings of `size` bytes (tokens, keys). */
 bool auth_equal(const void *a, const void *b, size_t size);
 

@@ -6,6 +6,7 @@
 #include "clock.h"
 #include "error.h"
 #include "gate.h"
+#include "hostport.h"
 #include "zsocket.h"
 
 #include <zmq.h>
@@ -25,21 +26,12 @@ struct sidechan_client {
     void *dealer;
 };
 
-/* "tcp://HOST:PORT" for "HOST:PORT" with a port of 0..65535 in decimal (ZeroMQ would take
- * 99999 modulo 65536); `what` names it in errors. */
-static kvx_status_t endpoint_of(const char *address, const char *what, char *endpoint, size_t size)
+/* Sets ZMQ_IPV6 on a socket whose endpoint is an IPv6 address: ZeroMQ refuses one without. */
+static int socket_family_set(void *socket, const struct hostport *hp)
 {
-    const char *colon = strrchr(address, ':');
-    size_t digits     = colon != NULL ? strspn(colon + 1, "0123456789") : 0;
+    int ipv6 = hp->ipv6;
 
-    if (colon == NULL || colon == address || strlen(address) + sizeof("tcp://") > size)
-        return error_set(KVX_ERR_INVALID, "%s: \"%.64s\" is not HOST:PORT", what, address);
-    if (digits == 0 || colon[1 + digits] != '\0' || digits > 5 || atoi(colon + 1) > 65535 ||
-        (digits > 1 && colon[1] == '0'))
-        return error_set(KVX_ERR_INVALID, "%s: \"%.64s\": the port must be 0..65535", what,
-                         address);
-    snprintf(endpoint, size, "tcp://%s", address);
-    return KVX_OK;
+    return ipv6 ? zmq_setsockopt(socket, ZMQ_IPV6, &ipv6, sizeof(ipv6)) : 0;
 }
 
 static void id_encode(uint64_t id, uint8_t bytes[8])
@@ -66,14 +58,16 @@ kvx_status_t sidechan_server_create(void *zmq, const char *listen,
     int high_water      = limits->recv_hwm;
     int64_t max_message = limits->max_message;
     int handshake_ms    = limits->handshake_ms;
-    char endpoint[300];
-    size_t endpoint_size = sizeof(endpoint);
-    kvx_status_t status  = endpoint_of(listen, "listen", endpoint, sizeof(endpoint));
-    size_t length        = strlen(endpoint);
+    struct hostport hp;
+    char *endpoint       = hp.endpoint;
+    size_t endpoint_size = sizeof(hp.endpoint);
+    kvx_status_t status  = hostport_resolve(listen, "listen", &hp);
+    size_t length;
     struct sidechan_server *s;
 
     if (status != KVX_OK)
         return status;
+    length = strlen(endpoint);
     if (length > 2 && strcmp(endpoint + length - 2, ":0") == 0)
         strcpy(endpoint + length - 1, "*"); /* ZeroMQ's spelling of "any free port" */
     s = calloc(1, sizeof(*s));
@@ -86,8 +80,8 @@ kvx_status_t sidechan_server_create(void *zmq, const char *listen,
         zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
         zmq_setsockopt(s->router, ZMQ_HANDSHAKE_IVL, &handshake_ms, sizeof(handshake_ms)) != 0 ||
         zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "kvx", 3) != 0 ||
-        auth_server_socket(s->router, keys) != KVX_OK || gate_watch(gate, s->router) != KVX_OK ||
-        zmq_bind(s->router, endpoint) != 0 ||
+        socket_family_set(s->router, &hp) != 0 || auth_server_socket(s->router, keys) != KVX_OK ||
+        gate_watch(gate, s->router) != KVX_OK || zmq_bind(s->router, endpoint) != 0 ||
         zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, endpoint, &endpoint_size) != 0) {
         status = error_set(KVX_ERR_IO, "listen %s: %s", listen, zmq_strerror(zmq_errno()));
         sidechan_server_destroy(s);
@@ -211,8 +205,8 @@ static kvx_status_t dealer_open(void *zmq, const char *address, const struct aut
                                 int send_hwm, int64_t max_reply, void **socket_p)
 {
     int linger = 0;
-    char endpoint[300];
-    kvx_status_t status = endpoint_of(address, "address", endpoint, sizeof(endpoint));
+    struct hostport hp;
+    kvx_status_t status = hostport_resolve(address, "address", &hp);
     void *socket;
 
     if (status != KVX_OK)
@@ -221,7 +215,8 @@ static kvx_status_t dealer_open(void *zmq, const char *address, const struct aut
     if (socket == NULL || zmq_setsockopt(socket, ZMQ_SNDHWM, &send_hwm, sizeof(send_hwm)) != 0 ||
         zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
         zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
-        auth_client_socket(socket, keys) != KVX_OK || zmq_connect(socket, endpoint) != 0) {
+        socket_family_set(socket, &hp) != 0 || auth_client_socket(socket, keys) != KVX_OK ||
+        zmq_connect(socket, hp.endpoint) != 0) {
         status = error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
         if (socket != NULL)
             zmq_close(socket);

@@ -137,6 +137,12 @@ check "fetch takes no --max-push (a prefill's bound)" \
 check "fetch where nothing listens fails at once: connection refused" \
   status_and_one_error_line 2 'peer 127.0.0.1:1: side channel: connection refused: is kvx serve' \
   fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --timeout 60000
+check "an IPv6 address without brackets exits 2 saying how to write it" \
+  status_and_one_error_line 2 'listen: "::1:0": an IPv6 address goes in brackets: [ADDRESS]:PORT' \
+  serve "$ex1" --listen ::1:0
+check "a host that does not resolve exits 2 naming it" \
+  status_and_one_error_line 2 'listen: "nosuchhost.invalid:0": cannot resolve host "nosuchhost.invalid"' \
+  serve "$ex1" --listen nosuchhost.invalid:0
 check "serve --max-push 0 exits 2" \
   status_and_one_error_line 2 '--max-push: 0 is less than 1' "${serve_ex1[@]}" --max-push 0
 

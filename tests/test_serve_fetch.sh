@@ -134,6 +134,35 @@ garbage() {
 garbage
 check "P still serves after refusals and garbage" fetch_verified "$tmp/v41.json" '0:0-3;1:0;2:0'
 check "peer not listening: an error within the timeout" bash -c "! timeout 20 '$kvx' fetch '$tmp/v41.json' --peer 127.0.0.1:1 --blocks '0:1' --timeout 500 2>&1 | grep -q verified"
+# Issue 24 item 8: --listen takes host names (resolved: localhost is 127.0.0.1) and IPv6
+# literals in brackets, as docs/security.md says, and fetch's --peer the same.
+listen_and_fetch() {
+  local listen=$1 peer_host=$2 log=$tmp/listen.$RANDOM pid bound
+  "$kvx" serve "$tmp/v41.json" --listen "$listen" --fill 42 >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do
+    bound=$(sed -n 's/^serving .* on \(.*:[0-9]*\): rank .*/\1/p' "$log")
+    [ -n "$bound" ] && break
+    sleep 0.1
+  done
+  [ -n "$bound" ] || { echo "serve --listen $listen did not start: $(cat "$log")"; kill "$pid"; wait "$pid"; return 1; }
+  echo "serve --listen $listen bound $bound"
+  "$kvx" fetch "$tmp/v41.json" --peer "$peer_host:${bound##*:}" --blocks '0:0-3;1:0;2:0' \
+    --verify --fill 42 >"$tmp/fetch" 2>&1
+  local ret=$?
+  kill "$pid"
+  wait "$pid"
+  [[ $ret -eq 0 ]] && tail -n 1 "$tmp/fetch" | grep -qx verified || { cat "$log" "$tmp/fetch"; return 1; }
+}
+check "serve --listen localhost:0 binds 127.0.0.1; fetch --peer localhost:PORT verified" \
+  listen_and_fetch localhost:0 localhost
+check "serve --insecure --listen localhost:0 is loopback, allowed" \
+  bash -c "timeout 10 '$kvx' serve '$tmp/v41.json' --listen localhost:0 --insecure --hold 1=0:999999 2>&1 | grep -q 'out of range'"
+if grep -q '^0\{31\}1 ' /proc/net/if_inet6 2>/dev/null; then
+  check "serve --listen [::1]:0; fetch --peer [::1]:PORT verified" listen_and_fetch '[::1]:0' '[::1]'
+else
+  echo "no IPv6 loopback here: the [::1] check is skipped"
+fi
 check "block id beyond capacity fails before any transfer" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:64;1:0;2:0' 2>&1 | grep -q 'out of range'"
 
 # A DeepSeek-V4-Flash-style packed slab scaled to 32 blocks (about 50 MB): whole rows.
