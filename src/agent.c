@@ -48,7 +48,6 @@
 #define AGENT_HANDSHAKES_PER_SOURCE 32
 #define AGENT_DEFAULT_MAX_PEERS     64
 #define AGENT_DEFAULT_MAX_PUSHES    64
-#define AGENT_DEFAULT_TIMEOUT_MS    10000
 #define AGENT_DEFAULT_LEASE_MS      30000
 #define AGENT_DEFAULT_HEARTBEAT_MS  5000
 #define AGENT_DEFAULT_PEER_TTL_MS   3600000
@@ -474,32 +473,21 @@ kvx_status_t kvx_agent_destroy(kvx_agent_t *agent)
  * insecure, and an insecure one listens only on loopback. */
 static kvx_status_t agent_auth(kvx_agent_t *agent, const kvx_agent_params_t *params)
 {
-    uint64_t mask = params != NULL ? params->field_mask : 0;
-    bool keyed    = (mask & KVX_AGENT_PARAM_FIELD_AUTH_KEY) && params->auth_key != NULL;
+    uint64_t mask         = params != NULL ? params->field_mask : 0;
+    const uint8_t *secret = (mask & KVX_AGENT_PARAM_FIELD_AUTH_KEY) ? params->auth_key : NULL;
+    kvx_status_t status   = auth_keys_choose(secret, agent->insecure, &agent->core.keys);
+    struct hostport hp; /* a name counts by what it resolves to, not by its spelling */
 
-    if (keyed && agent->insecure)
-        return error_set(KVX_ERR_INVALID, "agent: an auth key and insecure: choose one");
-    if (!keyed && !agent->insecure)
-        return error_set(KVX_ERR_INVALID,
-                         "agent: no auth key: give the deployment's secret (auth_key; kvx "
-                         "auth-key makes one), or set insecure for loopback-only use");
-    if (agent->insecure && (mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL) {
-        struct hostport hp; /* a name counts by what it resolves to, not by its spelling */
-        kvx_status_t status = hostport_resolve(params->listen, "listen", &hp);
-
-        if (status != KVX_OK)
-            return status;
-        if (!hp.loopback)
-            return error_set(KVX_ERR_INVALID,
-                             "agent: insecure, so it may listen on loopback only, not on "
-                             "\"%.64s\": give an auth key",
-                             params->listen);
-    }
-    if (!keyed) {
-        agent->core.keys = (struct auth_keys){.curve = false};
-        return KVX_OK;
-    }
-    return auth_keys_derive(params->auth_key, &agent->core.keys);
+    if (status != KVX_OK || !agent->insecure || !(mask & KVX_AGENT_PARAM_FIELD_LISTEN) ||
+        params->listen == NULL)
+        return status;
+    status = hostport_resolve(params->listen, "listen", &hp);
+    if (status == KVX_OK && !hp.loopback)
+        status = error_set(KVX_ERR_INVALID,
+                           "agent: insecure, so it may listen on loopback only, not on \"%.64s\": "
+                           "give an auth key",
+                           params->listen);
+    return status;
 }
 
 /* Binds the side channel behind its gate: the ZAP handler first, so no connection is ever
@@ -797,6 +785,25 @@ kvx_status_t kvx_agent_fill_pattern(kvx_agent_t *agent, uint64_t seed)
 kvx_status_t kvx_agent_zero(kvx_agent_t *agent)
 {
     return pattern_fill_storages(&agent->core, 0, true);
+}
+
+kvx_status_t kvx_agent_fill_pattern_range(kvx_agent_t *agent, uint64_t seed, size_t index,
+                                          uint64_t offset, uint64_t len)
+{
+    char *at            = NULL;
+    kvx_status_t status = agent_storage_range(agent, index, offset, len, &at);
+
+    return status == KVX_OK ? pattern_fill_range(&agent->core, index, offset, len, seed, false)
+                            : status;
+}
+
+kvx_status_t kvx_agent_zero_range(kvx_agent_t *agent, size_t index, uint64_t offset, uint64_t len)
+{
+    char *at            = NULL;
+    kvx_status_t status = agent_storage_range(agent, index, offset, len, &at);
+
+    return status == KVX_OK ? pattern_fill_range(&agent->core, index, offset, len, 0, true)
+                            : status;
 }
 
 kvx_status_t kvx_agent_check_pattern(const kvx_agent_t *agent, uint64_t seed)

@@ -142,6 +142,21 @@ kvx_status_t auth_keys_derive(const uint8_t secret[KVX_AUTH_KEY_LEN], struct aut
     return KVX_OK;
 }
 
+kvx_status_t auth_keys_choose(const uint8_t *secret, bool insecure, struct auth_keys *keys)
+{
+    if (secret != NULL && insecure)
+        return error_set(KVX_ERR_INVALID, "agent: an auth key and insecure: choose one");
+    if (secret == NULL && !insecure)
+        return error_set(KVX_ERR_INVALID,
+                         "agent: no auth key: give the deployment's secret (auth_key; kvx "
+                         "auth-key makes one), or set insecure for loopback-only use");
+    if (insecure) {
+        *keys = (struct auth_keys){.curve = false};
+        return KVX_OK;
+    }
+    return auth_keys_derive(secret, keys);
+}
+
 kvx_status_t auth_server_socket(void *socket, const struct auth_keys *keys)
 {
     int on = 1;

@@ -13,6 +13,8 @@
 /* Active message a push writer sends to the worker a requester named: its proof (push_serve.h). */
 #define CORE_AM_PUSH_PROOF 2
 
+#define AGENT_DEFAULT_TIMEOUT_MS 10000 /* kvx_agent_params_t's timeout_ms when not given */
+
 /* Side-channel verbs (sidechan.h frames them), all behind the gate (gate.h). */
 #define VERB_METADATA      "kvx-metadata 3"
 #define VERB_HEARTBEAT     "kvx-heartbeat 3"     /* body: wanted requests and tokens (notify.h) */

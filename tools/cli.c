@@ -16,10 +16,28 @@ int cli_exit_status(kvx_status_t status)
                                                                      : EXIT_BAD_INPUT;
 }
 
+/* The message of the last `kvx: error:` line: kvx fetch --json repeats it in its "error". */
+static char last_error[1024];
+
+const char *cli_last_error(void)
+{
+    return last_error;
+}
+
+void cli_errorf(const char *format, ...)
+{
+    va_list args;
+
+    va_start(args, format);
+    vsnprintf(last_error, sizeof(last_error), format, args);
+    va_end(args);
+    fprintf(stderr, "kvx: error: %s\n", last_error);
+}
+
 /* Prints `kvx: error: MESSAGE` and returns the exit status for `status`. */
 int cli_fail(kvx_status_t status)
 {
-    fprintf(stderr, "kvx: error: %s\n", kvx_errmsg());
+    cli_errorf("%s", kvx_errmsg());
     return cli_exit_status(status);
 }
 
@@ -43,7 +61,7 @@ static void usage_hint(const char *usage)
 
 int cli_usage_error(const char *message, const char *usage)
 {
-    fprintf(stderr, "kvx: error: %s\n", message);
+    cli_errorf("%s", message);
     usage_hint(usage);
     return EXIT_BAD_INPUT;
 }
@@ -52,11 +70,10 @@ int cli_usage_errorf(const char *usage, const char *format, ...)
 {
     va_list args;
 
-    fprintf(stderr, "kvx: error: ");
     va_start(args, format);
-    vfprintf(stderr, format, args);
+    vsnprintf(last_error, sizeof(last_error), format, args);
     va_end(args);
-    fprintf(stderr, "\n");
+    fprintf(stderr, "kvx: error: %s\n", last_error);
     usage_hint(usage);
     return EXIT_BAD_INPUT;
 }
@@ -75,8 +92,7 @@ bool cli_parse_number(const char *option, const char *text, uint64_t max, uint64
     errno = 0;
     v     = strtoull(text, &end, 10);
     if (text[0] < '0' || text[0] > '9' || *end != '\0' || errno != 0 || v > max) {
-        fprintf(stderr, "kvx: error: %s: \"%s\" is not a number up to %llu\n", option, text,
-                (unsigned long long)max);
+        cli_errorf("%s: \"%s\" is not a number up to %llu", option, text, (unsigned long long)max);
         return false;
     }
     *value_p = v;

@@ -15,6 +15,12 @@ int cli_exit_status(kvx_status_t status);
 /* Prints `kvx: error: MESSAGE` (kvx_errmsg()) and returns the exit status for `status`. */
 int cli_fail(kvx_status_t status);
 
+/* Prints `kvx: error: MESSAGE`, formatted, and keeps MESSAGE: cli_last_error() returns the
+ * message of the last error line any cli_ function printed ("" before any), which kvx fetch
+ * --json repeats. */
+void cli_errorf(const char *format, ...) __attribute__((format(printf, 1, 2)));
+const char *cli_last_error(void);
+
 /* Prints `kvx: error: MESSAGE` and one line naming `kvx help CMD`, CMD read from `usage`
  * ("usage: kvx CMD ..."); returns EXIT_BAD_INPUT. The _f form formats the message. */
 int cli_usage_error(const char *message, const char *usage);
