@@ -131,7 +131,8 @@ terminal_shows() { # PATTERN ARGS...: kvx ARGS on a terminal (script(1)) prints 
 if command -v script >/dev/null; then
   check "serve on a terminal shows the share filled, then the time" \
     terminal_shows '^kvx serve: filling 103034880 bytes \(0\.10 GiB\) with seed 1: 100%, done in [0-9.]+ s' \
-    serve "$tmp/v41.json" --listen 127.0.0.1:0 --hold 1=0:999999
+    serve "$tmp/v41.json" --listen 127.0.0.1:0 --hold '1=0:1;1:1;2:1' --hold '1=0:2;1:2;2:2' # ends
+    # after its fill: the second hold of request 1 is refused
   check "fetch on a terminal shows its zeroing" \
     terminal_shows '^kvx fetch: zeroing 103034880 bytes .*: 100%, done in' \
     fetch "$tmp/v41.json" --peer "$addr" --blocks '0:1;1:1;2:1'
