@@ -842,7 +842,9 @@ KVX_API kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address,
  * there, that the key or the layout differs, before it allocates and touches gigabytes
  * (kvx fetch does). Maps no memory, opens no transport, keeps nothing: KVX_OK says a connect
  * made now would pass these checks (the transport's own, such as TCP segment sizes, come with
- * the connect). Errors as kvx_agent_connect's, naming the peer. */
+ * the connect). Errors as kvx_agent_connect's, naming the peer: KVX_ERR_PEER_DOWN when nothing
+ * listens at the address (connection refused), so a caller may try again while a prefill
+ * worker starts. */
 KVX_API kvx_status_t kvx_peer_probe(const kvx_regions_t *local, const kvx_agent_params_t *params,
                                     const char *address);
 

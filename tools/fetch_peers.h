@@ -7,9 +7,11 @@
 #include "kvx.h"
 
 /* Checks the handshake of every address of `list` ("HOST:PORT,HOST:PORT") against `layout`'s
- * table with `params`' side channel, allocating no storage; -1 to go on, else the exit status
- * (the error printed). */
-int fetch_probe(const kvx_layout_t *layout, const kvx_agent_params_t *params, const char *list);
+ * table with `params`' side channel, allocating no storage; a rank where nothing listens
+ * fails at once, or with `wait_ms` > 0 is tried again until wait_ms passed. -1 to go on,
+ * else the exit status (the error printed). */
+int fetch_probe(const kvx_layout_t *layout, const kvx_agent_params_t *params, const char *list,
+                uint64_t wait_ms);
 
 /* Connects `agent` to every address of `list`, at most KVX_MAX_TP, into peers[] and
  * *num_peers_p; -1 to go on, else the exit status (the error printed). */

@@ -73,7 +73,8 @@ static const char usage_fetch[] =
     "                 [--verify [--fill SEED]] [--push] [--transports LIST]\n"
     "                 [--malloc | --memory host|cuda]\n"
     "                 [--timeout MS] [--request ID [--token HEX]]\n"
-    "                 [--want] [--heartbeat MS] [--wait-before-read MS] [--json] [--verbose]\n"
+    "                 [--want] [--heartbeat MS] [--wait-before-read MS] [--wait-for-peers]\n"
+    "                 [--json] [--verbose]\n"
     "\n"
     "A decode worker: connects to every prefill rank given (handshake: compatibility hash,\n"
     "then the region tables), pulls the request, notifies the ranks read from, and prints\n"
@@ -89,7 +90,9 @@ static const char usage_fetch[] =
     "  --auth FILE         the deployment's secret, as kvx serve's; default KVX_AUTH_FILE\n"
     "  --insecure          no secret: only an insecure kvx serve on loopback answers\n"
     "  --peer HOST:PORT,...  each prefill rank's side channel, rank order; nothing\n"
-    "                      listening there fails at once\n"
+    "                      listening there fails at once, unless --wait-for-peers\n"
+    "  --wait-for-peers    a rank not listening yet is tried again every 100 ms, up to\n"
+    "                      --timeout: for a decode worker started before its prefill ranks\n"
     "  --blocks IDS        local block ids per group: '0:0-15,20;1:3' (group:ids;...)\n"
     "  --remote-blocks IDS the prefill side's block ids, the same syntax; default the\n"
     "                      same ids as --blocks\n"
@@ -155,6 +158,7 @@ struct agent_args {
     uint64_t request_id; /* fetch: read as this id */
     uint64_t wait_before_read_ms;
     bool want;
+    bool wait_for_peers; /* fetch: a rank not listening yet is tried again until --timeout */
     bool verify;
     bool seed_given;  /* --fill SEED */
     bool fill_random; /* serve: --fill random */
@@ -249,6 +253,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
         }
         if (strcmp(arg, "--want") == 0) {
             a->want = true;
+            continue;
+        }
+        if (strcmp(arg, "--wait-for-peers") == 0) {
+            a->wait_for_peers = true;
             continue;
         }
         if (strcmp(arg, "--insecure") == 0) {
@@ -524,7 +532,7 @@ int command_serve(int argc, char **argv)
     if (ret >= 0)
         return ret;
     if (a.listen == NULL || a.peers != NULL || a.blocks != NULL || a.verify || a.json || a.want ||
-        a.wait_before_read_ms > 0)
+        a.wait_before_read_ms > 0 || a.wait_for_peers)
         return cli_usage_error("serve: needs --listen, takes no --peer, --blocks, --verify, "
                                "--json, --want or --wait-before-read",
                                usage_serve);
@@ -753,7 +761,7 @@ int command_fetch(int argc, char **argv)
     }
     ret = agent_prepare(&a, false, key, &params, &layout);
     if (ret < 0)
-        ret = fetch_probe(layout, &params, a.peers);
+        ret = fetch_probe(layout, &params, a.peers, a.wait_for_peers ? a.timeout_ms : 0);
     if (ret < 0)
         ret = agent_start(&a, &params, layout, &agent, &storages, &num_storages);
     if (ret < 0)
