@@ -162,17 +162,19 @@ fi
 
 # A decode worker started before its prefill rank: refused at once by default (above), tried
 # again until its --timeout with --wait-for-peers. The port is one a server just let go.
-wait_for_peers() {
-  local log=$tmp/early.$RANDOM port fetch_pid ret
+wait_for_peers() { # serve sets $addr and $log: the known P's are put back after
+  local early=$tmp/early.log known_addr=$addr known_log=$log port fetch_pid ret
   serve "$tmp/v41.json" && port=${addr##*:} && stop_server || return 1
   "$kvx" fetch "$tmp/v41.json" --peer "127.0.0.1:$port" --blocks '0:0-3;1:0;2:0' --verify \
-    --fill 42 --timeout 30000 --wait-for-peers >"$log" 2>&1 &
+    --fill 42 --timeout 30000 --wait-for-peers >"$early" 2>&1 &
   fetch_pid=$!
   serve "$tmp/v41.json" --listen "127.0.0.1:$port" || { kill "$fetch_pid"; return 1; }
   wait "$fetch_pid"
   ret=$?
   stop_server
-  [[ $ret -eq 0 ]] && tail -n 1 "$log" | grep -qx verified || { cat "$log"; return 1; }
+  addr=$known_addr
+  log=$known_log
+  [[ $ret -eq 0 ]] && tail -n 1 "$early" | grep -qx verified || { cat "$early"; return 1; }
 }
 check "fetch --wait-for-peers waits for a prefill rank that starts after it, verified" wait_for_peers
 
