@@ -307,6 +307,14 @@ KVX_API kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
 /* The table as JSON (spec formats.md "kvx_plan": 1), NUL-terminated, freed by kvx_free(). */
 KVX_API kvx_status_t kvx_regions_to_json(const kvx_regions_t *regions, char **json_p);
 
+/* `text` as a JSON string: in double quotes, with quotes and backslashes escaped (\" and \\),
+ * bytes below 0x20 as \u00XX, and every other byte as it is (names are UTF-8 bytes). Like
+ * snprintf: writes at most `size` bytes into `out` (NUL-terminated when size > 0; out may be
+ * NULL when size is 0) and returns the length of the whole string, NUL not counted, so a
+ * result >= size means it was cut. kvx's one JSON string writer: the region table's JSON,
+ * kvx plan --json and kvx fetch --json all quote through it. Any thread. */
+KVX_API size_t kvx_json_quote(char *out, size_t size, const char *text);
+
 /* ---------------------------------------------------------------------------------------
  * Plan: a request's (local, remote) descriptor pairs for one peer, pull direction (the
  * local side reads). Built once per peer; a request then costs only its own blocks.
@@ -554,6 +562,16 @@ KVX_API kvx_status_t kvx_auth_key_create(const char *path);
  * neither its group nor others may read or write. */
 KVX_API kvx_status_t kvx_auth_key_load(const char *path, uint8_t key[KVX_AUTH_KEY_LEN]);
 
+/* The environment variable that names a deployment's key file where none is given. */
+#define KVX_AUTH_FILE_ENV "KVX_AUTH_FILE"
+
+/* Which key file to use: `file` when given (neither NULL nor ""), else the file the
+ * environment variable KVX_AUTH_FILE_ENV names when it is set and not empty, else NULL.
+ * Every front end (kvx's commands, Python's Agent, the vLLM connector) asks here, so they
+ * agree. The result is `file` or the environment's own string: not to be freed, valid until
+ * the environment changes. */
+KVX_API const char *kvx_auth_file(const char *file);
+
 /* ---------------------------------------------------------------------------------------
  * Agent: one worker's storages, region table, UCX transport and handshake side channel
  * (docs/agent.md). Pull direction: the decode side connects to prefill agents and reads.
@@ -585,10 +603,25 @@ enum {
     KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS     = 1u << 18,
 };
 
+/* What a clear field_mask bit gives (kvx_agent_params_t): the agent's defaults, here only.
+ * Front ends (kvx serve, kvx fetch, Python) set a field only when their user gave it. On one
+ * host the transports are shared memory, cross-memory attach and TCP for wire-up; a push
+ * writer takes one lane that reaches the requester's own process. */
+#define KVX_DEFAULT_TRANSPORTS      "sm,cma,tcp"
+#define KVX_DEFAULT_TIMEOUT_MS      10000   /* 10 s */
+#define KVX_DEFAULT_LEASE_MS        30000   /* 30 s */
+#define KVX_DEFAULT_HEARTBEAT_MS    5000    /* 5 s */
+#define KVX_DEFAULT_PEER_TTL_MS     3600000 /* 1 hour */
+#define KVX_DEFAULT_MAX_PEERS       64
+#define KVX_DEFAULT_MAX_MESSAGE     1048576 /* 1 MiB */
+#define KVX_DEFAULT_MAX_PUSHES      64
+#define KVX_DEFAULT_PUSH_TRANSPORTS "tcp"
+#define KVX_DEFAULT_MAX_PUSH_MS     300000 /* 5 min */
+
 typedef struct kvx_agent_params {
     uint64_t field_mask;         /* KVX_AGENT_PARAM_FIELD_* bits of the fields set below */
     const char *name;            /* _NAME: in logs and metadata; default "kvx" */
-    const char *transports;      /* _TRANSPORTS: a UCX_TLS list; default "sm,cma,tcp" */
+    const char *transports;      /* _TRANSPORTS: a UCX_TLS list; default KVX_DEFAULT_TRANSPORTS */
     const char *listen;          /* _LISTEN: "HOST:PORT" of the side channel (prefill);
                                     default: none, the agent only connects */
     const char *engine_id;       /* _ENGINE_ID: default "" */
@@ -597,14 +630,16 @@ typedef struct kvx_agent_params {
     void *const *storage_bases;  /* _STORAGE_BASES: the engine's memory, one base per storage
                                     of the layout, registered as is; default: kvx allocates
                                     every storage through UCX */
-    uint32_t timeout_ms;         /* _TIMEOUT_MS: handshake and transfer deadline; default 10000 */
+    uint32_t timeout_ms;         /* _TIMEOUT_MS: handshake and transfer deadline; default
+                                    KVX_DEFAULT_TIMEOUT_MS */
     uint32_t lease_ms;           /* _LEASE_MS: how long kvx_hold keeps blocks with neither a done
-                                    nor a heartbeat; default 30000 */
+                                    nor a heartbeat; default KVX_DEFAULT_LEASE_MS */
     uint32_t heartbeat_ms;       /* _HEARTBEAT_MS: decode side: how often progress heartbeats
                                     each prefill peer; a peer that answers none for three
-                                    intervals is dead; default 5000 */
+                                    intervals is dead; default KVX_DEFAULT_HEARTBEAT_MS */
     uint32_t peer_ttl_ms;        /* _PEER_TTL_MS: decode side: a peer with nothing in flight and
-                                    nothing wanted for this long is dropped; default 3600000 */
+                                    nothing wanted for this long is dropped; default
+                                    KVX_DEFAULT_PEER_TTL_MS */
     const uint8_t *auth_key;     /* _AUTH_KEY: the deployment's secret, KVX_AUTH_KEY_LEN bytes
                                     (copied): the side channel is authenticated and encrypted
                                     with it. An agent needs it unless _INSECURE is set */
@@ -612,24 +647,27 @@ typedef struct kvx_agent_params {
                                     and may listen only on loopback (127.0.0.0/8, localhost) */
     uint32_t max_peers;          /* _MAX_PEERS: listener: authenticated side-channel
                                     connections open at once (handshakes in progress are
-                                    bounded apart); default 64 */
+                                    bounded apart); default KVX_DEFAULT_MAX_PEERS */
     uint32_t max_message;        /* _MAX_MESSAGE: listener: bytes of one side-channel message
                                     (a push request's ids, a push registration's metadata,
                                     33 bytes of CURVE framing included);
                                     8 messages queue per connection, so a listener holds at most
-                                    max_peers * 8 * max_message; default 1 MiB */
+                                    max_peers * 8 * max_message; default
+                                    KVX_DEFAULT_MAX_MESSAGE */
     uint32_t max_pushes;         /* _MAX_PUSHES: listener: pushes one peer may have in flight
-                                    (fewer while others push: its fair share); default 64 */
+                                    (fewer while others push: its fair share); default
+                                    KVX_DEFAULT_MAX_PUSHES */
     const char *push_transports; /* _PUSH_TRANSPORTS: listener: the UCX_TLS list its push
                                    writers use: one transport that carries both the proof and
-                                   the data to the requester's own process; default "tcp" */
+                                   the data to the requester's own process; default
+                                   KVX_DEFAULT_PUSH_TRANSPORTS */
     uint32_t verify_one_in;      /* _VERIFY_ONE_IN: decode side: verify every Nth transfer
                                     posted (the 1st, the N+1st, ...) as kvx_xfer_verify on a
                                     transfer in progress does; 0 (default): none */
     uint32_t max_push_ms;        /* _MAX_PUSH_MS: listener: the longest a push may write; a push
                                     writes for as long as its requester waits (its timeout_ms,
                                     sent with it), at most this. A writer that completes nothing
-                                    for timeout_ms fails sooner. Default 300000 (5 min) */
+                                    for timeout_ms fails sooner. Default KVX_DEFAULT_MAX_PUSH_MS */
 } kvx_agent_params_t;
 
 /* Registers `layout`, creates the transport, maps every storage once (the caller's memory or
@@ -759,6 +797,29 @@ typedef struct kvx_agent_stats {
                                     bound of handshakes or of one address's (docs/security.md) */
 } kvx_agent_stats_t;
 
+/* What a field of kvx_agent_stats_t is, for the outputs that list every one (Prometheus,
+ * kvx fetch --json, Python's Agent.stats()): they all walk one table, so a field added to
+ * the struct and to the table (src/stats_fields.c) shows in each. */
+typedef enum kvx_stat_kind {
+    KVX_STAT_KIND_COUNTER   = 0, /* a uint64_t that only grows */
+    KVX_STAT_KIND_GAUGE     = 1, /* a uint64_t level, now */
+    KVX_STAT_KIND_HISTOGRAM = 2, /* a kvx_histogram_t */
+} kvx_stat_kind_t;
+
+typedef struct kvx_stat_field {
+    const char *name;   /* the field's name in kvx_agent_stats_t: its key in JSON and Python */
+    const char *metric; /* its Prometheus name, after "kvx_" */
+    const char *help;   /* Prometheus's HELP line: one sentence */
+    kvx_stat_kind_t kind;
+    size_t offset; /* of the field in kvx_agent_stats_t */
+    double scale;  /* Prometheus's unit in the field's: 1e-6 for microseconds shown as
+                      seconds; 1 when the field is shown as counted */
+} kvx_stat_field_t;
+
+/* Every field of kvx_agent_stats_t, in the struct's order, *count_p of them: a static table,
+ * valid for the life of the process. Any thread. */
+KVX_API const kvx_stat_field_t *kvx_agent_stats_fields(size_t *count_p);
+
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):
  * fields are only ever added at the end, so a caller built against an older, shorter struct
  * keeps working. */
@@ -884,7 +945,9 @@ typedef struct kvx_xfer kvx_xfer_t;
  * kvx_xfer_wait() is waiting on its own. */
 typedef void (*kvx_xfer_cb_t)(void *arg, kvx_xfer_t *xfer, kvx_status_t status);
 
-/* Posts a pull of one request (as kvx_read, without waiting) and returns its handle: the
+/* Posts a pull of one request (as kvx_read, without waiting) and returns its handle, in
+ * microseconds whatever the request's size: reads that are same-host copies beyond a small
+ * budget are made by progress, a slice a turn (docs/agent.md, "Nothing blocks the caller"). The
  * agent's progress sends the `done` notifications once every get completed, completes it
  * with KVX_OK once every prefill rank answered that its done counted (its hold was alive,
  * with request->token; or it held nothing and no token was given), and calls `callback`
@@ -920,9 +983,11 @@ KVX_API kvx_status_t kvx_xfer_wait(kvx_xfer_t *xfer);
 KVX_API void kvx_xfer_stats(const kvx_xfer_t *xfer, kvx_read_stats_t *stats_p);
 
 /* Releases a transfer. One still in progress is cancelled first: its peers are closed before
- * this returns (no get writes our memory afterwards), and its callback fires once with
- * KVX_ERR_CANCELED from the next progress, after which kvx frees it; the handle must not be
- * used after this call either way. NULL-safe. */
+ * this returns, and its callback fires once with KVX_ERR_CANCELED from progress (the next one,
+ * unless a closed connection still settles UCX's local copies, for at most 1 s: docs/agent.md
+ * "Closing"), after which kvx frees it. No get writes our memory once that callback ran; the
+ * blocks are the caller's again from then. The handle must not be used after this call
+ * either way. Returns without waiting. NULL-safe. */
 KVX_API void kvx_xfer_destroy(kvx_xfer_t *xfer);
 
 /* Pulls one request from the prefill ranks in `peers` (one per remote TP rank this rank

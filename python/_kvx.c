@@ -287,14 +287,18 @@ static PyObject *layout_storages(LayoutObject *self, PyObject *unused)
     return sizes;
 }
 
-/* Every "vram" storage becomes host memory: the count changed. */
-static PyObject *layout_in_host_memory(LayoutObject *self, PyObject *unused)
+/* Every "vram" storage, or only storage `index` when one is given, becomes host memory: the
+ * count changed. */
+static PyObject *layout_in_host_memory(LayoutObject *self, PyObject *args)
 {
-    size_t moved = 0;
+    Py_ssize_t only = -1;
+    size_t moved    = 0;
 
-    (void)unused;
+    if (!PyArg_ParseTuple(args, "|n", &only))
+        return NULL;
     for (size_t s = 0; s < kvx_layout_num_storages(self->layout); s++) {
-        if (kvx_layout_storage_mem(self->layout, s) == KVX_MEM_VRAM &&
+        if ((only < 0 || (size_t)only == s) &&
+            kvx_layout_storage_mem(self->layout, s) == KVX_MEM_VRAM &&
             kvx_layout_set_storage_mem(self->layout, s, KVX_MEM_DRAM, 0) == KVX_OK)
             moved++;
     }
@@ -319,8 +323,8 @@ static PyMethodDef layout_methods[] = {
     {"regions", (PyCFunction)layout_regions, METH_NOARGS, "register: the region table"},
     {"storage_sizes", (PyCFunction)layout_storages, METH_NOARGS, "bytes of each storage"},
     {"storage_mems", (PyCFunction)layout_storage_mems, METH_NOARGS, "memory kind of each storage"},
-    {"in_host_memory", (PyCFunction)layout_in_host_memory, METH_NOARGS,
-     "vram storages become host memory; how many"},
+    {"in_host_memory", (PyCFunction)layout_in_host_memory, METH_VARARGS,
+     "vram storages (or storage INDEX) become host memory; how many"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1133,6 +1137,46 @@ static PyObject *agent_fileno(AgentObject *self, PyObject *unused)
     return agent != NULL ? PyLong_FromLong(self->fd) : raise_gone(GONE_AGENT);
 }
 
+/* dict[key] = value; -1 with the Python error set when that failed. */
+static int dict_set_u64(PyObject *dict, const char *key, uint64_t value)
+{
+    PyObject *v = PyLong_FromUnsignedLongLong(value);
+    int ret     = v != NULL ? PyDict_SetItemString(dict, key, v) : -1;
+
+    Py_XDECREF(v);
+    return ret;
+}
+
+/* Every field of the library's list (kvx_agent_stats_fields) under its name; a histogram as
+ * NAME_count and NAME_sum (truncated to an integer, in the field's unit). */
+static int stats_dict_fill(PyObject *dict, const kvx_agent_stats_t *s)
+{
+    size_t count;
+    const kvx_stat_field_t *fields = kvx_agent_stats_fields(&count);
+
+    for (size_t i = 0; i < count; i++) {
+        const char *at = (const char *)s + fields[i].offset;
+        char key[128];
+        uint64_t value;
+
+        if (fields[i].kind == KVX_STAT_KIND_HISTOGRAM) {
+            const kvx_histogram_t *h = (const kvx_histogram_t *)at;
+
+            snprintf(key, sizeof(key), "%s_count", fields[i].name);
+            if (dict_set_u64(dict, key, h->count) != 0)
+                return -1;
+            snprintf(key, sizeof(key), "%s_sum", fields[i].name);
+            if (dict_set_u64(dict, key, (uint64_t)h->sum) != 0)
+                return -1;
+            continue;
+        }
+        memcpy(&value, at, sizeof(value));
+        if (dict_set_u64(dict, fields[i].name, value) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static PyObject *agent_stats(AgentObject *self, PyObject *unused)
 {
     kvx_agent_t *agent;
@@ -1153,65 +1197,13 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
     Py_END_ALLOW_THREADS
     if (agent == NULL)
         return raise_gone(GONE_AGENT);
-    {
-        /* the counters of kvx_agent_stats_t by name (of the histograms, the transfers' count
-         * and sum only), then this binding's own: what released() and logs() could not keep */
-        const struct {
-            const char *name;
-            uint64_t value;
-        } counters[] = {
-            {"transfers", s.transfers},
-            {"transfers_failed", s.transfers_failed},
-            {"bytes", s.bytes},
-            {"notifications_failed", s.notifications_failed},
-            {"heartbeats_sent", s.heartbeats_sent},
-            {"heartbeats_missed", s.heartbeats_missed},
-            {"peers_dead", s.peers_dead},
-            {"peers_idle", s.peers_idle},
-            {"notifications", s.notifications},
-            {"notifications_dropped", s.notifications_dropped},
-            {"held", s.held},
-            {"released", s.released},
-            {"done_unknown", s.done_unknown},
-            {"leases_expired", s.leases_expired},
-            {"done_repeated", s.done_repeated},
-            {"ops_orphaned", s.ops_orphaned},
-            {"pushes_serving", s.pushes_serving},
-            {"pushes_refused", s.pushes_refused},
-            {"auth_refused", s.auth_refused},
-            {"peers_refused", s.peers_refused},
-            {"tokens_refused", s.tokens_refused},
-            {"peers_connected", s.peers_connected},
-            {"transfers_verified", s.transfers_verified},
-            {"verify_mismatches", s.verify_mismatches},
-            {"verify_failed", s.verify_failed},
-            {"verify_bytes_hashed", s.verify_bytes_hashed},
-            {"verify_ns", s.verify_ns},
-            {"verify_served", s.verify_served},
-            {"verify_refused", s.verify_refused},
-            {"dones_refused", s.dones_refused},
-            {"dones_early", s.dones_early},
-            {"data_reads_served", s.data_reads_served},
-            {"data_writes_served", s.data_writes_served},
-            {"data_refused", s.data_refused},
-            {"dones_rank_refused", s.dones_rank_refused},
-            {"handshakes", s.handshakes},
-            {"handshakes_refused", s.handshakes_refused},
-            {"transfer_us_count", s.transfer_us.count},
-            {"transfer_us_sum", (uint64_t)s.transfer_us.sum},
-            {"released_dropped", released_dropped},
-            {"logs_dropped", logs_dropped},
-        };
-
-        dict = PyDict_New();
-        for (size_t i = 0; dict != NULL && i < sizeof(counters) / sizeof(counters[0]); i++) {
-            PyObject *v = PyLong_FromUnsignedLongLong(counters[i].value);
-
-            if (v == NULL || PyDict_SetItemString(dict, counters[i].name, v) != 0)
-                Py_CLEAR(dict);
-            Py_XDECREF(v);
-        }
-    }
+    /* the library's fields, then this binding's own: what released() and logs() could not
+     * keep */
+    dict = PyDict_New();
+    if (dict != NULL && (stats_dict_fill(dict, &s) != 0 ||
+                         dict_set_u64(dict, "released_dropped", released_dropped) != 0 ||
+                         dict_set_u64(dict, "logs_dropped", logs_dropped) != 0))
+        Py_CLEAR(dict);
     return dict;
 }
 
@@ -2214,6 +2206,30 @@ static PyObject *mod_auth_key_load(PyObject *module, PyObject *arg)
     return PyBytes_FromStringAndSize((const char *)key, sizeof(key));
 }
 
+/* auth_file(file=None): kvx_auth_file's answer: `file` when given, else the file
+ * KVX_AUTH_FILE names, else None. */
+static PyObject *mod_auth_file(PyObject *module, PyObject *args)
+{
+    PyObject *given = Py_None;
+    PyObject *path  = NULL;
+    const char *file;
+    PyObject *result;
+
+    (void)module;
+    if (!PyArg_ParseTuple(args, "|O:auth_file", &given))
+        return NULL;
+    if (given != Py_None && !PyUnicode_FSConverter(given, &path))
+        return NULL;
+    file = kvx_auth_file(path != NULL ? PyBytes_AS_STRING(path) : NULL);
+    if (file == NULL) {
+        Py_XDECREF(path);
+        Py_RETURN_NONE;
+    }
+    result = PyUnicode_DecodeFSDefault(file);
+    Py_XDECREF(path);
+    return result;
+}
+
 static PyObject *mod_auth_key_generate(PyObject *module, PyObject *unused)
 {
     uint8_t key[KVX_AUTH_KEY_LEN];
@@ -2286,6 +2302,8 @@ static PyMethodDef module_methods[] = {
     {"layout_from_json", mod_layout_from_json, METH_O, "a layout from JSON text or bytes"},
     {"token_generate", mod_token_generate, METH_NOARGS, "a new random hold token"},
     {"auth_key_load", mod_auth_key_load, METH_O, "the secret of a key file"},
+    {"auth_file", mod_auth_file, METH_VARARGS,
+     "auth_file(file=None): file if given, else the file KVX_AUTH_FILE names, else None"},
     {"auth_key_generate", mod_auth_key_generate, METH_NOARGS, "a new random secret"},
     {"ucx_version", mod_ucx_version, METH_NOARGS, "the version of the UCX library loaded"},
     {NULL, NULL, 0, NULL},
@@ -2324,6 +2342,8 @@ PyMODINIT_FUNC PyInit__kvx(void)
     if (error_base == NULL || PyModule_AddObject(m, "Error", error_base) != 0)
         return NULL;
     Py_INCREF(error_base);
+    if (PyModule_AddStringConstant(m, "AUTH_FILE_ENV", KVX_AUTH_FILE_ENV) != 0)
+        return NULL;
     for (size_t i = 0; i < sizeof(error_types) / sizeof(error_types[0]); i++) {
         char name[64];
 

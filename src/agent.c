@@ -34,9 +34,9 @@
 #include <unistd.h>
 
 /* What one side-channel connection may make a listener hold (sidechan_limits): ZeroMQ drops
- * a peer that sends a longer message, and stops reading one that has this many queued. */
-#define AGENT_DEFAULT_MAX_MESSAGE (1u << 20)
-#define AGENT_RECV_HWM            8
+ * a peer that sends a message longer than max_message, and stops reading one that has this
+ * many queued. */
+#define AGENT_RECV_HWM             8
 /* A connection must finish its handshake within this, and only this many may be in theirs at
  * once (at least 256, at least max_peers), this many of them from one address: strangers
  * hold handshakes, never the admitted peers' places (docs/security.md, "Bounded everything").
@@ -46,13 +46,14 @@
 #define AGENT_HANDSHAKE_MS          5000
 #define AGENT_MIN_HANDSHAKES        256
 #define AGENT_HANDSHAKES_PER_SOURCE 32
-#define AGENT_DEFAULT_MAX_PEERS     64
-#define AGENT_DEFAULT_MAX_PUSHES    64
-#define AGENT_DEFAULT_LEASE_MS      30000
-#define AGENT_DEFAULT_HEARTBEAT_MS  5000
-#define AGENT_DEFAULT_PEER_TTL_MS   3600000
-#define AGENT_PROGRESS_ROUNDS       1024 /* main-worker progress rounds in one turn */
-#define AGENT_REQUESTS_PER_TURN     64   /* side-channel requests served in one turn */
+#define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
+#define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
+/* Bytes of same-host copies (reads from a peer's storage mapped here) made in one turn: about
+ * half a millisecond of memcpy here, so a large pull never holds a turn (docs/agent.md). */
+#define AGENT_COPY_BYTES_PER_TURN  ((size_t)4 << 20)
+/* Bytes of our memory hashed in one turn, for checksum requests and our own verifications:
+ * under a millisecond of XXH3 here. */
+#define AGENT_HASH_BYTES_PER_TURN  ((uint64_t)4 << 20)
 /* How long the loop keeps turning without sleeping while UCX operations of ours are in flight:
  * about the gap between the steps of a transfer that needs the peer (an emulated get's reply,
  * a flush), so such a transfer does not pay a wakeup (tens of microseconds here) per step.
@@ -368,7 +369,7 @@ static void serve_checksum(void *arg, const struct sidechan_request *request)
 {
     kvx_agent_t *agent = arg;
 
-    checksum_serve(&agent->core, agent->side, request);
+    checksum_serve(&agent->core, agent->core.checksums, agent->side, request);
 }
 
 /* The side channel's verbs, one table: what a listening agent answers, and only to peers its
@@ -417,6 +418,7 @@ static void agent_free(kvx_agent_t *agent)
     push_server_destroy(agent->pushes);
     dones_drop(core);
     xfer_set_destroy(agent->xfers);
+    checksum_jobs_destroy(core->checksums); /* after the transfers, whose verifications add */
     agent_queue_drop(agent);
     if (agent->side != NULL) {
         loop_unwatch_fd(&core->loop, sidechan_server_fd(agent->side));
@@ -550,31 +552,31 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
     agent->holds.tp_rank = core->tp_rank;
     agent->holds.tp_size = core->tp_size;
     core->timeout_ms =
-        (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : AGENT_DEFAULT_TIMEOUT_MS;
+        (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : KVX_DEFAULT_TIMEOUT_MS;
     agent->holds.lease_ms =
-        (mask & KVX_AGENT_PARAM_FIELD_LEASE_MS) ? params->lease_ms : AGENT_DEFAULT_LEASE_MS;
+        (mask & KVX_AGENT_PARAM_FIELD_LEASE_MS) ? params->lease_ms : KVX_DEFAULT_LEASE_MS;
     core->heartbeat_ms = (mask & KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS) ? params->heartbeat_ms
-                                                                     : AGENT_DEFAULT_HEARTBEAT_MS;
+                                                                     : KVX_DEFAULT_HEARTBEAT_MS;
     core->peer_ttl_ms  = (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms
-                                                                    : AGENT_DEFAULT_PEER_TTL_MS;
+                                                                    : KVX_DEFAULT_PEER_TTL_MS;
     agent->engine_id  = strdup((mask & KVX_AGENT_PARAM_FIELD_ENGINE_ID) && params->engine_id != NULL
                                    ? params->engine_id
                                    : "");
     agent->transports = strdup((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports
                                    ? params->transports
-                                   : TRANSPORT_DEFAULT_TLS);
+                                   : KVX_DEFAULT_TRANSPORTS);
     agent->push_transports =
         strdup((mask & KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS) && params->push_transports
                    ? params->push_transports
-                   : PUSH_DEFAULT_TLS);
+                   : KVX_DEFAULT_PUSH_TRANSPORTS);
     agent->max_peers =
-        (mask & KVX_AGENT_PARAM_FIELD_MAX_PEERS) ? params->max_peers : AGENT_DEFAULT_MAX_PEERS;
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_PEERS) ? params->max_peers : KVX_DEFAULT_MAX_PEERS;
     agent->max_message = (mask & KVX_AGENT_PARAM_FIELD_MAX_MESSAGE) ? params->max_message
-                                                                    : AGENT_DEFAULT_MAX_MESSAGE;
+                                                                    : KVX_DEFAULT_MAX_MESSAGE;
     agent->max_pushes =
-        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSHES) ? params->max_pushes : AGENT_DEFAULT_MAX_PUSHES;
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSHES) ? params->max_pushes : KVX_DEFAULT_MAX_PUSHES;
     agent->max_push_ms =
-        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS) ? params->max_push_ms : PUSH_DEFAULT_MAX_PUSH_MS;
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS) ? params->max_push_ms : KVX_DEFAULT_MAX_PUSH_MS;
     agent->insecure     = (mask & KVX_AGENT_PARAM_FIELD_INSECURE) && params->insecure;
     core->verify_one_in = (mask & KVX_AGENT_PARAM_FIELD_VERIFY_ONE_IN) ? params->verify_one_in : 0;
     if (agent->engine_id == NULL || agent->transports == NULL || agent->push_transports == NULL)
@@ -620,10 +622,10 @@ static kvx_status_t agent_transports_for_gpu(kvx_agent_t *agent, const kvx_agent
         gpu |= agent->gpus[s] != NULL;
     if (gpu && !((mask & KVX_AGENT_PARAM_FIELD_TRANSPORTS) && params->transports != NULL))
         status = agent_transports_replace(&agent->transports,
-                                          TRANSPORT_DEFAULT_TLS "," TRANSPORT_GPU_TLS);
+                                          KVX_DEFAULT_TRANSPORTS "," TRANSPORT_GPU_TLS);
     if (status == KVX_OK && gpu &&
         !((mask & KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS) && params->push_transports != NULL))
-        status = agent_transports_replace(&agent->push_transports, PUSH_DEFAULT_TLS ",cuda_copy");
+        status = agent_transports_replace(&agent->push_transports, KVX_DEFAULT_PUSH_TRANSPORTS ",cuda_copy");
     agent->core.transports = agent->transports;
     return status;
 }
@@ -663,6 +665,7 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
         (status = agent_metadata_pack(agent, params, KVX_MODE_PUSH, &agent->push_metadata,
                                       &agent->push_metadata_size)) != KVX_OK ||
         (status = loop_watch_fd(&core->loop, transport_event_fd(core->transport))) != KVX_OK ||
+        (status = checksum_jobs_create(&core->checksums)) != KVX_OK ||
         (status = xfer_set_create(core, &agent->xfers)) != KVX_OK)
         goto err;
     core->xfers = agent->xfers;
@@ -863,6 +866,8 @@ static size_t agent_turn(kvx_agent_t *agent)
     for (int round = 0; round < AGENT_PROGRESS_ROUNDS && transport_progress(core->transport) > 0;
          round++)
         events++;
+    events += transport_copies_run(core->transport, AGENT_COPY_BYTES_PER_TURN);
+    events += transport_settle_run(core->transport);
     events += peers_progress(core);
     if (agent->pushes != NULL)
         events += push_progress(agent->pushes);
@@ -876,6 +881,7 @@ static size_t agent_turn(kvx_agent_t *agent)
                                         sizeof(agent_verbs) / sizeof(agent_verbs[0]), agent,
                                         AGENT_REQUESTS_PER_TURN, &malformed);
     core->stats.notifications_dropped += malformed;
+    events += checksum_jobs_run(core, core->checksums, agent->side, AGENT_HASH_BYTES_PER_TURN);
     events += peers_serve(core);
     /* 3. Deadlines, heartbeats and leases, from the one timer heap. */
     events += loop_timers_run(&core->loop, clock_ms());
@@ -897,6 +903,7 @@ static bool agent_busy(kvx_agent_t *agent)
         busy |= push_busy(agent->pushes);
     if (agent->side != NULL)
         busy |= sidechan_server_readable(agent->side) || gate_readable(agent->gate);
+    busy |= checksum_jobs_pending(agent->core.checksums);
     return busy;
 }
 

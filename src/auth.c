@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -64,6 +65,13 @@ kvx_status_t kvx_auth_key_create(const char *path)
 static int hex_value(char c)
 {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+const char *kvx_auth_file(const char *file)
+{
+    if (file == NULL || file[0] == '\0')
+        file = getenv(KVX_AUTH_FILE_ENV);
+    return file != NULL && file[0] != '\0' ? file : NULL;
 }
 
 kvx_status_t kvx_auth_key_load(const char *path, uint8_t key[KVX_AUTH_KEY_LEN])

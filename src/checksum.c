@@ -15,6 +15,33 @@ uint64_t checksum_of(const void *data, size_t len)
     return XXH3_64bits(data, len);
 }
 
+/* XXH3's own state, allocated by the library: its size is not part of its ABI. */
+struct checksum_stream *checksum_stream_create(void)
+{
+    return (struct checksum_stream *)XXH3_createState();
+}
+
+void checksum_stream_reset(struct checksum_stream *stream)
+{
+    XXH3_64bits_reset((XXH3_state_t *)stream);
+}
+
+void checksum_stream_update(struct checksum_stream *stream, const void *data, size_t len)
+{
+    XXH3_64bits_update((XXH3_state_t *)stream, data, len);
+}
+
+uint64_t checksum_stream_digest(const struct checksum_stream *stream)
+{
+    return XXH3_64bits_digest((const XXH3_state_t *)stream);
+}
+
+void checksum_stream_destroy(struct checksum_stream *stream)
+{
+    if (stream != NULL)
+        XXH3_freeState((XXH3_state_t *)stream);
+}
+
 kvx_status_t checksum_of_staged(checksum_read_t read, void *arg, uint64_t len, void *stage,
                                 size_t stage_size, uint64_t *sum_p)
 {

@@ -15,7 +15,7 @@
 /* Ranges in one request: the answer, 8 bytes each, fits a kept socket's SIDECHAN_MAX_REPLY. */
 #define CHECKSUM_MAX_RANGES 256
 /* Bytes one request may ask to hash, all ranges together: about 11 ms of XXH3 on one core here
- * (docs/performance.md), the longest a request may hold the prefill agent's loop. */
+ * (docs/performance.md). The prefill agent hashes it a slice a turn (checksum_serve.h). */
 #define CHECKSUM_MAX_BYTES        (64u << 20)
 #define CHECKSUM_RANGE_SIZE       20 /* storage: 4, offset: 8, length: 8 */
 #define CHECKSUM_HEADER_SIZE      8  /* magic: 4, count: 4 */
@@ -33,6 +33,16 @@ struct checksum_range {
 
 /* XXH3-64 (seed 0) of `len` bytes at `data`. */
 uint64_t checksum_of(const void *data, size_t len);
+
+/* The same checksum taken a piece at a time (a range hashed over several turns of the loop:
+ * checksum_serve.h): reset, update with the range's bytes in order, digest. Equal to
+ * checksum_of over the whole range. */
+struct checksum_stream;
+struct checksum_stream *checksum_stream_create(void); /* NULL: no memory */
+void checksum_stream_reset(struct checksum_stream *stream);
+void checksum_stream_update(struct checksum_stream *stream, const void *data, size_t len);
+uint64_t checksum_stream_digest(const struct checksum_stream *stream);
+void checksum_stream_destroy(struct checksum_stream *stream); /* NULL-safe */
 
 /* The same checksum of `len` bytes the host cannot read in place (GPU memory): `read` copies
  * each next piece of at most `stage_size` bytes into `stage`, from offset 0 on. Fails with

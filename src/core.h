@@ -13,8 +13,6 @@
 /* Active message a push writer sends to the worker a requester named: its proof (push_serve.h). */
 #define CORE_AM_PUSH_PROOF 2
 
-#define AGENT_DEFAULT_TIMEOUT_MS 10000 /* kvx_agent_params_t's timeout_ms when not given */
-
 /* Side-channel verbs (sidechan.h frames them), all behind the gate (gate.h). */
 #define VERB_METADATA      "kvx-metadata 3"
 #define VERB_HEARTBEAT     "kvx-heartbeat 3"     /* body: wanted requests and tokens (notify.h) */
@@ -29,12 +27,14 @@
 
 struct xfer_set;
 struct hold_table;
+struct checksum_jobs;
 
 struct core {
     struct kvx_agent *agent; /* whose core this is */
     struct xfer_set *xfers;  /* the agent's transfers (xfer.c) */
     struct hold_table *holds; /* prefill side: the requests held (hold.c; the agent's) */
     struct early_list early;  /* prefill side: dones and pushes waiting for their hold */
+    struct checksum_jobs *checksums; /* our memory being hashed, either side (checksum_serve.h) */
     kvx_regions_t *regions;
     struct transport *transport;
     const char *transports; /* the UCX_TLS list given to the transport */

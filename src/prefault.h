@@ -20,8 +20,9 @@ struct prefault_range {
  * first call. Copies then fault as before. */
 struct prefault *prefault_start(const struct prefault_range *ranges, size_t num_ranges);
 
-/* Stops after the chunk in progress (at most PREFAULT_CHUNK bytes) and joins the thread: the
- * ranges may be unmapped once this returns. NULL-safe. */
+/* Stops after the chunk in progress (at most PREFAULT_CHUNK bytes, 4 MiB: well under a
+ * millisecond) and joins the thread: the ranges may be unmapped once this returns.
+ * NULL-safe. */
 void prefault_stop(struct prefault *p);
 
 #endif

@@ -18,7 +18,7 @@ kvx_status_t kvx_peer_probe(const kvx_regions_t *local, const kvx_agent_params_t
     const uint8_t *secret = (mask & KVX_AGENT_PARAM_FIELD_AUTH_KEY) ? params->auth_key : NULL;
     bool insecure         = (mask & KVX_AGENT_PARAM_FIELD_INSECURE) && params->insecure;
     uint32_t timeout_ms =
-        (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : AGENT_DEFAULT_TIMEOUT_MS;
+        (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : KVX_DEFAULT_TIMEOUT_MS;
     kvx_peer_plan_params_t checks = {
         .field_mask = KVX_PEER_PLAN_PARAM_FIELD_LOCAL_TP | KVX_PEER_PLAN_PARAM_FIELD_LOCAL_RANK,
         .local_tp   = (mask & KVX_AGENT_PARAM_FIELD_TP_SIZE) ? params->tp_size : 1,

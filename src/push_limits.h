@@ -11,8 +11,7 @@
 /* The jobs shared among writers. The other PUSH_MAX_WRITERS are kept one per writer, for its
  * first job in flight: a proven writer with nothing in flight can always start a push,
  * however many the others hold (issue 22 finding 3). */
-#define PUSH_SHARED_JOBS         (PUSH_MAX_JOBS - PUSH_MAX_WRITERS)
-#define PUSH_DEFAULT_MAX_PUSH_MS 300000 /* the longest deadline a push may ask for: 5 min */
+#define PUSH_SHARED_JOBS (PUSH_MAX_JOBS - PUSH_MAX_WRITERS)
 
 /* What is in flight when a writer's push request arrives. */
 struct push_load {

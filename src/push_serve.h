@@ -14,8 +14,6 @@
 #include "push_limits.h"
 #include "sidechan.h"
 
-#define PUSH_DEFAULT_TLS "tcp"
-
 struct push_server;
 
 /* `tls` is the push transport's UCX_TLS list; each peer may have `max_per_peer` pushes in

@@ -58,22 +58,16 @@ static void out_printf(struct json_out *out, const char *fmt, ...)
     out->len += (size_t)n;
 }
 
-/* A JSON string: quotes, backslashes and control bytes escaped; other bytes as they are
- * (names are bytes; formats.md files are UTF-8). */
+/* A JSON string, as kvx_json_quote writes every one. */
 static void out_string(struct json_out *out, const char *s)
 {
-    out_printf(out, "\"");
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char)*s;
+    size_t len = kvx_json_quote(NULL, 0, s);
 
-        if (c == '"' || c == '\\')
-            out_printf(out, "\\%c", c);
-        else if (c < 0x20)
-            out_printf(out, "\\u%04x", c);
-        else
-            out_printf(out, "%c", c);
-    }
-    out_printf(out, "\"");
+    out_reserve(out, len + 1);
+    if (out->failed)
+        return;
+    kvx_json_quote(out->text + out->len, out->max - out->len, s);
+    out->len += len;
 }
 
 static const char *bool_text(bool value)

@@ -1,6 +1,9 @@
-/* text.c: which bytes a name may hold (printable UTF-8) and how a message quotes one that
- * breaks the rule. Pure: no allocation, no state, no knowledge of layouts. */
+/* text.c: which bytes a name may hold (printable UTF-8), how a message quotes one that
+ * breaks the rule, and how JSON output quotes any. Pure: no allocation, no state, no
+ * knowledge of layouts. */
 #include "text.h"
+
+#include "kvx.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -104,4 +107,36 @@ void text_escape(char *out, size_t size, const char *text, size_t len)
         i += n;
     }
     out[at] = '\0';
+}
+
+/* Appends `len` bytes of `piece` to what still fits of out[size]; *at_p counts them all. */
+static void quote_put(char *out, size_t size, size_t *at_p, const char *piece, size_t len)
+{
+    if (*at_p < size)
+        memcpy(out + *at_p, piece, len < size - *at_p ? len : size - *at_p);
+    *at_p += len;
+}
+
+size_t kvx_json_quote(char *out, size_t size, const char *text)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    size_t at              = 0; /* bytes of the whole result so far */
+
+    quote_put(out, size, &at, "\"", 1);
+    for (; *s != '\0'; s++) {
+        char piece[8];
+        size_t len = 1;
+
+        if (*s == '"' || *s == '\\')
+            len = (size_t)snprintf(piece, sizeof(piece), "\\%c", *s);
+        else if (*s < 0x20)
+            len = (size_t)snprintf(piece, sizeof(piece), "\\u%04x", *s);
+        else
+            piece[0] = (char)*s;
+        quote_put(out, size, &at, piece, len);
+    }
+    quote_put(out, size, &at, "\"", 1);
+    if (size > 0)
+        out[at < size ? at : size - 1] = '\0';
+    return at;
 }

@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 static void conn_free(struct transport_conn *conn);
+static void conn_settle_now(struct transport_conn *conn);
+static void conn_park(struct transport_conn *conn);
 
 kvx_status_t transport_ucs_error(const char *what, ucs_status_t status)
 {
@@ -74,7 +76,7 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
     if (t == NULL)
         return error_no_memory("a transport");
     if (tls == NULL)
-        tls = TRANSPORT_DEFAULT_TLS;
+        tls = KVX_DEFAULT_TRANSPORTS;
     /* Without RMA a context registers none of UCX's software get and put handlers, which
      * serve any address to whoever reaches the worker: kvx serves its own (transport_am.c). */
     t->served = tls_without_keys(tls);
@@ -133,6 +135,15 @@ void transport_destroy(struct transport *t)
 {
     if (t == NULL)
         return;
+    /* The transport's end may wait out the settling connections: there is no later turn. */
+    while (t->settling != NULL) {
+        struct transport_conn *conn = t->settling;
+
+        t->settling = conn->next_settling;
+        t->num_settling--;
+        conn_settle_now(conn);
+        conn_free(conn);
+    }
     while (t->parked != NULL) {
         struct transport_conn *conn = t->parked;
 
@@ -196,6 +207,8 @@ int transport_conn_event_fd(struct transport_conn *conn)
 
 bool transport_arm(struct transport *t)
 {
+    if (t->copying != NULL || t->settling != NULL)
+        return false;
     return ucp_worker_arm(t->worker) == UCS_OK;
 }
 
@@ -565,6 +578,7 @@ static void op_free(struct transport_op *op)
     if (op->released) /* set only while something was pending */
         op->conn->t->orphaned--;
     op_unlink(op);
+    free(op->copies);
     free(op);
 }
 
@@ -577,22 +591,75 @@ static bool conn_has_pending(const struct transport_conn *conn)
     return false;
 }
 
-/* Lets a closing connection finish, before it returns, the operations that need nothing of
- * the peer: UCX 1.22 queues CMA gets and puts in the transport and runs them in progress,
- * and asserts when a worker is destroyed with that queue not empty. They are local copies, so
- * they end in bounded time, even towards a stopped peer; what waits on the peer (TCP, active
- * messages) makes no progress, and the loop ends after TRANSPORT_SETTLE_IDLE idle calls.
- * Bytes landing before the close returns are the closed transfer's, as if they had come
- * earlier. Owners are not told (conn->settling). */
-static void conn_settle(struct transport_conn *conn)
+/* Lets a closing connection finish the operations that need nothing of the peer: UCX 1.22
+ * queues CMA gets and puts in the transport and runs them in progress, and asserts when a
+ * worker is destroyed with that queue not empty. They are local copies, so they end in
+ * bounded time, even towards a stopped peer; what waits on the peer (TCP, active messages)
+ * makes no progress, and TRANSPORT_SETTLE_IDLE idle calls in a row end the wait (tens of
+ * microseconds: a connection with nothing local queued goes in the call that closed it). One
+ * round progresses it until `until` (seconds, clock_seconds()); true while it should be given
+ * more (something pending, fewer idle calls in a row, its deadline not passed). Owners are
+ * not told (conn->settling). */
+static bool conn_settle_round(struct transport_conn *conn, double until, size_t *worked_p)
 {
-    double deadline = clock_seconds() + TRANSPORT_SETTLE_SECONDS;
-    unsigned idle   = 0;
+    double now = clock_seconds();
 
-    conn->settling = true;
-    while (conn_has_pending(conn) && idle < TRANSPORT_SETTLE_IDLE && clock_seconds() < deadline)
-        idle = ucp_worker_progress(conn->worker) > 0 ? 0 : idle + 1;
+    while (conn_has_pending(conn) && conn->settle_idle < TRANSPORT_SETTLE_IDLE && now < until &&
+           now < conn->settle_deadline) {
+        conn->t->progressing++;
+        conn->settle_idle = ucp_worker_progress(conn->worker) > 0 ? 0 : conn->settle_idle + 1;
+        conn->t->progressing--;
+        *worked_p += conn->settle_idle == 0;
+        now = clock_seconds();
+    }
+    return conn_has_pending(conn) && conn->settle_idle < TRANSPORT_SETTLE_IDLE &&
+           now < conn->settle_deadline;
+}
+
+/* The whole settle at once, for the transport's own end: nothing turns after it. */
+static void conn_settle_now(struct transport_conn *conn)
+{
+    size_t worked = 0;
+
+    while (conn_settle_round(conn, conn->settle_deadline, &worked))
+        ;
+}
+
+/* A settled connection goes: freed, or parked when the peer still owes it something. */
+static void conn_settled(struct transport_conn *conn)
+{
     conn->settling = false;
+    if (!conn_has_pending(conn))
+        conn_free(conn);
+    else
+        conn_park(conn);
+}
+
+size_t transport_settle_run(struct transport *t)
+{
+    struct transport_conn **link = &t->settling;
+    double until                 = clock_seconds() + TRANSPORT_SETTLE_SLICE;
+    size_t worked                = 0;
+
+    KVX_ASSERT(t->progressing == 0); /* it frees connections */
+    while (*link != NULL) {
+        struct transport_conn *conn = *link;
+
+        if (conn_settle_round(conn, until, &worked)) {
+            link = &conn->next_settling;
+            continue;
+        }
+        *link = conn->next_settling;
+        t->num_settling--;
+        worked++;
+        conn_settled(conn);
+    }
+    return worked;
+}
+
+size_t transport_settling(const struct transport *t)
+{
+    return t->num_settling;
 }
 
 /* Destroys the worker, and with it the endpoint and whatever UCX still had pending. */
@@ -613,26 +680,16 @@ static void conn_free(struct transport_conn *conn)
     conn_unalloc(conn);
 }
 
-void transport_conn_destroy(struct transport_conn *conn)
+/* Parks a closed connection whose peer still owes it completions. */
+static void conn_park(struct transport_conn *conn)
 {
-    struct transport *t;
+    struct transport *t = conn->t;
 
-    if (conn == NULL)
-        return;
-    t = conn->t;
-    KVX_ASSERT(t->progressing == 0); /* a completion callback closing its own connection */
-    conn_settle(conn);
-    if (!conn_has_pending(conn)) {
-        conn_free(conn);
-        return;
-    }
     /* Parked, not destroyed: UCX 1.13 aborts a peer whose reply to a get finds the
      * connection gone (ucp_get_req_handler: "Fatal: unexpected error"), which a stopped
      * prefill process that resumes would do. A parked worker is never progressed again, so
      * nothing it still receives reaches our memory; it goes when the transport does, or
      * when more than TRANSPORT_MAX_PARKED are parked (the oldest first). */
-    prefault_stop(conn->prefault); /* a parked connection is never read from again */
-    conn->prefault    = NULL;
     conn->next_parked = t->parked;
     conn->parked      = true;
     t->parked         = conn;
@@ -647,6 +704,35 @@ void transport_conn_destroy(struct transport_conn *conn)
         *oldest = NULL;
         t->num_parked--;
     }
+}
+
+void transport_conn_destroy(struct transport_conn *conn)
+{
+    struct transport *t;
+    size_t worked = 0;
+
+    if (conn == NULL)
+        return;
+    t = conn->t;
+    KVX_ASSERT(t->progressing == 0); /* a completion callback closing its own connection */
+    for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
+        copy_queue_drop(op); /* copies not made yet never are: the transfer is over */
+    /* Its populating thread only ever reads ahead: stopped here, before any key goes, and
+     * never needed again (a closing connection is not read from). */
+    prefault_stop(conn->prefault);
+    conn->prefault        = NULL;
+    conn->settling        = true;
+    conn->settle_idle     = 0;
+    conn->settle_deadline = clock_seconds() + TRANSPORT_SETTLE_SECONDS;
+    /* A slice here ends what needs no more (nothing queued in UCX: the usual case), so the
+     * connection goes at once; the rest settles in the loop, a slice a turn. */
+    if (conn_settle_round(conn, clock_seconds() + TRANSPORT_SETTLE_SLICE, &worked)) {
+        conn->next_settling = t->settling;
+        t->settling         = conn;
+        t->num_settling++;
+        return;
+    }
+    conn_settled(conn);
 }
 
 kvx_status_t transport_op_create(struct transport_conn *conn, transport_op_finished_t finished,
@@ -671,6 +757,8 @@ void transport_op_release(struct transport_op *op)
 {
     if (op == NULL)
         return;
+    op->finished = NULL;
+    copy_queue_drop(op); /* nobody wants them any more */
     if (op->completed == op->posted) {
         op_free(op);
         return;
@@ -731,6 +819,7 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
                                 size_t count, const struct transport_targets *targets)
 {
     struct transport_conn *conn = op->conn;
+    size_t inline_left          = TRANSPORT_COPY_INLINE; /* bytes this post may still copy */
     ucp_request_param_t param   = {
           .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
           .cb.send      = op_completed,
@@ -749,10 +838,21 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
         ucs_status_ptr_t sp;
         kvx_status_t status;
 
-        /* Reads from a storage mapped here are copies, done in place. Writes never are: a
-         * peer's mapping proves nothing about whose memory it is (docs/security.md). */
+        /* Reads from a storage mapped here are copies: made here up to a small budget (a
+         * request of a few blocks completes as fast as before), else queued for the loop, a
+         * slice a turn, so that a large request's post returns at once. Writes never are:
+         * a peer's mapping proves nothing about whose memory it is (docs/security.md). */
         if (!put && conn->mapped[rs] != 0 && targets->local_mems[ls] != KVX_MEM_VRAM) {
-            memcpy(local, (const void *)(uintptr_t)(conn->mapped[rs] + remote), p->len);
+            const void *src = (const void *)(uintptr_t)(conn->mapped[rs] + remote);
+
+            if (p->len <= inline_left && !op->copying) {
+                memcpy(local, src, p->len);
+                inline_left -= p->len;
+                continue;
+            }
+            status = copy_queue_add(op, local, src, p->len);
+            if (status != KVX_OK)
+                return status;
             continue;
         }
         if (conn->storages[rs].served) { /* the peer's kvx checks and serves it */

@@ -12,15 +12,13 @@ struct transport_mem;  /* one mapped storage */
 struct transport_conn; /* a worker of its own, an endpoint on it and the peer's remote keys */
 struct transport_op;   /* completion counting of one batch of operations on one connection */
 
-/* Default transports on one host: shared memory, cross-memory attach, TCP for wire-up. */
-#define TRANSPORT_DEFAULT_TLS "sm,cma,tcp"
 /* What an agent with GPU storages adds to its default lists: UCX's CUDA copy engine (staging
  * and host <-> device) and CUDA IPC (device to device between processes of one host). Across
  * hosts GPUDirect RDMA is the RDMA transports' own ("rc", "dc"), listed by the user. */
 #define TRANSPORT_GPU_TLS "cuda_copy,cuda_ipc"
 
 /* Creates a context with RMA and active messages and its main worker. `tls` is a UCX_TLS list
- * (NULL: TRANSPORT_DEFAULT_TLS); `one_rail` keeps every operation of a connection on one lane
+ * (NULL: KVX_DEFAULT_TRANSPORTS); `one_rail` keeps every operation of a connection on one lane
  * per kind (push writers: what proved the peer also carries its data). UCX reads the rest of
  * its environment as usual (UCX_NET_DEVICES, ...). Destroy every connection first. */
 kvx_status_t transport_create(const char *tls, bool one_rail, struct transport **transport_p);
@@ -89,13 +87,38 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
                                    const struct transport_remote_mem *mems, size_t num_mems,
                                    struct transport_conn **conn_p);
 
-/* Closes a connection at once and never waits. With nothing pending, its keys go, then its
- * worker with its endpoint. With operations still pending (a peer that stopped or died) it is
- * parked instead: never progressed again, so nothing posted on it writes our memory or calls
- * back after this returns, and destroyed with the transport or once more than a few are
- * parked (transport.c says why). Must not be called from inside a transport progress call.
- * NULL-safe. */
+/* Closes a connection and never waits. Copies from its mapped storages not made yet are
+ * dropped. With nothing pending, its keys go, then its worker with its endpoint. With
+ * operations still pending it settles first (transport_settle_run): the loop progresses it a
+ * few calls a turn so that what needs nothing of the peer (UCX 1.22's queued CMA gets) ends,
+ * for at most TRANSPORT_SETTLE_SECONDS; then it is freed, or, with operations still pending (a
+ * peer that stopped or died), parked: never progressed again, destroyed with the transport or
+ * once more than a few are parked (transport.c says why). Its owners are never told of what
+ * completes after this call; local copies may still land while it settles (callers that
+ * report a failure wait for transport_settling to be 0). Must not be called from inside a
+ * transport progress call. NULL-safe. */
 void transport_conn_destroy(struct transport_conn *conn);
+
+/* The closing connections' phase of the loop: the settling connections get progress calls
+ * for at most TRANSPORT_SETTLE_SLICE seconds together, then each is freed once nothing of it
+ * is pending, or parked once it made no progress for a while or its deadline passed. Returns the
+ * progress calls that did something plus the connections that left the state. */
+size_t transport_settle_run(struct transport *t);
+
+/* Connections closed and still settling: until it is 0, a closed connection's local copies
+ * may still write our memory. */
+size_t transport_settling(const struct transport *t);
+
+/* Bytes of reads from a peer's storage mapped here that a post copies itself; the rest is
+ * queued on the op and copied by transport_copies_run, so a post of a large request returns
+ * at once (docs/agent.md, "The loop"). A request of a few blocks is still copied in the post,
+ * as fast as before. */
+#define TRANSPORT_COPY_INLINE ((size_t)256 << 10)
+
+/* Makes up to `budget` bytes of the queued copies, oldest op first; an op whose last copy
+ * is made completes (its `finished` runs, as from progress). Returns the number of copies
+ * worked on (0: nothing was queued). */
+size_t transport_copies_run(struct transport *t, size_t budget);
 
 /* A batch's completion counter. `finished` (may be NULL) runs once, from inside transport
  * progress, when the batch was armed and every operation of it completed; it may only record
@@ -161,7 +184,8 @@ bool transport_progressing(const struct transport *t);
 
 /* Sleeping until UCX has work: a worker's event file descriptor (-1 if it has none), and
  * arming it, which returns false when events are already pending (progress again instead
- * of sleeping). */
+ * of sleeping); transport_arm also returns false while copies are queued or connections
+ * settle: the loop has work of its own then. */
 int transport_event_fd(struct transport *t);
 bool transport_arm(struct transport *t);
 int transport_conn_event_fd(struct transport_conn *conn);

@@ -12,10 +12,13 @@
 #define TRANSPORT_AM_IDS 16
 /* Connections closed with operations pending, kept parked (transport_conn_destroy). */
 #define TRANSPORT_MAX_PARKED 16
-/* A closing connection's local operations get this long to finish (conn_settle), and
- * progress calls that do nothing end the wait sooner. */
+/* A closing connection's local operations get this long to finish (transport_settle_run),
+ * and progress calls that do nothing end the wait sooner. The close, and then each turn of
+ * the loop, give all settling connections together at most TRANSPORT_SETTLE_SLICE seconds,
+ * so settling never holds a turn or the caller. */
 #define TRANSPORT_SETTLE_SECONDS 1.0
 #define TRANSPORT_SETTLE_IDLE    64
+#define TRANSPORT_SETTLE_SLICE   0.0005
 
 /* A grant a peer presents with each read or write (transport_am.c), 128 random bits. */
 #define TRANSPORT_TOKEN_SIZE 16
@@ -51,6 +54,10 @@ struct transport {
     size_t pending;                /* operations posted on live connections, not completed */
     struct transport_conn *parked; /* closed with operations pending: never progressed again */
     size_t num_parked;
+    struct transport_conn *settling; /* closed, finishing what needs nothing of the peer */
+    size_t num_settling;
+    struct transport_op *copying; /* ops with copies from mapped storages left, oldest first */
+    struct transport_op *copying_tail;
     unsigned progressing; /* progress calls under way: nothing may be closed inside one */
     /* Its transports include one on which UCX checks no key (TCP's software RMA): the context
      * has no RMA, peers get grants instead of keys, and kvx serves their reads and writes. */
@@ -111,8 +118,19 @@ struct transport_conn {
     size_t num_cookies;
     size_t num_free_cookies;
     uint32_t generation; /* of cookies: an answer to a request that ended finds nothing */
+    struct transport_conn *next_settling; /* in t->settling */
+    double settle_deadline;               /* clock_seconds() when settling gives up */
+    unsigned settle_idle;                 /* progress calls in a row that did nothing */
     bool parked;
-    bool settling; /* closing (conn_settle): completions tell no owner */
+    bool settling; /* closing (transport_settle_run): completions tell no owner */
+};
+
+/* A read from a peer storage mapped here (transport_conn.mapped): a plain copy, made by the
+ * loop a slice at a time (transport_copies_run) when the post's own budget is spent. */
+struct op_copy {
+    void *dst;
+    const void *src;
+    size_t len; /* bytes */
 };
 
 struct transport_op {
@@ -126,6 +144,13 @@ struct transport_op {
     bool released;
     struct transport_op *prev; /* in conn->ops */
     struct transport_op *next;
+    struct op_copy *copies; /* queued copies, copied in order; counted as one operation */
+    size_t num_copies;
+    size_t max_copies;
+    size_t next_copy;               /* the first not finished */
+    size_t copy_done;               /* bytes of copies[next_copy] already copied */
+    struct transport_op *copy_next; /* in t->copying while it has copies left */
+    bool copying;
     uint8_t am[TRANSPORT_AM_MAX]; /* an active message's bytes, alive until it completes */
 };
 
@@ -135,6 +160,13 @@ kvx_status_t transport_ucs_error(const char *what, ucs_status_t status);
 void transport_op_posted_one(struct transport_op *op);
 /* One operation of `op` completed, with a UCX status. */
 void transport_op_complete(struct transport_op *op, ucs_status_t status);
+
+/* transport_copy.c: queues a copy on `op` (its first makes the op one more pending operation,
+ * completed by transport_copies_run after its last copy), and drops the copies of `op` not
+ * made yet: their operation counts as completed, cancelled, and nobody is told (the op is
+ * being let go, or its connection closed). */
+kvx_status_t copy_queue_add(struct transport_op *op, void *dst, const void *src, size_t len);
+void copy_queue_drop(struct transport_op *op);
 
 void am_record_link(struct am_record *r, struct am_record **list);
 void am_record_unlink(struct am_record *r);

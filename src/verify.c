@@ -41,7 +41,8 @@ struct leg {
     size_t next; /* the first segment not requested yet */
 };
 
-/* A request awaiting its answer: segments [first, first + count) of one leg. */
+/* A request awaiting its answer: segments [first, first + count) of one leg; once answered,
+ * its remote checksums wait here while the loop hashes our side (`hashing`). */
 struct slot {
     struct verify *v;
     size_t leg;
@@ -49,6 +50,8 @@ struct slot {
     size_t count;
     uint64_t id;
     bool pending;
+    bool hashing;
+    uint64_t remote[CHECKSUM_MAX_RANGES];
 };
 
 struct verify {
@@ -128,7 +131,10 @@ static void slots_forget(struct verify *v)
     for (size_t i = 0; i < VERIFY_WINDOW; i++) {
         if (v->slots[i].pending)
             peer_request_forget(v->legs[v->slots[i].leg].peer, v->slots[i].id);
+        if (v->slots[i].hashing)
+            checksum_jobs_cancel(v->core->checksums, &v->slots[i]);
         v->slots[i].pending = false;
+        v->slots[i].hashing = false;
     }
 }
 
@@ -398,15 +404,42 @@ static void mismatch_record(struct verify *v, const struct segment *s, uint64_t 
 
 static void verify_pump(struct verify *v);
 
-/* A prefill rank's answer to one request: compare, then ask for more or end. */
+/* Our side of one answered request is hashed (checksum_jobs_run, a slice a turn): compare,
+ * then ask for more or end. */
+static void slot_hashed(void *arg, kvx_status_t status, const uint64_t *sums)
+{
+    struct slot *slot = arg;
+    struct verify *v  = slot->v;
+
+    slot->hashing = false;
+    if (v->status != KVX_INPROGRESS) /* cancelled with it: never called */
+        return;
+    if (status != KVX_OK) {
+        verify_fail(v, KVX_ERR_IO, "verify: hashing our own memory: %s", kvx_errmsg());
+        v->done(v->arg);
+        return;
+    }
+    for (size_t i = 0; i < slot->count; i++) {
+        const struct segment *s = &v->segments[slot->first + i];
+
+        v->bytes += s->local.len;
+        if (sums[i] != slot->remote[i])
+            mismatch_record(v, s, sums[i], slot->remote[i]);
+    }
+    v->compared += slot->count;
+    verify_pump(v);
+    if (v->status != KVX_INPROGRESS)
+        v->done(v->arg);
+}
+
+/* A prefill rank's answer to one request: keep its checksums and queue ours of the same
+ * segments (the loop hashes them in slices: a turn never hashes 8 answers of 64 MiB). */
 static void slot_reply(void *arg, const char *reply, size_t size)
 {
     struct slot *slot = arg;
     struct verify *v  = slot->v;
     struct leg *leg   = &v->legs[slot->leg];
     struct checksum_range local[CHECKSUM_MAX_RANGES];
-    uint64_t remote[CHECKSUM_MAX_RANGES];
-    uint64_t sums[CHECKSUM_MAX_RANGES];
 
     slot->pending = false;
     if (v->status != KVX_INPROGRESS)
@@ -417,7 +450,7 @@ static void slot_reply(void *arg, const char *reply, size_t size)
         v->done(v->arg);
         return;
     }
-    if (!checksum_answer_decode(reply, size, slot->count, remote)) {
+    if (!checksum_answer_decode(reply, size, slot->count, slot->remote)) {
         verify_fail(v, KVX_ERR_IO,
                     "verify: remote rank %" PRIu32 " (%s) answered %zu bytes that are not %zu "
                     "checksums",
@@ -427,20 +460,12 @@ static void slot_reply(void *arg, const char *reply, size_t size)
     }
     for (size_t i = 0; i < slot->count; i++)
         local[i] = v->segments[slot->first + i].local;
-    if (checksum_local(v->core, local, slot->count, sums) != KVX_OK) {
-        verify_fail(v, KVX_ERR_IO, "verify: hashing our own memory: %s", kvx_errmsg());
+    if (checksum_jobs_add(v->core->checksums, local, slot->count, slot_hashed, slot) != KVX_OK) {
+        verify_fail(v, KVX_ERR_NO_MEMORY, "verify: %s", kvx_errmsg());
         v->done(v->arg);
         return;
     }
-    for (size_t i = 0; i < slot->count; i++) {
-        v->bytes += local[i].len;
-        if (sums[i] != remote[i])
-            mismatch_record(v, &v->segments[slot->first + i], sums[i], remote[i]);
-    }
-    v->compared += slot->count;
-    verify_pump(v);
-    if (v->status != KVX_INPROGRESS)
-        v->done(v->arg);
+    slot->hashing = true;
 }
 
 /* Sends one request of leg l's next segments into `slot`. */
@@ -463,7 +488,12 @@ static kvx_status_t slot_send(struct verify *v, struct slot *slot, size_t l)
                                &slot->id);
     if (status != KVX_OK)
         return status;
-    *slot = (struct slot){v, l, leg->next, count, slot->id, true};
+    slot->v       = v;
+    slot->leg     = l;
+    slot->first   = leg->next;
+    slot->count   = count;
+    slot->pending = true;
+    slot->hashing = false;
     leg->next += count;
     return KVX_OK;
 }
@@ -475,7 +505,7 @@ static void verify_pump(struct verify *v)
     size_t l = 0;
 
     for (size_t i = 0; i < VERIFY_WINDOW && v->status == KVX_INPROGRESS; i++) {
-        if (v->slots[i].pending)
+        if (v->slots[i].pending || v->slots[i].hashing)
             continue;
         while (l < v->num_legs && v->legs[l].next == v->legs[l].end)
             l++;

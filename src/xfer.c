@@ -935,6 +935,12 @@ static void xfer_completion_run(struct loop_event *event)
 {
     kvx_xfer_t *x = (kvx_xfer_t *)((char *)event - offsetof(kvx_xfer_t, completion));
 
+    /* A failed pull closed its connections; until they settled, a local copy of theirs may
+     * still land in our blocks, so it is not reported before: its caller may reuse them. */
+    if (!x->push && x->status != KVX_OK && transport_settling(x->set->core->transport) > 0) {
+        loop_queue(&x->set->core->loop, &x->completion);
+        return;
+    }
     x->settled = true;
     if (x->callback != NULL) {
         x->in_callback = true;

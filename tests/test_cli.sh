@@ -165,6 +165,22 @@ for cmd in plan compat serve fetch bench demo; do
   check "kvx help $cmd prints $cmd's own usage" \
     bash -c "'$kvx' help $cmd >'$tmp/help' && head -n 1 '$tmp/help' | grep -q '^usage: kvx $cmd '"
 done
+# Issue 24: the agent's defaults live in kvx.h alone (KVX_DEFAULT_*): the usage text of serve
+# and fetch says the header's value for each option that sets one.
+help_default_is_header() { # COMMAND OPTION MACRO
+  local want
+  want=$(sed -n "s/^#define $3  *\([0-9][0-9]*\).*/\1/p" "$src/include/kvx.h")
+  [[ -n $want ]] || { echo "no #define $3 in kvx.h"; return 1; }
+  "$kvx" help "$1" | awk -v o="  $2 " 'index($0, o) == 1 { on = 1; print; next }
+    on && /^  --/ { exit } on { print }' | grep -Eq "default $want([^0-9]|\$)" ||
+    { echo "kvx $1 --help: $2 does not say default $want"; return 1; }
+}
+for spec in "serve --timeout TIMEOUT_MS" "serve --lease LEASE_MS" "serve --max-push MAX_PUSH_MS" \
+  "fetch --timeout TIMEOUT_MS" "fetch --heartbeat HEARTBEAT_MS"; do
+  read -r cmd option macro <<<"$spec"
+  check "kvx $cmd --help: $option's default is kvx.h's KVX_DEFAULT_$macro" \
+    help_default_is_header "$cmd" "$option" "KVX_DEFAULT_$macro"
+done
 check "kvx help nosuch exits 2" status_and_one_error_line 2 "unknown command nosuch" help nosuch
 check "kvx --help mentions the metrics" bash -c "'$kvx' --help | grep -q -- '--metrics HOST:PORT'"
 check "kvx help serve: the synopsis names --memory and --timeout" \

@@ -42,7 +42,7 @@ static const char layout[] =
 static struct {
     uint32_t timeout_ms;
     uint32_t max_push_ms;
-} config = {P_TIMEOUT, PUSH_DEFAULT_MAX_PUSH_MS};
+} config = {P_TIMEOUT, KVX_DEFAULT_MAX_PUSH_MS};
 
 /* What a prefill process says about itself on 's'. */
 struct report {
@@ -356,7 +356,7 @@ static void a_push_writes_as_long_as_its_requester_waits(void **state)
         config.max_push_ms = row->max_push_ms;
         prefill_start(&p);
         config.timeout_ms  = P_TIMEOUT;
-        config.max_push_ms = PUSH_DEFAULT_MAX_PUSH_MS;
+        config.max_push_ms = KVX_DEFAULT_MAX_PUSH_MS;
         requester          = requester_start(p.address, row->requester_ms, 1);
         prefill_wait(&p, one_serving, "the requester's push");
         kill(requester, SIGSTOP);

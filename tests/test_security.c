@@ -948,6 +948,24 @@ static void an_agent_needs_a_secret_or_loopback(void **state)
 
 /* The key file: created new with mode 0600 (never over an existing file), read back; a file
  * others may read, a FIFO and a file of another shape are refused. */
+/* Issue 24: which key file a front end uses is the library's answer alone: the file given,
+ * else the one KVX_AUTH_FILE names, an empty string counting as none. */
+static void the_key_file_is_the_one_given_else_the_environment_s(void **state)
+{
+    (void)state;
+    assert_string_equal(KVX_AUTH_FILE_ENV, "KVX_AUTH_FILE");
+    assert_int_equal(setenv(KVX_AUTH_FILE_ENV, "/from/env.key", 1), 0);
+    assert_string_equal(kvx_auth_file("/given.key"), "/given.key");
+    assert_string_equal(kvx_auth_file(NULL), "/from/env.key");
+    assert_string_equal(kvx_auth_file(""), "/from/env.key");
+    assert_int_equal(setenv(KVX_AUTH_FILE_ENV, "", 1), 0);
+    assert_null(kvx_auth_file(NULL));
+    assert_int_equal(unsetenv(KVX_AUTH_FILE_ENV), 0);
+    assert_null(kvx_auth_file(NULL));
+    assert_null(kvx_auth_file(""));
+    assert_string_equal(kvx_auth_file("/given.key"), "/given.key");
+}
+
 static void the_key_file_is_private_and_strict(void **state)
 {
     char dir[] = "/tmp/kvx-key-XXXXXX";
@@ -991,6 +1009,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(an_agent_needs_a_secret_or_loopback),
         cmocka_unit_test(the_key_file_is_private_and_strict),
+        cmocka_unit_test(the_key_file_is_the_one_given_else_the_environment_s),
         cmocka_unit_test(a_peer_without_the_secret_gets_nothing),
         cmocka_unit_test(forged_pushes_are_refused_and_change_no_byte),
         cmocka_unit_test(push_registrations_whose_segments_do_not_fit_are_refused),

@@ -114,6 +114,9 @@ check "random P: pull verified by checksums" bash -c "'$kvx' fetch '$tmp/v41.jso
 check "random P: push verified by checksums" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:40-47;1:0;2:63' --verify --push --malloc >'$tmp/sums' && grep -q '^checksums: .* equal on both sides' '$tmp/sums' && tail -n 1 '$tmp/sums' | grep -qx verified || { cat '$tmp/sums'; false; }"
 check "random P: a pattern check of a seed is a mismatch, exit 2" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' --verify --fill 42 >'$tmp/sums'; [[ \$? -eq 2 ]] && grep -q '^checksums: .* equal on both sides' '$tmp/sums' && tail -n 1 '$tmp/sums' | grep -q '^MISMATCH: .*is the seed the one kvx serve --fill used' || { cat '$tmp/sums'; false; }"
 check "fetch --verify --json: the checksums' counts" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:0-3;1:1;2:1' --verify --json | python3 -c \"import json,sys; d=json.load(sys.stdin); c=d['checksums']; assert d['ok'] and d['verified']=='verified' and c['ok'] and c['segments']>0 and c['bytes']==d['bytes'] and c['mismatches']==0 and d['stats']['transfers_verified']==1, d\""
+# Issue 24: --json's stats are the library's list, so every field of kvx_agent_stats_t (read
+# from kvx.h, not from that list) is there, done_repeated and the gauges included.
+check "fetch --json: every field of kvx_agent_stats_t in its stats" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:0-3;1:1;2:1' --json >'$tmp/stats.json' && python3 '$src/tests/support/stats_fields.py' '$src/include/kvx.h' --json '$tmp/stats.json'"
 check "fetch --fill random is refused: exit 2" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1' --verify --fill random 2>&1 >/dev/null | grep -q 'fill random is kvx serve'"
 stop_server
 addr=$known

@@ -1,8 +1,10 @@
 /* test_stats.c: histograms count each observation in the smallest power-of-two bucket that
- * holds it, and the Prometheus text has every metric with HELP and TYPE, cumulative buckets
- * ending in +Inf, seconds for microseconds, and the agent label escaped. */
+ * holds it, the list of stats fields covers kvx_agent_stats_t field by field, and the
+ * Prometheus text has every one of them with HELP and TYPE, cumulative buckets ending in
+ * +Inf, seconds for microseconds, and the agent label escaped. */
 #include "stats.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -91,11 +93,93 @@ static void prometheus_text_is_complete_and_cumulative(void **state)
     free(text);
 }
 
+/* The bytes a field of `kind` takes in kvx_agent_stats_t. */
+static size_t field_size(kvx_stat_kind_t kind)
+{
+    return kind == KVX_STAT_KIND_HISTOGRAM ? sizeof(kvx_histogram_t) : sizeof(uint64_t);
+}
+
+/* Issue 24: one list of the stats. Its entries follow each other through the struct with no
+ * gap and end at its end, so a field added to kvx_agent_stats_t without its line in
+ * src/stats_fields.c fails here; no two share a name or a metric. */
+static void stats_fields_tile_the_struct(void **state)
+{
+    size_t count;
+    const kvx_stat_field_t *fields = kvx_agent_stats_fields(&count);
+    size_t end                     = 0;
+
+    (void)state;
+    assert_true(count > 0);
+    for (size_t i = 0; i < count; i++) {
+        const kvx_stat_field_t *f = &fields[i];
+
+        if (f->offset != end)
+            fail_msg("stats field %s at offset %zu, expected %zu: a field of kvx_agent_stats_t "
+                     "before it is missing from src/stats_fields.c",
+                     f->name, f->offset, end);
+        end += field_size(f->kind);
+        assert_true(f->kind <= KVX_STAT_KIND_HISTOGRAM);
+        assert_true(f->help[0] != '\0' && f->scale > 0);
+        for (size_t j = 0; j < i; j++) {
+            assert_string_not_equal(fields[j].name, f->name);
+            assert_string_not_equal(fields[j].metric, f->metric);
+        }
+    }
+    if (end != sizeof(kvx_agent_stats_t))
+        fail_msg("the stats fields end at %zu of kvx_agent_stats_t's %zu bytes: its last fields "
+                 "are missing from src/stats_fields.c",
+                 end, sizeof(kvx_agent_stats_t));
+}
+
+/* Every field is in the Prometheus text with its HELP, its TYPE and its own value: each field
+ * gets a different one, so a line that printed another field's would show. */
+static void prometheus_text_has_every_field(void **state)
+{
+    size_t count;
+    const kvx_stat_field_t *fields = kvx_agent_stats_fields(&count);
+    kvx_agent_stats_t stats        = {0};
+    char *text;
+
+    (void)state;
+    for (size_t i = 0; i < count; i++) {
+        char *at       = (char *)&stats + fields[i].offset;
+        uint64_t value = 1000 + i;
+
+        if (fields[i].kind == KVX_STAT_KIND_HISTOGRAM) {
+            for (uint64_t n = 0; n < value; n++)
+                histogram_add((kvx_histogram_t *)at, 1);
+        } else {
+            memcpy(at, &value, sizeof(value));
+        }
+    }
+    assert_int_equal(kvx_agent_stats_prometheus(&stats, "a", &text), KVX_OK);
+    for (size_t i = 0; i < count; i++) {
+        const kvx_stat_field_t *f        = &fields[i];
+        static const char *const types[] = {"counter", "gauge", "histogram"};
+        char line[256];
+
+        snprintf(line, sizeof(line), "# HELP kvx_%s %s\n# TYPE kvx_%s %s\n", f->metric, f->help,
+                 f->metric, types[f->kind]);
+        if (strstr(text, line) == NULL)
+            fail_msg("no HELP and TYPE lines for %s: expected \"%s\"", f->name, line);
+        snprintf(line, sizeof(line), "\nkvx_%s%s{agent=\"a\"} ", f->metric,
+                 f->kind == KVX_STAT_KIND_HISTOGRAM ? "_count" : "");
+        if (strstr(text, line) == NULL)
+            fail_msg("no value line for %s: expected \"%s\"", f->name, line + 1);
+        assert_true(fabs(metric(text, line) -
+                         (double)(1000 + i) * (f->kind == KVX_STAT_KIND_HISTOGRAM ? 1 : f->scale)) <
+                    1e-6);
+    }
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(observations_land_in_power_of_two_buckets),
         cmocka_unit_test(prometheus_text_is_complete_and_cumulative),
+        cmocka_unit_test(stats_fields_tile_the_struct),
+        cmocka_unit_test(prometheus_text_has_every_field),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -716,6 +716,74 @@ static void a_verification_not_answered_fails_at_the_deadline(void **state)
     assert_int_equal(session_close(&t).done_unknown, 0);
 }
 
+/* Issue 23: a prefill agent hashes a checksum request a slice a turn. A request of 64 MiB
+ * (CHECKSUM_MAX_BYTES) to an agent in this process, whose turns the test runs one at a time:
+ * no turn hashes more than 4 MiB (AGENT_HASH_BYTES_PER_TURN, docs/agent.md "Nothing blocks
+ * the caller"), so it takes at least 16 turns, and the answer, which comes only once every
+ * byte was hashed, is the checksum of the whole range. Counted in bytes hashed (the stats),
+ * not in time. */
+#define HASH_BYTES_PER_TURN (4u << 20)
+static void a_checksum_request_is_hashed_a_slice_a_turn(void **state)
+{
+    static const char layout[] =
+        "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 67108864}], 'views': ["
+        "{'name': 'layers.0.mla', 'kind': 'mla', 'storage': 'kv', 'page': 1048576,"
+        " 'stride': 1048576, 'num_blocks': 64}]}";
+    kvx_agent_params_t params   = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN,
+                                   .listen     = "127.0.0.1:0"};
+    struct checksum_range whole = {0, 0, CHECKSUM_MAX_BYTES};
+    uint8_t body[CHECKSUM_MAX_REQUEST_SIZE];
+    struct sidechan_client *client;
+    struct auth_keys keys;
+    kvx_agent_stats_t stats;
+    kvx_agent_t *agent;
+    uint64_t hashed = 0;
+    uint64_t size   = 0;
+    uint64_t deadline;
+    uint64_t sum;
+    uint8_t *base;
+    size_t turns = 0;
+    char *answer = NULL;
+    size_t answer_size;
+    uint64_t id;
+    void *zmq;
+
+    (void)state;
+    assert_int_equal(agent_from_quoted(layout, &params, &agent), KVX_OK);
+    base = kvx_agent_storage(agent, 0, &size);
+    assert_int_equal(size, CHECKSUM_MAX_BYTES);
+    random_fill(base, size, 7, 0);
+    assert_int_equal(auth_keys_derive(test_auth_key, &keys), KVX_OK);
+    zmq = zmq_ctx_new();
+    assert_int_equal(
+        sidechan_client_create(zmq, kvx_agent_listen_address(agent), &keys, 8, &client), KVX_OK);
+    assert_int_equal(sidechan_client_send(client, VERB_CHECKSUM, 1, body,
+                                          checksum_request_encode(&whole, 1, body)),
+                     KVX_OK);
+    deadline = clock_ms() + 20000; /* a bound on a hang, not a timing */
+    while (answer == NULL && clock_ms() < deadline) {
+        kvx_agent_progress(agent, 1); /* at most one turn that does something */
+        kvx_agent_stats(agent, &stats, sizeof(stats));
+        if (stats.verify_bytes_hashed - hashed > HASH_BYTES_PER_TURN)
+            fail_msg("one turn hashed %" PRIu64 " bytes", stats.verify_bytes_hashed - hashed);
+        turns += stats.verify_bytes_hashed > hashed;
+        hashed = stats.verify_bytes_hashed;
+        if (sidechan_client_readable(client) &&
+            sidechan_client_recv(client, &id, &answer, &answer_size)) {
+            assert_int_equal(id, 1);
+            assert_int_equal(hashed, CHECKSUM_MAX_BYTES); /* answered only when all was */
+        }
+    }
+    assert_non_null(answer);
+    assert_true(turns >= CHECKSUM_MAX_BYTES / HASH_BYTES_PER_TURN);
+    assert_true(checksum_answer_decode(answer, answer_size, 1, &sum));
+    assert_true(sum == XXH3_64bits(base, CHECKSUM_MAX_BYTES));
+    free(answer);
+    sidechan_client_destroy(client);
+    zmq_ctx_term(zmq);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -726,6 +794,7 @@ int main(void)
         cmocka_unit_test(a_verification_not_answered_fails_at_the_deadline),
         cmocka_unit_test(verified_pulls_and_pushes_on_the_example_layouts),
         cmocka_unit_test(verified_pulls_and_pushes_on_the_model_layouts),
+        cmocka_unit_test(a_checksum_request_is_hashed_a_slice_a_turn), /* forks nothing */
     };
 
     setenv("UCX_NET_DEVICES", "lo", 0);

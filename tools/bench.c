@@ -53,7 +53,7 @@ static const char usage_bench[] =
     "  --block-sizes LIST   bytes per block, suffixes K, M, G (powers of 1024)\n"
     "  --batch N            blocks per transfer; default 16\n"
     "  --iters N            timed transfers per point; default 100 (workload: 10)\n"
-    "  --transports LIST    UCX transports of both agents; default sm,cma,tcp\n"
+    "  --transports LIST    UCX transports of both agents; default " KVX_DEFAULT_TRANSPORTS "\n"
     "  --push-transports LIST  P's push writers' UCX transports; default tcp (docs/security.md)\n"
     "  --auth FILE          the side channel's secret; default KVX_AUTH_FILE's, else one made\n"
     "                       for this run (--peer and --listen need the same file on both)\n"
@@ -535,10 +535,9 @@ int bench_main(int argc, char **argv)
 
     if (ret >= 0)
         return ret;
-    if (a.auth == NULL)
-        a.auth = getenv("KVX_AUTH_FILE");
-    if ((a.auth != NULL && a.auth[0] != '\0' ? kvx_auth_key_load(a.auth, a.key)
-                                             : kvx_auth_key_generate(a.key)) != KVX_OK)
+    a.auth = kvx_auth_file(a.auth);
+    if ((a.auth != NULL ? kvx_auth_key_load(a.auth, a.key) : kvx_auth_key_generate(a.key)) !=
+        KVX_OK)
         return cli_fail(KVX_ERR_INVALID);
     if (getenv("UCX_NET_DEVICES") == NULL)
         setenv("UCX_NET_DEVICES", "lo", 1); /* the bench stays on loopback */

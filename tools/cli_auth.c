@@ -47,11 +47,10 @@ bool cli_auth(const char *file, bool insecure, uint8_t key[KVX_AUTH_KEY_LEN],
         params->insecure = true;
         return true;
     }
-    if (file == NULL)
-        file = getenv("KVX_AUTH_FILE");
-    if (file == NULL || file[0] == '\0') {
-        cli_errorf("no auth key: give --auth FILE or KVX_AUTH_FILE (kvx auth-key FILE makes "
-                   "one), or --insecure on loopback only");
+    file = kvx_auth_file(file);
+    if (file == NULL) {
+        cli_errorf("no auth key: give --auth FILE or " KVX_AUTH_FILE_ENV " (kvx auth-key FILE "
+                   "makes one), or --insecure on loopback only");
         return false;
     }
     status = kvx_auth_key_load(file, key);

@@ -249,10 +249,9 @@ int demo_run(const char *layout_path, const char *auth_file, enum cli_memory mem
     int child_status;
 
     if (status == KVX_OK) {
-        if (auth_file == NULL)
-            auth_file = getenv("KVX_AUTH_FILE");
-        status = auth_file != NULL && auth_file[0] != '\0' ? kvx_auth_key_load(auth_file, demo_key)
-                                                           : kvx_auth_key_generate(demo_key);
+        auth_file = kvx_auth_file(auth_file);
+        status    = auth_file != NULL ? kvx_auth_key_load(auth_file, demo_key)
+                                      : kvx_auth_key_generate(demo_key);
     }
     if (status != KVX_OK) {
         kvx_layout_destroy(layout);

@@ -2,6 +2,8 @@
  * only: every number comes from the library. */
 #include "plan_print.h"
 
+#include "stats_json.h"
+
 #include <inttypes.h>
 #include <string.h>
 
@@ -81,23 +83,6 @@ void plan_print_table(FILE *out, const kvx_regions_t *regions)
     plan_print_totals(out, regions);
 }
 
-/* A JSON string: quotes, backslashes and control bytes escaped (storage names are bytes). */
-static void json_string(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char)*s;
-
-        if (c == '"' || c == '\\')
-            fprintf(out, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(out, "\\u%04x", c);
-        else
-            fputc(c, out);
-    }
-    fputc('"', out);
-}
-
 /* Pairs shown per read rank in the readable output. */
 #define PAIRS_SHOWN 8
 
@@ -116,9 +101,9 @@ static void print_pairs_json(FILE *out, const kvx_regions_t *local, const kvx_re
         fprintf(out, "%s\n    {\"remote_rank\": %" PRIu32 ", \"pairs\": [", r > 0 ? "," : "", rank);
         for (size_t i = 0; i < count; i++) {
             fprintf(out, "%s\n      [", i > 0 ? "," : "");
-            json_string(out, kvx_regions_storage_name(local, p[i].local_storage));
+            json_string_print(out, kvx_regions_storage_name(local, p[i].local_storage));
             fprintf(out, ", %" PRIu64 ", ", p[i].local_offset);
-            json_string(out, kvx_regions_storage_name(remote, p[i].remote_storage));
+            json_string_print(out, kvx_regions_storage_name(remote, p[i].remote_storage));
             fprintf(out, ", %" PRIu64 ", %" PRIu64 "]", p[i].remote_offset, p[i].len);
         }
         fprintf(out, "%s]}", count > 0 ? "\n    " : "");

@@ -19,6 +19,14 @@
 #include <sys/random.h>
 #include <time.h>
 
+/* The library's defaults in the usage text: kvx.h says them once. */
+#define STRING(x)         #x
+#define DEFAULT_TEXT(x)   "default " STRING(x)
+#define TIMEOUT_DEFAULT   DEFAULT_TEXT(KVX_DEFAULT_TIMEOUT_MS)
+#define LEASE_DEFAULT     DEFAULT_TEXT(KVX_DEFAULT_LEASE_MS)
+#define HEARTBEAT_DEFAULT DEFAULT_TEXT(KVX_DEFAULT_HEARTBEAT_MS)
+#define MAX_PUSH_DEFAULT  DEFAULT_TEXT(KVX_DEFAULT_MAX_PUSH_MS)
+
 static const char usage_serve[] =
     "usage: kvx serve LAYOUT --listen HOST:PORT (--auth FILE | --insecure)\n"
     "                 [--tp-rank R --tp-size N] [--fill SEED|random]\n"
@@ -44,19 +52,20 @@ static const char usage_serve[] =
     "                      this prefill rank of a TP group of N; default 0 of 1\n"
     "  --fill SEED|random  the pattern's seed (default 1), or random: the pattern of a seed\n"
     "                      drawn from the kernel and never shown\n"
-    "  --transports LIST   UCX transports; default sm,cma,tcp (and cuda_copy,cuda_ipc\n"
-    "                      with --memory cuda)\n"
+    "  --transports LIST   UCX transports; default " KVX_DEFAULT_TRANSPORTS "\n"
+    "                      (and cuda_copy,cuda_ipc with --memory cuda)\n"
     "  --malloc            storages in memory this command allocates with malloc and\n"
     "                      registers as an engine's (default: UCX allocates them)\n"
     "  --memory host|cuda  where the storages live: host memory (default; a layout's\n"
     "                      \"vram\" storages too, said on stderr) or GPU memory kvx\n"
     "                      allocates (filled through a host staging buffer: docs/gpu.md)\n"
     "  --timeout MS        handshake deadline, and how long a push writer may complete\n"
-    "                      nothing before its pushes fail; default 10000\n"
+    "                      nothing before its pushes fail; " TIMEOUT_DEFAULT "\n"
     "  --max-push MS       the longest a push may write: each writes as long as its\n"
-    "                      requester waits (its --timeout), at most MS; default 300000\n"
+    "                      requester waits (its --timeout), at most MS;\n"
+    "                      " MAX_PUSH_DEFAULT "\n"
     "  --lease MS          how long held blocks wait for their done or a heartbeat;\n"
-    "                      default 30000\n"
+    "                      " LEASE_DEFAULT "\n"
     "  --hold ID=BLOCKS    before serving, hold request ID's blocks (the --blocks syntax of\n"
     "                      kvx fetch) until --consumers dones for ID arrived or the lease\n"
     "                      expired; prints \"released request ID\" then. Repeatable\n"
@@ -99,8 +108,8 @@ static const char usage_fetch[] =
     "  --tp-rank R, --tp-size N\n"
     "                      this decode rank of a TP group of N; default 0 of 1. The\n"
     "                      prefill ranks' TP size comes from their handshake\n"
-    "  --transports LIST   UCX transports; default sm,cma,tcp (and cuda_copy,cuda_ipc\n"
-    "                      with --memory cuda)\n"
+    "  --transports LIST   UCX transports; default " KVX_DEFAULT_TRANSPORTS "\n"
+    "                      (and cuda_copy,cuda_ipc with --memory cuda)\n"
     "  --malloc            storages in memory this command allocates with malloc and\n"
     "                      registers as an engine's (default: UCX allocates them)\n"
     "  --push              ask the prefill ranks to write the blocks in (push mode) instead\n"
@@ -108,14 +117,15 @@ static const char usage_fetch[] =
     "  --fill SEED         with --verify: the seed kvx serve used, for the pattern check\n"
     "  --memory host|cuda  where the storages live, as kvx serve's; --verify reads GPU\n"
     "                      storages back into host memory to check them\n"
-    "  --timeout MS        handshake and transfer deadline; default 10000\n"
+    "  --timeout MS        handshake and transfer deadline; " TIMEOUT_DEFAULT "\n"
     "  --request ID        the request id read (and notified done); default 1. A prefill\n"
     "                      rank that holds ID (kvx serve --hold) releases it on the done\n"
     "  --token HEX         the hold's token (kvx serve --hold printed or was given it): a\n"
     "                      done or heartbeat without it does not count\n"
     "  --want              want the request from every peer before reading: heartbeats\n"
     "                      carry its id, which keeps its lease alive on the prefill side\n"
-    "  --heartbeat MS      heartbeat interval; a peer silent for three is dead; default 5000\n"
+    "  --heartbeat MS      heartbeat interval; a peer silent for three is dead;\n"
+    "                      " HEARTBEAT_DEFAULT "\n"
     "  --wait-before-read MS\n"
     "                      connect (and want), then wait MS, heartbeating, before reading;\n"
     "                      prints \"waiting MS ms before reading request ID\" on stderr\n"
@@ -144,10 +154,12 @@ struct agent_args {
     uint64_t tp_rank;
     uint64_t tp_size;
     uint64_t seed;
-    uint64_t timeout_ms;
+    uint64_t timeout_ms; /* the agent's default (kvx.h) unless given */
     uint64_t lease_ms;
     uint64_t heartbeat_ms;
-    uint64_t max_push_ms; /* serve: 0 when not given (the agent's default) */
+    uint64_t max_push_ms;  /* serve */
+    uint64_t given_fields; /* KVX_AGENT_PARAM_FIELD_* bits of the options given: only those
+                              are set, so the agent's defaults hold for the others */
     const char *metrics;
     const char *auth;             /* --auth FILE */
     const char *token;            /* --token HEX, as given */
@@ -170,22 +182,26 @@ struct agent_args {
 };
 
 /* The options that take a number, with their smallest and largest values (times: up to an
- * hour). */
+ * hour), and the agent param each one sets (0: none, the command's own). */
 static const struct number_option {
     const char *name;
     size_t offset; /* of the uint64_t in struct agent_args */
     uint64_t min;
     uint64_t max;
+    uint64_t field; /* KVX_AGENT_PARAM_FIELD_* */
 } number_options[] = {
-    {"--tp-rank", offsetof(struct agent_args, tp_rank), 0, KVX_MAX_TP},
-    {"--tp-size", offsetof(struct agent_args, tp_size), 0, KVX_MAX_TP},
-    {"--timeout", offsetof(struct agent_args, timeout_ms), 0, 3600000},
-    {"--lease", offsetof(struct agent_args, lease_ms), 0, 3600000},
-    {"--heartbeat", offsetof(struct agent_args, heartbeat_ms), 1, 3600000},
-    {"--max-push", offsetof(struct agent_args, max_push_ms), 1, 3600000},
-    {"--consumers", offsetof(struct agent_args, consumers), 1, UINT32_MAX},
-    {"--request", offsetof(struct agent_args, request_id), 0, UINT64_MAX},
-    {"--wait-before-read", offsetof(struct agent_args, wait_before_read_ms), 0, 3600000},
+    {"--tp-rank", offsetof(struct agent_args, tp_rank), 0, KVX_MAX_TP, 0},
+    {"--tp-size", offsetof(struct agent_args, tp_size), 0, KVX_MAX_TP, 0},
+    {"--timeout", offsetof(struct agent_args, timeout_ms), 0, 3600000,
+     KVX_AGENT_PARAM_FIELD_TIMEOUT_MS},
+    {"--lease", offsetof(struct agent_args, lease_ms), 0, 3600000, KVX_AGENT_PARAM_FIELD_LEASE_MS},
+    {"--heartbeat", offsetof(struct agent_args, heartbeat_ms), 1, 3600000,
+     KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS},
+    {"--max-push", offsetof(struct agent_args, max_push_ms), 1, 3600000,
+     KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS},
+    {"--consumers", offsetof(struct agent_args, consumers), 1, UINT32_MAX, 0},
+    {"--request", offsetof(struct agent_args, request_id), 0, UINT64_MAX, 0},
+    {"--wait-before-read", offsetof(struct agent_args, wait_before_read_ms), 0, 3600000, 0},
 };
 
 static const struct number_option *number_option_find(const char *arg)
@@ -209,6 +225,7 @@ static bool number_option_parse(const struct number_option *o, const char *text,
         cli_errorf("%s: %s is less than %" PRIu64, o->name, text, o->min);
         return false;
     }
+    a->given_fields |= o->field;
     return true;
 }
 
@@ -217,9 +234,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
 {
     a->tp_size      = 1;
     a->seed         = 1;
-    a->timeout_ms   = 10000;
-    a->lease_ms     = 30000;
-    a->heartbeat_ms = 5000;
+    a->timeout_ms   = KVX_DEFAULT_TIMEOUT_MS;
+    a->lease_ms     = KVX_DEFAULT_LEASE_MS;
+    a->heartbeat_ms = KVX_DEFAULT_HEARTBEAT_MS;
+    a->max_push_ms  = KVX_DEFAULT_MAX_PUSH_MS;
     a->consumers    = 1;
     a->request_id   = 1;
     for (int i = 0; i < argc; i++) {
@@ -347,11 +365,11 @@ static int agent_prepare(const struct agent_args *a, bool listen, uint8_t key[KV
 
     *params = (kvx_agent_params_t){
         .field_mask = KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE |
-                      KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
-                      KVX_AGENT_PARAM_FIELD_LEASE_MS | KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS,
+                      KVX_AGENT_PARAM_FIELD_NAME | a->given_fields,
         .timeout_ms   = (uint32_t)a->timeout_ms,
         .lease_ms     = (uint32_t)a->lease_ms,
         .heartbeat_ms = (uint32_t)a->heartbeat_ms,
+        .max_push_ms  = (uint32_t)a->max_push_ms,
         .name         = listen ? "kvx serve" : "kvx fetch",
         .tp_rank      = (uint32_t)a->tp_rank,
         .tp_size      = (uint32_t)a->tp_size,
@@ -366,10 +384,6 @@ static int agent_prepare(const struct agent_args *a, bool listen, uint8_t key[KV
     cli_layout_memory(*layout_p, a->memory, listen ? "serve" : "fetch");
     if (listen)
         params->field_mask |= KVX_AGENT_PARAM_FIELD_LISTEN;
-    if (a->max_push_ms > 0) {
-        params->field_mask |= KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS;
-        params->max_push_ms = (uint32_t)a->max_push_ms;
-    }
     if (a->transports != NULL)
         params->field_mask |= KVX_AGENT_PARAM_FIELD_TRANSPORTS;
     return -1;
@@ -732,7 +746,7 @@ int command_fetch(int argc, char **argv)
     if (ret > 0)
         goto out;
     if (a.peers == NULL || a.blocks == NULL || a.listen != NULL || a.num_holds > 0 ||
-        a.max_push_ms > 0) {
+        (a.given_fields & KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS) != 0) {
         ret = cli_usage_error("fetch: needs --peer and --blocks, takes no --listen, --hold or "
                               "--max-push",
                               usage_fetch);

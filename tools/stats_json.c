@@ -5,19 +5,22 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 void json_string_print(FILE *out, const char *text)
 {
-    fputc('"', out);
-    for (const unsigned char *c = (const unsigned char *)text; *c != '\0'; c++) {
-        if (*c == '"' || *c == '\\')
-            fprintf(out, "\\%c", *c);
-        else if (*c < 0x20)
-            fprintf(out, "\\u%04x", *c);
-        else
-            fputc(*c, out);
-    }
-    fputc('"', out);
+    char small[256]; /* most strings: an error message, a name */
+    size_t len = kvx_json_quote(small, sizeof(small), text);
+    char *big  = len < sizeof(small) ? NULL : malloc(len + 1);
+
+    if (len < sizeof(small))
+        fputs(small, out);
+    else if (big != NULL && kvx_json_quote(big, len + 1, text) == len)
+        fputs(big, out);
+    else
+        fputs("null", out); /* out of memory: still a JSON value */
+    free(big);
 }
 
 /* The upper bound of the bucket holding quantile `q`: the figure is at most this. */
@@ -42,40 +45,24 @@ static void histogram_print(FILE *out, const char *name, const kvx_histogram_t *
             name, h->count, h->sum, histogram_quantile(h, 0.5), histogram_quantile(h, 0.99));
 }
 
+/* Every field of the library's list, under its name in kvx_agent_stats_t. */
 void stats_json_print(FILE *out, const kvx_agent_stats_t *s)
 {
-    fprintf(out,
-            "{\"transfers\": %" PRIu64 ", \"transfers_failed\": %" PRIu64 ", \"bytes\": %" PRIu64
-            ", \"notifications_failed\": %" PRIu64 ", \"heartbeats_sent\": %" PRIu64
-            ", \"heartbeats_missed\": %" PRIu64 ", \"peers_dead\": %" PRIu64
-            ", \"peers_idle\": %" PRIu64 ", ",
-            s->transfers, s->transfers_failed, s->bytes, s->notifications_failed,
-            s->heartbeats_sent, s->heartbeats_missed, s->peers_dead, s->peers_idle);
-    histogram_print(out, "transfer_us", &s->transfer_us);
-    fputs(", ", out);
-    histogram_print(out, "post_us", &s->post_us);
-    fputs(", ", out);
-    histogram_print(out, "transfer_bytes", &s->transfer_bytes);
-    fputs(", ", out);
-    histogram_print(out, "transfer_descriptors", &s->transfer_descriptors);
-    fprintf(out,
-            ", \"notifications\": %" PRIu64 ", \"notifications_dropped\": %" PRIu64
-            ", \"held\": %" PRIu64 ", \"released\": %" PRIu64 ", \"done_unknown\": %" PRIu64
-            ", \"leases_expired\": %" PRIu64 ", \"auth_refused\": %" PRIu64
-            ", \"peers_refused\": %" PRIu64 ", \"handshakes_refused\": %" PRIu64
-            ", \"tokens_refused\": %" PRIu64 ", ",
-            s->notifications, s->notifications_dropped, s->held, s->released, s->done_unknown,
-            s->leases_expired, s->auth_refused, s->peers_refused, s->handshakes_refused,
-            s->tokens_refused);
-    fprintf(out,
-            "\"transfers_verified\": %" PRIu64 ", \"verify_mismatches\": %" PRIu64
-            ", \"verify_failed\": %" PRIu64 ", \"verify_bytes_hashed\": %" PRIu64
-            ", \"verify_ns\": %" PRIu64 ", \"verify_served\": %" PRIu64
-            ", \"verify_refused\": %" PRIu64 ", ",
-            s->transfers_verified, s->verify_mismatches, s->verify_failed, s->verify_bytes_hashed,
-            s->verify_ns, s->verify_served, s->verify_refused);
-    fprintf(out,
-            "\"data_reads_served\": %" PRIu64 ", \"data_writes_served\": %" PRIu64
-            ", \"data_refused\": %" PRIu64 "}",
-            s->data_reads_served, s->data_writes_served, s->data_refused);
+    size_t count;
+    const kvx_stat_field_t *fields = kvx_agent_stats_fields(&count);
+
+    fputc('{', out);
+    for (size_t i = 0; i < count; i++) {
+        const char *at = (const char *)s + fields[i].offset;
+        uint64_t value;
+
+        fputs(i > 0 ? ", " : "", out);
+        if (fields[i].kind == KVX_STAT_KIND_HISTOGRAM) {
+            histogram_print(out, fields[i].name, (const kvx_histogram_t *)at);
+            continue;
+        }
+        memcpy(&value, at, sizeof(value));
+        fprintf(out, "\"%s\": %" PRIu64, fields[i].name, value);
+    }
+    fputc('}', out);
 }

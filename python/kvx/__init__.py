@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import threading
+import warnings
 import time
 
 from . import _kvx
@@ -36,7 +37,8 @@ from ._kvx import (  # noqa: F401  (the error classes are part of the API)
 
 __all__ = ["Layout", "Regions", "RegionInfo", "Agent", "Peer", "Transfer", "ReadStats",
            "VerifyResult", "Error",
-           "token_generate", "auth_key_load", "auth_key_generate", "ucx_version"]
+           "token_generate", "auth_key_load", "auth_key_generate", "auth_file", "AUTH_FILE_ENV",
+           "ucx_version"]
 
 RegionInfo = collections.namedtuple(
     "RegionInfo",
@@ -49,6 +51,8 @@ token_generate = _kvx.token_generate
 ucx_version = _kvx.ucx_version  # "1.22.0": what UCX does differs by version (docs/performance.md)
 auth_key_load = _kvx.auth_key_load
 auth_key_generate = _kvx.auth_key_generate
+auth_file = _kvx.auth_file  # the key file: the one given, else KVX_AUTH_FILE's, else None
+AUTH_FILE_ENV = _kvx.AUTH_FILE_ENV
 
 
 class Regions:
@@ -113,9 +117,11 @@ class Layout:
         return self._handle.storage_mems()
 
     def in_host_memory(self):
-        """Turns the layout's "vram" storages into host memory and returns how many changed:
-        kvx never registers host buffers for a GPU storage on its own."""
-        return self._handle.in_host_memory()
+        """Turns the layout's "vram" storages into host memory, as `kvx serve --memory host`
+        does, and returns the layout (Layout.load(path).in_host_memory() reads as it should).
+        An Agent given host memory for a "vram" storage does this for that storage itself."""
+        self._handle.in_host_memory()
+        return self
 
 
 _DLPACK_CPU, _DLPACK_CUDA = 1, 2  # DLPack's device types kDLCPU and kDLCUDA
@@ -409,11 +415,16 @@ class Agent:
             if name not in memory:
                 continue
             kind, registered = memory[name]
-            if kind != mem:
+            if kind == "dram" and mem == "vram":
+                # The layout describes a deployment, the buffer says what it is: host memory
+                # for a GPU storage is registered as host memory, as `kvx serve` does by default.
+                warnings.warn("kvx: storage %s is \"vram\" in the layout; its memory is host "
+                              "memory, registered as such" % name, stacklevel=3)
+                self._layout._handle.in_host_memory(self._names.index(name))
+            elif kind != mem:
                 raise ValueError(
-                    "memory: storage %s is \"%s\" in the layout, its memory is %s" % (
-                        name, mem, "GPU memory" if kind == "vram" else "host memory")
-                    + (" (layout.in_host_memory() makes it host memory)" if mem == "vram" else ""))
+                    "memory: storage %s is \"%s\" in the layout, its memory is GPU memory "
+                    "(a GPU storage is \"vram\" in the layout file)" % (name, mem))
             nbytes = registered[1] if isinstance(registered, tuple) else None
             if nbytes is None:
                 view = memoryview(registered)
@@ -428,13 +439,13 @@ class Agent:
     @staticmethod
     def _auth_key(auth):
         if auth is None:
-            auth = os.environ.get("KVX_AUTH_FILE")
-            if not auth:
+            auth = _kvx.auth_file()
+            if auth is None:
                 raise InvalidError("no auth key: give auth= (a key file or its secret), set "
-                                   "KVX_AUTH_FILE, or insecure=True on loopback", -1)
+                                   "%s, or insecure=True on loopback" % AUTH_FILE_ENV, -1)
         if isinstance(auth, (bytes, bytearray)):
             return bytes(auth)
-        return _kvx.auth_key_load(os.fspath(auth))
+        return _kvx.auth_key_load(os.path.expanduser(os.fspath(auth)))
 
     def _agent(self, listen=None):
         with self._create_lock:

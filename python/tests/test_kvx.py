@@ -38,7 +38,8 @@ class Prefill:
     """A prefill process on `layout_path`, holding request 7's `blocks`."""
 
     def __init__(self, layout_path, blocks, rank=0, size=1):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        # UCX logs to stderr: stdout carries the JSON lines read here (test_threads.py says why)
+        env = dict(os.environ, UCX_LOG_FILE="stderr", PYTHONPATH=os.pathsep.join(
             [os.environ.get("PYTHONPATH", ""), str(HERE)]))
         self.process = subprocess.Popen(
             [sys.executable, str(HERE / "prefill.py"), str(layout_path),
@@ -230,6 +231,42 @@ def test_no_secret_is_refused_unless_insecure(monkeypatch):
         assert len(agent.storage("kv")) == 65536
 
 
+def test_auth_file_is_resolved_by_the_library(monkeypatch, secret):
+    """Issue 24: KVX_AUTH_FILE is looked up in one place, the library's kvx_auth_file, which
+    the C commands, kvx.Agent and the vLLM connector all ask: a file given wins, an empty
+    one is none, and without the variable there is no file."""
+    assert kvx.AUTH_FILE_ENV == "KVX_AUTH_FILE"
+    assert kvx.auth_file() == str(secret)
+    assert kvx.auth_file("/given.key") == "/given.key"
+    assert kvx.auth_file(pathlib.Path("/given.key")) == "/given.key"
+    assert kvx.auth_file("") == str(secret)
+    monkeypatch.setenv("KVX_AUTH_FILE", "")
+    assert kvx.auth_file() is None
+    monkeypatch.delenv("KVX_AUTH_FILE")
+    assert kvx.auth_file() is None
+    with pytest.raises(kvx.InvalidError, match="KVX_AUTH_FILE"):
+        kvx.Agent(kvx.Layout.from_dict(SMALL))
+
+
+def test_stats_has_every_field_of_kvx_agent_stats_t():
+    """Issue 24: stats() walks the library's list of stats fields, so every field that
+    kvx.h declares (read from the header, not from that list) is a key: a histogram as its
+    _count and _sum."""
+    sys.path.insert(0, str(SOURCE / "tests/support"))
+    try:
+        from stats_fields import stats_fields
+    finally:
+        sys.path.pop(0)
+    want = set()
+    for name, kind in stats_fields(SOURCE / "include/kvx.h"):
+        want |= {name + "_count", name + "_sum"} if kind == "histogram" else {name}
+    with kvx.Agent(kvx.Layout.from_dict(SMALL), insecure=True) as agent:
+        stats = agent.stats()
+    assert "done_repeated" in want and "post_us_count" in want
+    assert set(stats) == want | {"released_dropped", "logs_dropped"}
+    assert all(isinstance(v, int) and v >= 0 for v in stats.values())
+
+
 def test_tp2_to_1_and_asyncio(tmp_path):
     """Two prefill ranks hold half of every layer's heads each; one decode rank reads both
     halves, once blocking and once awaited in asyncio."""
@@ -319,14 +356,30 @@ def test_cuda_memory_for_a_vram_storage_is_refused_by_name_unless_it_is_device_m
         agent.stats()
 
 
-def test_memory_of_the_wrong_kind_is_refused_before_any_agent():
+def test_gpu_memory_for_a_host_storage_is_refused_before_any_agent():
     with pytest.raises(ValueError, match=r'storage kv is "dram" in the layout, its memory is '
                                          r'GPU memory'):
         kvx.Agent(kvx.Layout.from_dict(SMALL), {"kv": CudaArray(np.zeros(65536, np.uint8))},
                   insecure=True)
-    with pytest.raises(ValueError, match=r'storage kv is "vram" in the layout, its memory is '
-                                         r'host memory \(layout.in_host_memory\(\)'):
-        kvx.Agent(kvx.Layout.from_dict(VRAM), {"kv": np.zeros(65536, np.uint8)}, insecure=True)
+
+
+def test_host_memory_for_a_vram_storage_is_registered_as_host_memory_with_a_note():
+    """Issue 24 item 1: the buffer says what it is; the layout's "vram" describes a deployment.
+    The agent registers it (a host-only build too) and says so once."""
+    layout = kvx.Layout.from_dict(VRAM)
+    cache = np.zeros(65536, np.uint8)
+    with pytest.warns(UserWarning, match=r'storage kv is "vram" in the layout; its memory is '
+                                         r'host memory, registered as such'):
+        agent = kvx.Agent(layout, {"kv": cache}, insecure=True)
+    with agent:
+        assert layout.storage_mems() == ["dram"]
+        agent.write_storage("kv", 100, b"kvx")
+        assert bytes(cache[100:103]) == b"kvx"  # registered in place, no copy
+
+
+def test_in_host_memory_returns_the_layout_for_chaining():
+    layout = kvx.Layout.from_dict(VRAM).in_host_memory()
+    assert isinstance(layout, kvx.Layout) and layout.storage_mems() == ["dram"]
 
 
 def test_cuda_array_interface_memory_must_be_writable_contiguous_and_large_enough():

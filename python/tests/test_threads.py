@@ -46,9 +46,12 @@ class Prefill:
     """threads_prefill.py holding `holds`: [(first_id, last_id, {group: [ids]})]."""
 
     def __init__(self, layout_path, holds):
+        # Its stdout carries the JSON lines read here, so UCX logs to stderr: UCX 1.22 logs an
+        # ERROR line ("shmat ... failed") when a decode process it answers has dropped its agent.
         self.process = subprocess.Popen(
             [sys.executable, str(HERE / "threads_prefill.py"), str(layout_path), json.dumps(holds)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=dict(ENV, UCX_LOG_FILE="stderr"))
         line = json.loads(self.process.stdout.readline())
         self.address = line["address"]
         self.token = bytes.fromhex(line["token"])

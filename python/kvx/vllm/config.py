@@ -6,6 +6,8 @@ and a misspelt key is refused naming it rather than ignored."""
 import dataclasses
 import os
 
+from .. import AUTH_FILE_ENV, auth_file
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -13,8 +15,8 @@ class Settings:
     auth_file: str | None = None  # the deployment's secret (default: KVX_AUTH_FILE)
     insecure: bool = False  # no secret: the side channel listens on loopback only
     listen: str | None = None  # P's kvx address, HOST or HOST:PORT (port 0: a free one)
-    timeout_ms: int | None = None  # handshake and transfer deadline (kvx default 10000)
-    lease_ms: int | None = None  # how long P holds blocks nobody reads (kvx default 30000)
+    timeout_ms: int | None = None  # handshake and transfer deadline (kvx.h KVX_DEFAULT_TIMEOUT_MS)
+    lease_ms: int | None = None  # how long P holds blocks nobody reads (KVX_DEFAULT_LEASE_MS)
     verify_one_in: int = 0  # verify every Nth transfer with checksums (0: none)
 
 
@@ -56,11 +58,11 @@ def auth_of(settings):
     there is no secret at all, saying how to give one."""
     if settings.insecure:
         return {"insecure": True}
-    path = settings.auth_file or os.environ.get("KVX_AUTH_FILE")
-    if not path:
+    path = auth_file(settings.auth_file)
+    if path is None:
         raise ValueError("kvx: no secret: set kv_connector_extra_config.auth_file or "
-                         "KVX_AUTH_FILE to a key file both sides share (kvx keygen FILE), or "
-                         "\"insecure\": true on loopback")
+                         "%s to a key file both sides share (kvx auth-key FILE), or "
+                         "\"insecure\": true on loopback" % AUTH_FILE_ENV)
     return {"auth": path}
 
 
