@@ -914,6 +914,20 @@ KVX_API void kvx_unwant(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num
 KVX_API kvx_status_t kvx_agent_connect(kvx_agent_t *agent, const char *address,
                                        kvx_peer_t **peer_p);
 
+/* Decode side, before an agent exists: the checks of kvx_agent_connect's handshake without
+ * its memory. Fetches the metadata of the agent listening at `address` over the side channel
+ * that `params` describe (its auth key or insecure, timeout_ms, and our tp_rank and tp_size;
+ * the rest is ignored) and checks it against `local` as a connect would: the compatibility
+ * hash, then the region table. So a worker with a large cache can learn that nothing listens
+ * there, that the key or the layout differs, before it allocates and touches gigabytes
+ * (kvx fetch does). Maps no memory, opens no transport, keeps nothing: KVX_OK says a connect
+ * made now would pass these checks (the transport's own, such as TCP segment sizes, come with
+ * the connect). Errors as kvx_agent_connect's, naming the peer: KVX_ERR_PEER_DOWN when nothing
+ * listens at the address (connection refused), so a caller may try again while a prefill
+ * worker starts. */
+KVX_API kvx_status_t kvx_peer_probe(const kvx_regions_t *local, const kvx_agent_params_t *params,
+                                    const char *address);
+
 /* Destroys a peer: every transfer in flight with it fails with KVX_ERR_CANCELED (its callback
  * runs from the next progress, not from here), and its connection is closed before this
  * returns, so nothing it had posted writes our memory afterwards. NULL-safe. */
@@ -1092,6 +1106,16 @@ KVX_API const kvx_pairs_t *kvx_agent_last_pairs(const kvx_agent_t *agent);
 KVX_API kvx_status_t kvx_agent_fill_pattern(kvx_agent_t *agent, uint64_t seed);
 KVX_API kvx_status_t kvx_agent_zero(kvx_agent_t *agent);
 KVX_API kvx_status_t kvx_agent_check_pattern(const kvx_agent_t *agent, uint64_t seed);
+
+/* The fill and the zeroing above for `len` bytes of storage `index` from `offset` on: the
+ * same bytes as the whole-storage calls put there, so a caller can fill gigabytes in steps
+ * and say how far it got (kvx serve and kvx fetch on a terminal). Errors: KVX_ERR_OUT_OF_RANGE
+ * for a range past the storage's end or a storage that is not there (nothing written),
+ * KVX_ERR_IO for a failed device copy. */
+KVX_API kvx_status_t kvx_agent_fill_pattern_range(kvx_agent_t *agent, uint64_t seed, size_t index,
+                                                  uint64_t offset, uint64_t len);
+KVX_API kvx_status_t kvx_agent_zero_range(kvx_agent_t *agent, size_t index, uint64_t offset,
+                                          uint64_t len);
 
 #ifdef __cplusplus
 }

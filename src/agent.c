@@ -12,6 +12,7 @@
 #include "gate.h"
 #include "gpu.h"
 #include "hold.h"
+#include "hostport.h"
 #include "notify.h"
 #include "pattern.h"
 #include "peer.h"
@@ -42,8 +43,8 @@
  * The handshake includes the ZAP answer, which the agent's loop gives: in a busy engine (vLLM
  * on 2 cores, its progress thread waiting for Python's lock) 1 s refused honest decode
  * workers, so the bounds, not the deadline, are what keep strangers from filling it. */
-#define AGENT_HANDSHAKE_MS         5000
-#define AGENT_MIN_HANDSHAKES       256
+#define AGENT_HANDSHAKE_MS          5000
+#define AGENT_MIN_HANDSHAKES        256
 #define AGENT_HANDSHAKES_PER_SOURCE 32
 #define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
 #define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
@@ -484,26 +485,21 @@ kvx_status_t kvx_agent_destroy(kvx_agent_t *agent)
  * insecure, and an insecure one listens only on loopback. */
 static kvx_status_t agent_auth(kvx_agent_t *agent, const kvx_agent_params_t *params)
 {
-    uint64_t mask = params != NULL ? params->field_mask : 0;
-    bool keyed    = (mask & KVX_AGENT_PARAM_FIELD_AUTH_KEY) && params->auth_key != NULL;
+    uint64_t mask         = params != NULL ? params->field_mask : 0;
+    const uint8_t *secret = (mask & KVX_AGENT_PARAM_FIELD_AUTH_KEY) ? params->auth_key : NULL;
+    kvx_status_t status   = auth_keys_choose(secret, agent->insecure, &agent->core.keys);
+    struct hostport hp; /* a name counts by what it resolves to, not by its spelling */
 
-    if (keyed && agent->insecure)
-        return error_set(KVX_ERR_INVALID, "agent: an auth key and insecure: choose one");
-    if (!keyed && !agent->insecure)
-        return error_set(KVX_ERR_INVALID,
-                         "agent: no auth key: give the deployment's secret (auth_key; kvx "
-                         "auth-key makes one), or set insecure for loopback-only use");
-    if (agent->insecure && (mask & KVX_AGENT_PARAM_FIELD_LISTEN) && params->listen != NULL &&
-        !auth_address_is_loopback(params->listen))
-        return error_set(KVX_ERR_INVALID,
-                         "agent: insecure, so it may listen on loopback only, not on \"%.64s\": "
-                         "give an auth key",
-                         params->listen);
-    if (!keyed) {
-        agent->core.keys = (struct auth_keys){.curve = false};
-        return KVX_OK;
-    }
-    return auth_keys_derive(params->auth_key, &agent->core.keys);
+    if (status != KVX_OK || !agent->insecure || !(mask & KVX_AGENT_PARAM_FIELD_LISTEN) ||
+        params->listen == NULL)
+        return status;
+    status = hostport_resolve(params->listen, "listen", &hp);
+    if (status == KVX_OK && !hp.loopback)
+        status = error_set(KVX_ERR_INVALID,
+                           "agent: insecure, so it may listen on loopback only, not on \"%.64s\": "
+                           "give an auth key",
+                           params->listen);
+    return status;
 }
 
 /* Binds the side channel behind its gate: the ZAP handler first, so no connection is ever
@@ -512,12 +508,12 @@ static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
 {
     struct core *core                   = &agent->core;
     const struct sidechan_limits limits = {agent->max_message, AGENT_RECV_HWM, AGENT_HANDSHAKE_MS};
-    const struct gate_limits admission  = {
-         .max_peers      = agent->max_peers,
-         .max_handshakes = agent->max_peers > AGENT_MIN_HANDSHAKES ? agent->max_peers
-                                                                   : AGENT_MIN_HANDSHAKES,
-         .per_source     = AGENT_HANDSHAKES_PER_SOURCE,
-         .handshake_ms   = AGENT_HANDSHAKE_MS};
+    const struct gate_limits admission  = {.max_peers      = agent->max_peers,
+                                           .max_handshakes = agent->max_peers > AGENT_MIN_HANDSHAKES
+                                                                 ? agent->max_peers
+                                                                 : AGENT_MIN_HANDSHAKES,
+                                           .per_source     = AGENT_HANDSHAKES_PER_SOURCE,
+                                           .handshake_ms   = AGENT_HANDSHAKE_MS};
     void *sockets[2];
     size_t n;
     kvx_status_t status =
@@ -779,10 +775,10 @@ void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_
     if (agent->gate != NULL) {
         const struct gate_counters *gate = gate_counters(agent->gate);
 
-        stats.auth_refused    = gate->auth_refused;
-        stats.peers_refused   = gate->peers_refused;
-        stats.peers_connected = gate->connections;
-        stats.handshakes      = gate->handshakes;
+        stats.auth_refused       = gate->auth_refused;
+        stats.peers_refused      = gate->peers_refused;
+        stats.peers_connected    = gate->connections;
+        stats.handshakes         = gate->handshakes;
         stats.handshakes_refused = gate->handshakes_refused;
     }
     stats.dones_rank_refused = agent->holds.ranks_refused;
@@ -802,6 +798,25 @@ kvx_status_t kvx_agent_fill_pattern(kvx_agent_t *agent, uint64_t seed)
 kvx_status_t kvx_agent_zero(kvx_agent_t *agent)
 {
     return pattern_fill_storages(&agent->core, 0, true);
+}
+
+kvx_status_t kvx_agent_fill_pattern_range(kvx_agent_t *agent, uint64_t seed, size_t index,
+                                          uint64_t offset, uint64_t len)
+{
+    char *at            = NULL;
+    kvx_status_t status = agent_storage_range(agent, index, offset, len, &at);
+
+    return status == KVX_OK ? pattern_fill_range(&agent->core, index, offset, len, seed, false)
+                            : status;
+}
+
+kvx_status_t kvx_agent_zero_range(kvx_agent_t *agent, size_t index, uint64_t offset, uint64_t len)
+{
+    char *at            = NULL;
+    kvx_status_t status = agent_storage_range(agent, index, offset, len, &at);
+
+    return status == KVX_OK ? pattern_fill_range(&agent->core, index, offset, len, 0, true)
+                            : status;
 }
 
 kvx_status_t kvx_agent_check_pattern(const kvx_agent_t *agent, uint64_t seed)

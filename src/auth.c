@@ -150,6 +150,21 @@ kvx_status_t auth_keys_derive(const uint8_t secret[KVX_AUTH_KEY_LEN], struct aut
     return KVX_OK;
 }
 
+kvx_status_t auth_keys_choose(const uint8_t *secret, bool insecure, struct auth_keys *keys)
+{
+    if (secret != NULL && insecure)
+        return error_set(KVX_ERR_INVALID, "agent: an auth key and insecure: choose one");
+    if (secret == NULL && !insecure)
+        return error_set(KVX_ERR_INVALID,
+                         "agent: no auth key: give the deployment's secret (auth_key; kvx "
+                         "auth-key makes one), or set insecure for loopback-only use");
+    if (insecure) {
+        *keys = (struct auth_keys){.curve = false};
+        return KVX_OK;
+    }
+    return auth_keys_derive(secret, keys);
+}
+
 kvx_status_t auth_server_socket(void *socket, const struct auth_keys *keys)
 {
     int on = 1;
@@ -171,24 +186,6 @@ kvx_status_t auth_client_socket(void *socket, const struct auth_keys *keys)
         zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, keys->client_secret, AUTH_Z85_SIZE - 1) != 0)
         return error_set(KVX_ERR_INTERNAL, "auth: CURVE client: %s", zmq_strerror(zmq_errno()));
     return KVX_OK;
-}
-
-bool auth_address_is_loopback(const char *address)
-{
-    const char *colon = strrchr(address, ':');
-    size_t host       = colon != NULL ? (size_t)(colon - address) : strlen(address);
-    unsigned a, b, c, d;
-    char tail;
-    char text[64];
-
-    if (host >= sizeof(text))
-        return false;
-    memcpy(text, address, host);
-    text[host] = '\0';
-    if (strcmp(text, "localhost") == 0)
-        return true;
-    return sscanf(text, "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) == 4 && a == 127 && b < 256 &&
-           c < 256 && d < 256;
 }
 
 bool auth_equal(const void *a, const void *b, size_t size)

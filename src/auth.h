@@ -22,13 +22,14 @@ struct auth_keys {
 /* Derives both key pairs from the secret (HMAC-SHA256 with a label per pair). */
 kvx_status_t auth_keys_derive(const uint8_t secret[KVX_AUTH_KEY_LEN], struct auth_keys *keys);
 
+/* Secure by default: the keys derived from `secret`, or none (plain ZeroMQ) when `insecure`;
+ * an agent's params must give exactly one of the two (KVX_ERR_INVALID otherwise). */
+kvx_status_t auth_keys_choose(const uint8_t *secret, bool insecure, struct auth_keys *keys);
+
 /* Sets a socket up as a CURVE server (before bind) or client (before connect); nothing for
  * insecure keys. */
 kvx_status_t auth_server_socket(void *socket, const struct auth_keys *keys);
 kvx_status_t auth_client_socket(void *socket, const struct auth_keys *keys);
-
-/* True when "HOST:PORT" names a loopback host (127.0.0.0/8 or "localhost"). */
-bool auth_address_is_loopback(const char *address);
 
 /* Constant-time equality of two byte strings of `size` bytes (tokens, keys). */
 bool auth_equal(const void *a, const void *b, size_t size);

@@ -73,35 +73,45 @@ static uint64_t pattern_check(const void *actual, uint64_t len, uint64_t seed, u
 /* Bytes staged per device copy: large enough that the copy, not the call, is the cost. */
 #define STAGE_BYTES (64u << 20)
 
-kvx_status_t pattern_fill_storages(struct core *core, uint64_t seed, bool zero)
+kvx_status_t pattern_fill_range(struct core *core, size_t s, uint64_t offset, uint64_t len,
+                                uint64_t seed, bool zero)
 {
-    uint8_t *stage      = NULL;
+    uint8_t *base   = core->bases[s];
+    struct gpu *gpu = core->gpus != NULL ? core->gpus[s] : NULL;
+    uint8_t *stage;
     kvx_status_t status = KVX_OK;
 
-    for (size_t s = 0; s < core->num_storages && status == KVX_OK; s++) {
-        uint64_t size   = core->regions->storage_sizes[s];
-        struct gpu *gpu = core->gpus != NULL ? core->gpus[s] : NULL;
+    if (len == 0)
+        return KVX_OK;
+    if (gpu == NULL) {
+        if (zero)
+            memset(base + offset, 0, len);
+        else
+            pattern_fill(base + offset, len, seed, core->tp_rank, s, offset);
+        return KVX_OK;
+    }
+    stage = malloc(len < STAGE_BYTES ? (size_t)len : STAGE_BYTES);
+    if (stage == NULL)
+        return error_no_memory("a buffer to stage GPU storages");
+    for (uint64_t at = offset; at < offset + len && status == KVX_OK; at += STAGE_BYTES) {
+        size_t chunk = offset + len - at < STAGE_BYTES ? (size_t)(offset + len - at) : STAGE_BYTES;
 
-        if (gpu == NULL) {
-            if (zero)
-                memset(core->bases[s], 0, size);
-            else
-                pattern_fill(core->bases[s], size, seed, core->tp_rank, s, 0);
-            continue;
-        }
-        if (stage == NULL && (stage = malloc(STAGE_BYTES)) == NULL)
-            return error_no_memory("a buffer to stage GPU storages");
-        for (uint64_t at = 0; at < size && status == KVX_OK; at += STAGE_BYTES) {
-            size_t len = size - at < STAGE_BYTES ? (size_t)(size - at) : STAGE_BYTES;
-
-            if (zero)
-                memset(stage, 0, len);
-            else
-                pattern_fill(stage, len, seed, core->tp_rank, s, at);
-            status = gpu_copy(gpu, (uint8_t *)core->bases[s] + at, stage, len);
-        }
+        if (zero)
+            memset(stage, 0, chunk);
+        else
+            pattern_fill(stage, chunk, seed, core->tp_rank, s, at);
+        status = gpu_copy(gpu, base + at, stage, chunk);
     }
     free(stage);
+    return status;
+}
+
+kvx_status_t pattern_fill_storages(struct core *core, uint64_t seed, bool zero)
+{
+    kvx_status_t status = KVX_OK;
+
+    for (size_t s = 0; s < core->num_storages && status == KVX_OK; s++)
+        status = pattern_fill_range(core, s, 0, core->regions->storage_sizes[s], seed, zero);
     return status;
 }
 

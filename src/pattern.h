@@ -14,6 +14,11 @@
  * still zero means something). */
 kvx_status_t pattern_fill_storages(struct core *core, uint64_t seed, bool zero);
 
+/* The same for `len` bytes of storage `s` from `offset` on, which the caller has checked lie
+ * inside it: a fill in steps, so that a command can say how far it got. */
+kvx_status_t pattern_fill_range(struct core *core, size_t s, uint64_t offset, uint64_t len,
+                                uint64_t seed, bool zero);
+
 /* Checks a transfer's `pairs` (remote storage indices the peers'): every byte moved against
  * the pattern of (seed, remote rank, remote storage, offset), then that every byte of our
  * storages outside the pairs is still zero. KVX_OK, or KVX_ERR_MISMATCH naming the first

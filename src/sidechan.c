@@ -6,6 +6,7 @@
 #include "clock.h"
 #include "error.h"
 #include "gate.h"
+#include "hostport.h"
 #include "zsocket.h"
 
 #include <zmq.h>
@@ -25,21 +26,12 @@ struct sidechan_client {
     void *dealer;
 };
 
-/* "tcp://HOST:PORT" for "HOST:PORT" with a port of 0..65535 in decimal (ZeroMQ would take
- * 99999 modulo 65536); `what` names it in errors. */
-static kvx_status_t endpoint_of(const char *address, const char *what, char *endpoint, size_t size)
+/* Sets ZMQ_IPV6 on a socket whose endpoint is an IPv6 address: ZeroMQ refuses one without. */
+static int socket_family_set(void *socket, const struct hostport *hp)
 {
-    const char *colon = strrchr(address, ':');
-    size_t digits     = colon != NULL ? strspn(colon + 1, "0123456789") : 0;
+    int ipv6 = hp->ipv6;
 
-    if (colon == NULL || colon == address || strlen(address) + sizeof("tcp://") > size)
-        return error_set(KVX_ERR_INVALID, "%s: \"%.64s\" is not HOST:PORT", what, address);
-    if (digits == 0 || colon[1 + digits] != '\0' || digits > 5 || atoi(colon + 1) > 65535 ||
-        (digits > 1 && colon[1] == '0'))
-        return error_set(KVX_ERR_INVALID, "%s: \"%.64s\": the port must be 0..65535", what,
-                         address);
-    snprintf(endpoint, size, "tcp://%s", address);
-    return KVX_OK;
+    return ipv6 ? zmq_setsockopt(socket, ZMQ_IPV6, &ipv6, sizeof(ipv6)) : 0;
 }
 
 static void id_encode(uint64_t id, uint8_t bytes[8])
@@ -66,14 +58,16 @@ kvx_status_t sidechan_server_create(void *zmq, const char *listen,
     int high_water      = limits->recv_hwm;
     int64_t max_message = limits->max_message;
     int handshake_ms    = limits->handshake_ms;
-    char endpoint[300];
-    size_t endpoint_size = sizeof(endpoint);
-    kvx_status_t status  = endpoint_of(listen, "listen", endpoint, sizeof(endpoint));
-    size_t length        = strlen(endpoint);
+    struct hostport hp;
+    char *endpoint       = hp.endpoint;
+    size_t endpoint_size = sizeof(hp.endpoint);
+    kvx_status_t status  = hostport_resolve(listen, "listen", &hp);
+    size_t length;
     struct sidechan_server *s;
 
     if (status != KVX_OK)
         return status;
+    length = strlen(endpoint);
     if (length > 2 && strcmp(endpoint + length - 2, ":0") == 0)
         strcpy(endpoint + length - 1, "*"); /* ZeroMQ's spelling of "any free port" */
     s = calloc(1, sizeof(*s));
@@ -86,8 +80,8 @@ kvx_status_t sidechan_server_create(void *zmq, const char *listen,
         zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
         zmq_setsockopt(s->router, ZMQ_HANDSHAKE_IVL, &handshake_ms, sizeof(handshake_ms)) != 0 ||
         zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "kvx", 3) != 0 ||
-        auth_server_socket(s->router, keys) != KVX_OK || gate_watch(gate, s->router) != KVX_OK ||
-        zmq_bind(s->router, endpoint) != 0 ||
+        socket_family_set(s->router, &hp) != 0 || auth_server_socket(s->router, keys) != KVX_OK ||
+        gate_watch(gate, s->router) != KVX_OK || zmq_bind(s->router, endpoint) != 0 ||
         zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, endpoint, &endpoint_size) != 0) {
         status = error_set(KVX_ERR_IO, "listen %s: %s", listen, zmq_strerror(zmq_errno()));
         sidechan_server_destroy(s);
@@ -211,8 +205,8 @@ static kvx_status_t dealer_open(void *zmq, const char *address, const struct aut
                                 int send_hwm, int64_t max_reply, void **socket_p)
 {
     int linger = 0;
-    char endpoint[300];
-    kvx_status_t status = endpoint_of(address, "address", endpoint, sizeof(endpoint));
+    struct hostport hp;
+    kvx_status_t status = hostport_resolve(address, "address", &hp);
     void *socket;
 
     if (status != KVX_OK)
@@ -221,7 +215,8 @@ static kvx_status_t dealer_open(void *zmq, const char *address, const struct aut
     if (socket == NULL || zmq_setsockopt(socket, ZMQ_SNDHWM, &send_hwm, sizeof(send_hwm)) != 0 ||
         zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
         zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
-        auth_client_socket(socket, keys) != KVX_OK || zmq_connect(socket, endpoint) != 0) {
+        socket_family_set(socket, &hp) != 0 || auth_client_socket(socket, keys) != KVX_OK ||
+        zmq_connect(socket, hp.endpoint) != 0) {
         status = error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
         if (socket != NULL)
             zmq_close(socket);
@@ -330,8 +325,9 @@ bool sidechan_client_recv(struct sidechan_client *client, uint64_t *id_p, char *
     return reply_receive(client->dealer, id_p, body_p, size_p);
 }
 
-/* A monitor of `socket`'s handshakes, so that a fetch refused by the peer fails at once with
- * the reason instead of at its deadline (ZeroMQ would only retry). */
+/* A monitor of `socket`'s connection and handshakes, so that a fetch nobody answers, or one
+ * the peer refuses, fails at once with the reason instead of at its deadline (ZeroMQ would
+ * only retry). */
 static void *handshake_monitor(void *zmq, void *socket)
 {
     static unsigned long serial; /* agents may live on several threads: the name is atomic */
@@ -341,10 +337,10 @@ static void *handshake_monitor(void *zmq, void *socket)
 
     snprintf(endpoint, sizeof(endpoint), "inproc://kvx-fetch-%lu",
              __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
-    if (zmq_socket_monitor(socket, endpoint,
-                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+    if (zmq_socket_monitor(
+            socket, endpoint,
+            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
         return NULL;
     pair = zmq_socket(zmq, ZMQ_PAIR);
     if (pair != NULL && (zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
@@ -355,9 +351,13 @@ static void *handshake_monitor(void *zmq, void *socket)
     return pair;
 }
 
-/* The failure a handshake event reports, as an error; KVX_OK when none waits. The message
+/* The failure the next monitor event reports, as an error; KVX_OK when it reports none (or
+ * none waits). A TCP connection made sets *connected_p. A connect retried before any was
+ * made means the first one failed: refused (nothing listens at that port) or unreachable,
+ * which ZeroMQ would retry forever; once connected, a retry follows a connection the peer
+ * closed, which the handshake's events explain or the deadline ends, as before. The message
  * does not name the peer: the caller's does (link_open wraps every step's). */
-static kvx_status_t handshake_failure(void *monitor, bool curve)
+static kvx_status_t monitor_failure(void *monitor, bool curve, bool *connected_p)
 {
     uint8_t head[6];
     uint16_t event;
@@ -371,6 +371,14 @@ static kvx_status_t handshake_failure(void *monitor, bool curve)
     if (size != (int)sizeof(head))
         return KVX_OK;
     memcpy(&event, head, sizeof(event));
+    if (event == ZMQ_EVENT_CONNECTED)
+        *connected_p = true;
+    if (event == ZMQ_EVENT_CONNECTED || (event == ZMQ_EVENT_CONNECT_RETRIED && *connected_p))
+        return KVX_OK;
+    if (event == ZMQ_EVENT_CONNECT_RETRIED)
+        return error_set(KVX_ERR_PEER_DOWN,
+                         "side channel: connection refused: is kvx serve (or the prefill "
+                         "agent) running there?");
     if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
         return error_set(KVX_ERR_PEER_REFUSED,
                          "side channel refused us (a different auth key, or it has too many "
@@ -389,6 +397,7 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
                             void **reply_p, size_t *size_p)
 {
     uint64_t deadline = clock_ms() + timeout_ms;
+    bool connected    = false; /* a TCP connection was made (the monitor said so) */
     void *socket;
     void *monitor       = NULL;
     kvx_status_t status = dealer_open(zmq, address, keys, 1, max_reply, &socket);
@@ -410,13 +419,18 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
         size_t size;
 
         if (now >= deadline) {
-            status = error_set(KVX_ERR_PEER_TIMEOUT, "no answer within %" PRIu32 " ms", timeout_ms);
+            status = connected ? error_set(KVX_ERR_PEER_TIMEOUT, "no answer within %" PRIu32 " ms",
+                                           timeout_ms)
+                               : error_set(KVX_ERR_PEER_TIMEOUT,
+                                           "no connection within %" PRIu32
+                                           " ms: is the address reachable from here?",
+                                           timeout_ms);
             break;
         }
         if (zmq_poll(items, 2, (long)(deadline - now)) <= 0)
             continue;
         if ((items[1].revents & ZMQ_POLLIN) &&
-            (status = handshake_failure(monitor, keys->curve)) != KVX_OK)
+            (status = monitor_failure(monitor, keys->curve, &connected)) != KVX_OK)
             break;
         if (!reply_receive(socket, &id, &body, &size))
             continue;

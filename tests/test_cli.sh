@@ -91,6 +91,25 @@ check "a leading zero exits 2 naming its path" \
 check "missing LAYOUT exits 2" status_and_one_error_line 2 "LAYOUT is required" plan
 check "unknown option exits 2" status_and_one_error_line 2 "unknown option --jsn" plan --jsn x
 check "unknown command exits 2" status_and_one_error_line 2 "unknown command fetchh" fetchh
+# Issue 24 item 7: a usage error is its line and one line saying where the usage is, never
+# the whole help after it, whichever command took the option.
+usage_error_two_lines() {
+  local cmd=$1 hint=$2
+  shift 2
+  status_and_one_error_line 2 "$cmd" "$@" && [[ $(wc -l <"$tmp/stderr") -eq 2 ]] &&
+    [[ $(sed -n 2p "$tmp/stderr") == "kvx: see 'kvx help $hint' for "* ]] ||
+    { echo "stderr: $(cat "$tmp/stderr")"; return 1; }
+}
+for cmd in plan compat serve fetch bench demo; do
+  check "kvx $cmd --bogus: the error and one line naming kvx help $cmd" \
+    usage_error_two_lines "unknown option --bogus" "$cmd" "$cmd" --bogus
+done
+check "a missing value: the error and one line" \
+  usage_error_two_lines "--listen needs a value" serve serve x --listen
+check "demo names the option it does not know" \
+  usage_error_two_lines "unknown option --p-pt" demo demo --p-pt 2
+check "an unknown command: the error and one line naming kvx help" \
+  bash -c "'$kvx' fetchh 2>&1 >/dev/null | sed -n 2p | grep -qx \"kvx: see 'kvx help' for the commands\""
 
 # serve --hold and fetch's hold options: bad values are bad input, found before serving.
 ex1=$src/layouts/examples/example1-packed-mla-slab.json
@@ -113,6 +132,17 @@ check "fetch takes no --hold" \
 check "fetch takes no --max-push (a prefill's bound)" \
   status_and_one_error_line 2 'takes no --listen, --hold or --max-push' \
   fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --max-push 1000
+# Issue 24 item 2: a fetch where nothing listens fails at once, not at its --timeout (port 1
+# has no listener; status_and_one_error_line gives it 10 s of the 60 asked for).
+check "fetch where nothing listens fails at once: connection refused" \
+  status_and_one_error_line 2 'peer 127.0.0.1:1: side channel: connection refused: is kvx serve' \
+  fetch "$ex1" --peer 127.0.0.1:1 --blocks 0:1 --timeout 60000
+check "an IPv6 address without brackets exits 2 saying how to write it" \
+  status_and_one_error_line 2 'listen: "::1:0": an IPv6 address goes in brackets: [ADDRESS]:PORT' \
+  serve "$ex1" --listen ::1:0
+check "a host that does not resolve exits 2 naming it" \
+  status_and_one_error_line 2 'listen: "nosuchhost.invalid:0": cannot resolve host "nosuchhost.invalid"' \
+  serve "$ex1" --listen nosuchhost.invalid:0
 check "serve --max-push 0 exits 2" \
   status_and_one_error_line 2 '--max-push: 0 is less than 1' "${serve_ex1[@]}" --max-push 0
 
@@ -152,6 +182,13 @@ for spec in "serve --timeout TIMEOUT_MS" "serve --lease LEASE_MS" "serve --max-p
     help_default_is_header "$cmd" "$option" "KVX_DEFAULT_$macro"
 done
 check "kvx help nosuch exits 2" status_and_one_error_line 2 "unknown command nosuch" help nosuch
+check "kvx --help mentions the metrics" bash -c "'$kvx' --help | grep -q -- '--metrics HOST:PORT'"
+check "kvx help serve: the synopsis names --memory and --timeout" \
+  bash -c "'$kvx' help serve | sed -n '/^usage:/,/^\$/p' | grep -q -- '--memory host|cuda' && '$kvx' help serve | sed -n '/^usage:/,/^\$/p' | grep -q -- '--timeout MS'"
+for option in --remote-blocks --tp-rank --tp-size --transports --malloc --peer --blocks; do
+  check "kvx help fetch explains $option" \
+    bash -c "'$kvx' help fetch | grep -Eq -- '^  (.*, )?$option( |,|\$)'"
+done
 check "kvx --help says what demo does" \
   bash -c "'$kvx' --help | grep -A2 '^  demo' | grep -q 'verify every byte'"
 version=$(sed -n 's/^project(kvx VERSION \([0-9.]*\) .*/\1/p' "$src/CMakeLists.txt")

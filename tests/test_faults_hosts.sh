@@ -186,8 +186,9 @@ exited() { ! kill -0 "$1" 2>/dev/null; } # exited PID (bash reaps its children i
 # serve HOST[:PORT] LAYOUT [OPTIONS...]: starts P on HOST, TCP only, its side channel on
 # PORT of HOST's veth (default: a free one) and its metrics on HOST's loopback, and waits
 # until it serves. Sets $addr, $metrics (the URL, scraped from inside HOST), $serve_host,
-# $serve_pid and $serve_log. A fixed PORT lets a decode process start first: each host is
-# its own namespace, where nothing else listens.
+# $serve_pid and $serve_log. A fixed PORT lets a decode process start first (with fetch
+# --wait-for-peers; a refused connection fails at once otherwise): each host is its own
+# namespace, where nothing else listens.
 serve() {
   local host=${1%%:*} port=0 layout=$2
   [[ $1 == *:* ]] && port=${1#*:}
@@ -385,7 +386,7 @@ slow_pull_start() {
   rate_limit p0 32mbit
   since=$(tx_bytes p0)
   fetch_start d0 "$log" "$attn" "${address[p0]}:$port" '0:0-15' --request "$request" --want \
-    --heartbeat 1000 --timeout 20000 --token "$token"
+    --heartbeat 1000 --timeout 20000 --token "$token" --wait-for-peers
   fetch_pid=$pid
   serve "p0:$port" "$attn" --hold "$request=0:0-15" --lease 3000 --token "$token"
   check "the rate-limited pull gets under way" \
@@ -431,10 +432,10 @@ section "(4) decode hosts vanish while they hold leases"
 # (SIGKILL) and d1's cable pulled: P must count each lease expired and release its blocks,
 # and only that one. (The decode processes start first, as in (3).)
 fetch_start d0 "$tmp/hold9" "$attn" "${address[p0]}:7004" '0:0-3' --request 9 --want \
-  --heartbeat 500 --wait-before-read 120000 --token "$token"
+  --heartbeat 500 --wait-before-read 120000 --token "$token" --wait-for-peers
 d0_pid=$pid
 fetch_start d1 "$tmp/hold10" "$attn" "${address[p0]}:7004" '0:4-7' --request 10 --want \
-  --heartbeat 500 --wait-before-read 120000 --token "$token"
+  --heartbeat 500 --wait-before-read 120000 --token "$token" --wait-for-peers
 d1_pid=$pid
 serve p0:7004 "$attn" --hold '9=0:0-3' --hold '10=0:4-7' --lease 3000 --token "$token"
 check "both decode hosts want their request and wait" \
@@ -466,7 +467,7 @@ section "a decode process stopped (SIGSTOP) while it holds a lease"
 # refused and counted as unknown, and the read fails: after the lease the blocks may hold
 # another prompt's KV (issue 21).
 fetch_start d0 "$tmp/stall" "$attn" "${address[p0]}:7005" '0:8-11' --request 13 --want \
-  --heartbeat 500 --wait-before-read 4000 --token "$token"
+  --heartbeat 500 --wait-before-read 4000 --token "$token" --wait-for-peers
 fetch_pid=$pid
 serve p0:7005 "$attn" --hold '13=0:8-11' --lease 3000 --token "$token"
 check "D wants request 13 and waits" \

@@ -121,6 +121,93 @@ check "fetch --fill random is refused: exit 2" bash -c "'$kvx' fetch '$tmp/v41.j
 stop_server
 addr=$known
 
+# Issue 24 item 3: serve says what it fills before it serves (on a terminal with the share
+# done), and fetch checks everything it can (the handshake, the layout) before it allocates
+# its cache: a wrong key or layout is said in a moment, not after gigabytes were zeroed.
+check "serve says what it fills, before the serving line" \
+  bash -c "grep -nE '^kvx serve: filling 103034880 bytes \(0\.10 GiB\) with seed 42\$' '${logs[-1]}' | cut -d: -f1 | { read -r at && [[ \$at -lt \$(grep -n '^serving ' '${logs[-1]}' | cut -d: -f1) ]]; }"
+terminal_shows() { # PATTERN ARGS...: kvx ARGS on a terminal (script(1)) prints a line like it
+  local pattern=$1
+  shift
+  script -qec "$(printf '%q ' "$kvx" "$@")" /dev/null 2>&1 | tr '\r' '\n' | grep -qE "$pattern"
+}
+if command -v script >/dev/null; then
+  check "serve on a terminal shows the share filled, then the time" \
+    terminal_shows '^kvx serve: filling 103034880 bytes \(0\.10 GiB\) with seed 1: 100%, done in [0-9.]+ s' \
+    serve "$tmp/v41.json" --listen 127.0.0.1:0 --hold '1=0:1;1:1;2:1' --hold '1=0:2;1:2;2:2' # ends
+    # after its fill: the second hold of request 1 is refused
+  check "fetch on a terminal shows its zeroing" \
+    terminal_shows '^kvx fetch: zeroing 103034880 bytes .*: 100%, done in' \
+    fetch "$tmp/v41.json" --peer "$addr" --blocks '0:1;1:1;2:1'
+else
+  echo "no script(1) here: the terminal checks are skipped"
+fi
+check "fetch off a terminal says nothing of its zeroing" \
+  bash -c "! '$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:1;1:1;2:1' 2>&1 >/dev/null | grep -q zeroing"
+# D's layout asks for 16 TiB of --malloc'd storage, which a host that does not overcommit
+# refuses at once: a fetch that allocated first would fail on that (without --malloc UCX
+# reserves the memory without a check, and the zeroing would take the host down, so the
+# checks run only where the refusal is certain).
+if [[ $(cat /proc/sys/vm/overcommit_memory) != 1 ]]; then
+  sed 's/"size": 103034880/"size": 17592186044416/' "$tmp/v41.json" >"$tmp/v41-16t.json"
+  "$kvx" auth-key "$tmp/other.key" >/dev/null
+  # (ASan's allocator aborts on a size that large unless told to return NULL as libc does)
+  check "control: 16 TiB of --malloc'd storage is refused here" \
+    bash -c "ASAN_OPTIONS=\${ASAN_OPTIONS:+\$ASAN_OPTIONS:}allocator_may_return_null=1 '$kvx' serve '$tmp/v41-16t.json' --listen 127.0.0.1:0 --malloc 2>&1 | grep -q 'out of memory allocating the storages'"
+  check "a wrong key is said before the cache is allocated" \
+    bash -c "'$kvx' fetch '$tmp/v41-16t.json' --peer $addr --blocks '0:1;1:1;2:1' --malloc --auth '$tmp/other.key' 2>&1 | grep -q 'kvx: error: peer $addr: side channel: the authenticated handshake failed'"
+  check "--insecure against a secured P is said before the cache is allocated" \
+    bash -c "'$kvx' fetch '$tmp/v41-16t.json' --peer $addr --blocks '0:1;1:1;2:1' --malloc --insecure 2>&1 | grep -q 'kvx: error: peer $addr: side channel: the handshake failed: the peer requires an auth key'"
+  check "an incompatible layout is said before the cache is allocated" \
+    bash -c "'$kvx' fetch '$tmp/v41-16t.json' --peer $addr --blocks '0:1;1:1;2:1' --malloc 2>&1 | grep -q 'kvx: error: peer $addr: regions: '"
+else
+  echo "vm.overcommit_memory is 1: the checks before allocation are skipped (nothing refuses 16 TiB)"
+fi
+
+# A decode worker started before its prefill rank: refused at once by default (above), tried
+# again until its --timeout with --wait-for-peers. The port is one a server just let go.
+wait_for_peers() { # serve sets $addr and $log: the known P's are put back after
+  local early=$tmp/early.log known_addr=$addr known_log=$log port fetch_pid ret
+  serve "$tmp/v41.json" && port=${addr##*:} && stop_server || return 1
+  "$kvx" fetch "$tmp/v41.json" --peer "127.0.0.1:$port" --blocks '0:0-3;1:0;2:0' --verify \
+    --fill 42 --timeout 30000 --wait-for-peers >"$early" 2>&1 &
+  fetch_pid=$!
+  serve "$tmp/v41.json" --listen "127.0.0.1:$port" || { kill "$fetch_pid"; return 1; }
+  wait "$fetch_pid"
+  ret=$?
+  stop_server
+  addr=$known_addr
+  log=$known_log
+  [[ $ret -eq 0 ]] && tail -n 1 "$early" | grep -qx verified || { cat "$early"; return 1; }
+}
+check "fetch --wait-for-peers waits for a prefill rank that starts after it, verified" wait_for_peers
+
+# Issue 24 item 4: fetch --json prints one object whatever the outcome.
+json_outcome() { # EXPECTED_STATUS PYTHON_ASSERTION ARGS...: one object on stdout, status as expected
+  local want=$1 assertion=$2
+  shift 2
+  "$kvx" fetch "$@" --json >"$tmp/json" 2>"$tmp/json.err"
+  local got=$?
+  [[ $got -eq $want && $(wc -l <"$tmp/json") -eq 1 ]] &&
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert $assertion, d" "$tmp/json" ||
+    { echo "status $got: $(cat "$tmp/json" "$tmp/json.err")"; return 1; }
+}
+check "fetch --json where nothing listens: ok false, the error, every block not loaded" \
+  json_outcome 2 "not d['ok'] and 'connection refused' in d['error'] and d['not_loaded']=={'0':[1,2],'1':[1],'2':[1]} and d['stats'] is None" \
+  "$tmp/v41.json" --peer 127.0.0.1:1 --blocks '0:1-2;1:1;2:1'
+check "fetch --json with an incompatible layout: ok false, the difference" \
+  json_outcome 2 "not d['ok'] and 'incompatible peer' in d['error'] and d['not_loaded']=={'0':[1]}" \
+  "$src/layouts/examples/example1-packed-mla-slab.json" --peer "$addr" --blocks '0:1'
+check "fetch --json with an unknown option: ok false, the error, blocks not known" \
+  json_outcome 2 "not d['ok'] and d['error']=='unknown option --bogus' and d['not_loaded'] is None" \
+  "$tmp/v41.json" --peer "$addr" --blocks '0:1' --bogus
+check "fetch --json with a wrong seed: ok false, the mismatch, nothing missing" \
+  json_outcome 2 "not d['ok'] and d['error'].startswith('MISMATCH: ') and d['verified']==d['error'] and d['not_loaded']=={} and d['bytes']>0" \
+  "$tmp/v41.json" --peer "$addr" --blocks '0:1;1:1;2:1' --verify --fill 41
+check "fetch --json that worked: ok, no error, nothing missing" \
+  json_outcome 0 "d['ok'] and d['error']=='' and d['not_loaded']=={} and d['verified']=='verified'" \
+  "$tmp/v41.json" --peer "$addr" --blocks '0:1;1:1;2:1' --verify --fill 42
+
 # Handshake failures: clear errors on D, and P keeps serving.
 check "hash mismatch is named" bash -c "'$kvx' fetch '$src/layouts/examples/example1-packed-mla-slab.json' --peer $addr --blocks '0:1' 2>&1 | grep -q 'incompatible peer: model_id: local \"\", remote \"deepseek-v4.1-style\"'"
 sed 's/"page": 32768/"page": 16384/' "$tmp/v41.json" >"$tmp/v41-narrow.json"
@@ -137,6 +224,36 @@ garbage() {
 garbage
 check "P still serves after refusals and garbage" fetch_verified "$tmp/v41.json" '0:0-3;1:0;2:0'
 check "peer not listening: an error within the timeout" bash -c "! timeout 20 '$kvx' fetch '$tmp/v41.json' --peer 127.0.0.1:1 --blocks '0:1' --timeout 500 2>&1 | grep -q verified"
+# Issue 24 item 8: --listen takes host names (resolved: localhost is 127.0.0.1) and IPv6
+# literals in brackets, as docs/security.md says, and fetch's --peer the same.
+listen_and_fetch() { # LISTEN PEER_HOST [OPTION...]: the options go to both sides
+  local listen=$1 peer_host=$2 log=$tmp/listen.$RANDOM pid bound
+  shift 2
+  "$kvx" serve "$tmp/v41.json" --listen "$listen" --fill 42 "$@" >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do
+    bound=$(sed -n 's/^serving .* on \(.*:[0-9]*\): rank .*/\1/p' "$log")
+    [ -n "$bound" ] && break
+    sleep 0.1
+  done
+  [ -n "$bound" ] || { echo "serve --listen $listen did not start: $(cat "$log")"; kill "$pid"; wait "$pid"; return 1; }
+  echo "serve --listen $listen bound $bound"
+  "$kvx" fetch "$tmp/v41.json" --peer "$peer_host:${bound##*:}" --blocks '0:0-3;1:0;2:0' \
+    --verify --fill 42 "$@" >"$tmp/fetch" 2>&1
+  local ret=$?
+  kill "$pid"
+  wait "$pid"
+  [[ $ret -eq 0 ]] && tail -n 1 "$tmp/fetch" | grep -qx verified || { cat "$log" "$tmp/fetch"; return 1; }
+}
+check "serve --listen localhost:0 binds 127.0.0.1; fetch --peer localhost:PORT verified" \
+  listen_and_fetch localhost:0 localhost
+check "serve --insecure --listen localhost:0: loopback, allowed; fetch --insecure verified" \
+  listen_and_fetch localhost:0 localhost --insecure
+if grep -q '^0\{31\}1 ' /proc/net/if_inet6 2>/dev/null; then
+  check "serve --listen [::1]:0; fetch --peer [::1]:PORT verified" listen_and_fetch '[::1]:0' '[::1]'
+else
+  echo "no IPv6 loopback here: the [::1] check is skipped"
+fi
 check "block id beyond capacity fails before any transfer" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:64;1:0;2:0' 2>&1 | grep -q 'out of range'"
 
 # A DeepSeek-V4-Flash-style packed slab scaled to 32 blocks (about 50 MB): whole rows.
@@ -273,6 +390,10 @@ fi
 # kvx demo (what make demo runs): two processes, a batch of requests, every byte verified.
 check "kvx demo ends with verified" bash -c "'$kvx' demo >'$tmp/demo' 2>&1 && tail -n 1 '$tmp/demo' | grep -qx verified && [[ \$(grep -c ', verified\$' '$tmp/demo') -eq 16 ]]"
 
-check "kvx demo --p-tp 2 --d-tp 2: four processes, every byte verified" bash -c "'$kvx' demo --p-tp 2 --d-tp 2 >'$tmp/demo2' 2>&1 && tail -n 1 '$tmp/demo2' | grep -qx verified"
+# Issue 24: the 43 rows of the region table pushed the figures off the screen; the demo prints
+# the table's totals, and its rows only with --verbose.
+check "kvx demo prints the region table's totals, not its rows" \
+  bash -c "grep -q '^total: 43 regions, ' '$tmp/demo' && ! grep -q '^index  name' '$tmp/demo'"
+check "kvx demo --p-tp 2 --d-tp 2 --verbose: four processes, every byte verified, every row" bash -c "'$kvx' demo --p-tp 2 --d-tp 2 --verbose >'$tmp/demo2' 2>&1 && tail -n 1 '$tmp/demo2' | grep -qx verified && grep -q '^index  name' '$tmp/demo2' && [[ \$(grep -cE '^ +[0-9]+  ' '$tmp/demo2') -eq 43 ]]"
 
 checks_done

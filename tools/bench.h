@@ -1,6 +1,7 @@
 /* bench.h: `kvx bench`, transfer bandwidth and latency between a prefill and a decode process
- * (docs/performance.md "Transfers"): what bench.c (options, processes, timing, output, the
- * sweep) shares with bench_workload.c (--workload). Measurement and output only. */
+ * (docs/performance.md "Transfers"): what bench.c (options, processes, the sweep),
+ * bench_workload.c (--workload) and bench_point.c (a point's timing and output) share.
+ * Measurement and output only. */
 #ifndef KVX_TOOLS_BENCH_H
 #define KVX_TOOLS_BENCH_H
 
@@ -53,8 +54,11 @@ struct bench_client {
     kvx_pairs_t *pairs;
     uint64_t request_id;
 };
-/* Runs `kvx bench` with the arguments after the subcommand; returns the exit status. */
+/* Runs `kvx bench` with the arguments after the subcommand; returns the exit status
+ * (bench.c). */
 int bench_main(int argc, char **argv);
+
+/* One point (bench_point.c, below bench.c and bench_workload.c, calling neither). */
 
 /* Times one point on a connected client: `warmups` untimed transfers of `request`, then
  * args->iters timed ones into *s, sorted. Stops at the first failed transfer. */

@@ -1,5 +1,5 @@
 /* cli.h: what the kvx subcommands share: exit statuses, the one-line error, usage errors and
- * number options. Defined in kvx.c. */
+ * number options (cli.c), and each command's entry point (the files named beside them). */
 #ifndef KVX_TOOLS_CLI_H
 #define KVX_TOOLS_CLI_H
 
@@ -15,8 +15,17 @@ int cli_exit_status(kvx_status_t status);
 /* Prints `kvx: error: MESSAGE` (kvx_errmsg()) and returns the exit status for `status`. */
 int cli_fail(kvx_status_t status);
 
-/* Prints the message and the usage text; returns EXIT_BAD_INPUT. */
+/* Prints `kvx: error: MESSAGE`, formatted, and keeps MESSAGE: cli_last_error() returns the
+ * message of the last error line any cli_ function printed ("" before any), which kvx fetch
+ * --json repeats. */
+void cli_errorf(const char *format, ...) __attribute__((format(printf, 1, 2)));
+const char *cli_last_error(void);
+
+/* Prints `kvx: error: MESSAGE` and one line naming `kvx help CMD`, CMD read from `usage`
+ * ("usage: kvx CMD ..."); returns EXIT_BAD_INPUT. The _f form formats the message. */
 int cli_usage_error(const char *message, const char *usage);
+int cli_usage_errorf(const char *usage, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
 
 bool cli_is_help(const char *arg);
 
@@ -43,9 +52,9 @@ bool cli_token_parse(const char *option, const char *text, kvx_token_t *token);
 
 /* kvx demo's transfer run (demo.c): NULL for the built-in layout; the auth key file (NULL:
  * KVX_AUTH_FILE's, else a secret of its own); TP sizes of the prefill and decode sides, 1..8
- * each. */
+ * each; `verbose`: the whole region table, not only its totals. */
 int demo_run(const char *layout_path, const char *auth_file, enum cli_memory memory, uint32_t p_tp,
-             uint32_t d_tp);
+             uint32_t d_tp, bool verbose);
 
 /* kvx serve and kvx fetch (serve_fetch.c). */
 int command_serve(int argc, char **argv);

@@ -39,7 +39,7 @@ bool cli_auth(const char *file, bool insecure, uint8_t key[KVX_AUTH_KEY_LEN],
     kvx_status_t status;
 
     if (insecure && file != NULL) {
-        fprintf(stderr, "kvx: error: --auth and --insecure: choose one\n");
+        cli_errorf("--auth and --insecure: choose one");
         return false;
     }
     if (insecure) {
@@ -49,8 +49,8 @@ bool cli_auth(const char *file, bool insecure, uint8_t key[KVX_AUTH_KEY_LEN],
     }
     file = kvx_auth_file(file);
     if (file == NULL) {
-        fprintf(stderr, "kvx: error: no auth key: give --auth FILE or " KVX_AUTH_FILE_ENV " (kvx "
-                        "auth-key FILE makes one), or --insecure on loopback only\n");
+        cli_errorf("no auth key: give --auth FILE or " KVX_AUTH_FILE_ENV " (kvx auth-key FILE "
+                   "makes one), or --insecure on loopback only");
         return false;
     }
     status = kvx_auth_key_load(file, key);
@@ -73,8 +73,7 @@ bool cli_token_parse(const char *option, const char *text, kvx_token_t *token)
 {
     if (strlen(text) != 2 * KVX_TOKEN_LEN ||
         strspn(text, "0123456789abcdef") != 2 * KVX_TOKEN_LEN) {
-        fprintf(stderr, "kvx: error: %s: expected %d lowercase hex digits\n", option,
-                2 * KVX_TOKEN_LEN);
+        cli_errorf("%s: expected %d lowercase hex digits", option, 2 * KVX_TOKEN_LEN);
         return false;
     }
     for (size_t i = 0; i < KVX_TOKEN_LEN; i++) {

@@ -13,7 +13,7 @@ bool cli_memory_parse(const char *text, enum cli_memory *memory)
     else if (strcmp(text, "cuda") == 0)
         *memory = CLI_MEMORY_CUDA;
     else {
-        fprintf(stderr, "kvx: error: --memory: \"%s\" is neither host nor cuda\n", text);
+        cli_errorf("--memory: \"%s\" is neither host nor cuda", text);
         return false;
     }
     return true;

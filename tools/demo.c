@@ -167,9 +167,10 @@ static bool demo_batch(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_
 }
 
 /* A decode rank: connect to every prefill rank, pull then push the batch, check every byte.
- * Only a verbose rank prints its table and lines. */
+ * Rank 0 prints (the others write to /dev/null): the region table's totals, or its rows too
+ * when `verbose`, then a line per request. */
 static int demo_decode(const kvx_layout_t *layout, const uint32_t *ports, size_t num_ports,
-                       uint32_t rank, uint32_t tp)
+                       uint32_t rank, uint32_t tp, bool verbose)
 {
     kvx_agent_params_t params = {.field_mask =
                                      KVX_AGENT_PARAM_FIELD_NAME | KVX_AGENT_PARAM_FIELD_TP_RANK |
@@ -215,7 +216,12 @@ static int demo_decode(const kvx_layout_t *layout, const uint32_t *ports, size_t
         }
         if (num_groups > 8)
             num_groups = 8;
-        plan_print_table(stdout, regions);
+        /* A model's table runs to dozens of rows, enough to push the figures off a screen:
+         * the totals here, the rows with --verbose (issue 24). */
+        if (verbose)
+            plan_print_table(stdout, regions);
+        else
+            plan_print_totals(stdout, regions);
     }
     for (int push = 0; push < 2; push++) {
         if (!demo_batch(agent, peers, num_peers, push == 1, groups, num_groups, capacity))
@@ -231,7 +237,7 @@ out:
 }
 
 int demo_run(const char *layout_path, const char *auth_file, enum cli_memory memory, uint32_t p_tp,
-             uint32_t d_tp)
+             uint32_t d_tp, bool verbose)
 {
     kvx_layout_t *layout = NULL;
     kvx_status_t status  = demo_layout_load(layout_path, memory, &layout);
@@ -287,10 +293,10 @@ int demo_run(const char *layout_path, const char *auth_file, enum cli_memory mem
             decode[r] = fork();
             if (decode[r] == 0)
                 _exit(freopen("/dev/null", "w", stdout) != NULL
-                          ? demo_decode(layout, ports, p_tp, r, d_tp)
+                          ? demo_decode(layout, ports, p_tp, r, d_tp, false)
                           : EXIT_INTERNAL);
         }
-        ret = demo_decode(layout, ports, p_tp, 0, d_tp);
+        ret = demo_decode(layout, ports, p_tp, 0, d_tp, verbose);
         for (uint32_t r = 1; r < d_tp; r++) {
             if (decode[r] < 0 || waitpid(decode[r], &child_status, 0) != decode[r] ||
                 !WIFEXITED(child_status) || WEXITSTATUS(child_status) != 0) {

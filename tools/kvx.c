@@ -20,9 +20,10 @@ static const char usage_main[] =
     "  plan LOCAL --peer REMOTE --blocks IDS\n"
     "                         plan a request's (local, remote) descriptor pairs\n"
     "  compat LOCAL REMOTE    check two layouts the way the handshake would\n"
-    "  serve LAYOUT --listen HOST:PORT --auth FILE\n"
-    "                         a prefill worker: fill the cache with a pattern and serve it\n"
-    "  fetch LAYOUT --peer HOST:PORT --blocks IDS --auth FILE [--verify]\n"
+    "  serve LAYOUT --listen HOST:PORT --auth FILE [--metrics HOST:PORT]\n"
+    "                         a prefill worker: fill the cache with a pattern and serve it;\n"
+    "                         --metrics serves its counters to Prometheus at /metrics\n"
+    "  fetch LAYOUT --peer HOST:PORT --blocks IDS --auth FILE [--verify] [--json]\n"
     "                         a decode worker: pull a request and check every byte\n"
     "  bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--workload]\n"
     "                         measure transfer bandwidth and latency between two processes\n"
@@ -33,7 +34,8 @@ static const char usage_main[] =
     "  help [COMMAND]         explain a command\n"
     "  version, --version     print the version of kvx\n"
     "\n"
-    "Exit status: 0 success, 2 bad input (one 'kvx: error:' line), 1 internal failure.\n";
+    "Exit status: 0 success, 2 bad input (one 'kvx: error:' line), 1 internal failure.\n"
+    "kvx help COMMAND (or kvx COMMAND --help) explains a command and all its options.\n";
 
 static const char usage_plan[] =
     "usage: kvx plan LAYOUT [--json]\n"
@@ -76,13 +78,14 @@ static const char usage_compat[] =
 
 static const char usage_demo[] =
     "usage: kvx demo [--layout FILE] [--p-tp N] [--d-tp N] [--auth FILE]\n"
-    "                [--memory host|cuda] [--tables]\n"
+    "                [--memory host|cuda] [--verbose] [--tables]\n"
     "\n"
     "The main job on a built-in default: starts a prefill process and a decode process on\n"
     "loopback with the DeepSeek-V4.1-style layout (layouts/models/deepseek-v4.1-demo.json,\n"
     "compiled in), pulls a batch of requests of mixed lengths, checks every transferred byte\n"
-    "against the pattern the prefill process filled, and prints the region table, descriptors\n"
-    "before and after coalescing, GB/s, the transports and a final 'verified' line.\n"
+    "against the pattern the prefill process filled, and prints the region table's totals,\n"
+    "descriptors before and after coalescing, GB/s, the transports and a final 'verified'\n"
+    "line.\n"
     "\n"
     "  --layout FILE   run it on another layout\n"
     "  --p-tp N        N prefill ranks (processes), 1..8; default 1\n"
@@ -91,32 +94,8 @@ static const char usage_demo[] =
     "                  for this run)\n"
     "  --memory host|cuda  the storages in host memory (default: the layout's \"vram\"\n"
     "                  storages too, said on stderr) or on the GPU (docs/gpu.md)\n"
+    "  --verbose       print every row of the region table, not only its totals\n"
     "  --tables        print the region tables of the built-in model layouts instead\n";
-
-/* Memory and internal errors are kvx's own failures (1); the rest are the input's (2). */
-int cli_exit_status(kvx_status_t status)
-{
-    return status == KVX_ERR_NO_MEMORY || status == KVX_ERR_INTERNAL ? EXIT_INTERNAL
-                                                                     : EXIT_BAD_INPUT;
-}
-
-/* Prints `kvx: error: MESSAGE` and returns the exit status for `status`. */
-int cli_fail(kvx_status_t status)
-{
-    fprintf(stderr, "kvx: error: %s\n", kvx_errmsg());
-    return cli_exit_status(status);
-}
-
-int cli_usage_error(const char *message, const char *usage)
-{
-    fprintf(stderr, "kvx: error: %s\n\n%s", message, usage);
-    return EXIT_BAD_INPUT;
-}
-
-bool cli_is_help(const char *arg)
-{
-    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
-}
 
 /* The table as JSON, with the pull-mode compatibility hash as one more top-level key
  * (formats.md allows keys after the version-1 ones). */
@@ -160,23 +139,6 @@ struct plan_args {
     kvx_peer_plan_params_t params;
 };
 
-/* Parses the value of a numeric option into *value_p (at most `max`). */
-bool cli_parse_number(const char *option, const char *text, uint64_t max, uint64_t *value_p)
-{
-    char *end;
-    unsigned long long v;
-
-    errno = 0;
-    v     = strtoull(text, &end, 10);
-    if (text[0] < '0' || text[0] > '9' || *end != '\0' || errno != 0 || v > max) {
-        fprintf(stderr, "kvx: error: %s: \"%s\" is not a number up to %llu\n", option, text,
-                (unsigned long long)max);
-        return false;
-    }
-    *value_p = v;
-    return true;
-}
-
 /* Parses the options plan and compat share; returns -1 to go on, or the exit status to
  * return. Each command then rejects what it does not take. */
 static int plan_args_parse(int argc, char **argv, struct plan_args *a, const char *usage)
@@ -197,6 +159,7 @@ static int plan_args_parse(int argc, char **argv, struct plan_args *a, const cha
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         bool matched    = false;
+        bool known;
 
         if (cli_is_help(arg)) {
             fputs(usage, stdout);
@@ -212,10 +175,15 @@ static int plan_args_parse(int argc, char **argv, struct plan_args *a, const cha
             *(a->path == NULL ? &a->path : &a->path2) = arg;
             continue;
         }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvx: error: %s needs a value\n\n%s", arg, usage);
-            return EXIT_BAD_INPUT;
-        }
+        /* an unknown option is unknown, not one missing its value */
+        known = strcmp(arg, "--mode") == 0 || strcmp(arg, "--peer") == 0 ||
+                strcmp(arg, "--blocks") == 0 || strcmp(arg, "--remote-blocks") == 0;
+        for (size_t n = 0; n < sizeof(numbers) / sizeof(numbers[0]) && !known; n++)
+            known = strcmp(arg, numbers[n].name) == 0;
+        if (!known)
+            return cli_usage_errorf(usage, "unknown option %s", arg);
+        if (i + 1 >= argc)
+            return cli_usage_errorf(usage, "%s needs a value", arg);
         if (strcmp(arg, "--mode") == 0) {
             a->mode = argv[++i];
             continue;
@@ -261,10 +229,6 @@ static int plan_args_parse(int argc, char **argv, struct plan_args *a, const cha
                 break;
             }
             matched = true;
-        }
-        if (!matched) {
-            fprintf(stderr, "kvx: error: unknown option %s\n\n%s", arg, usage);
-            return EXIT_BAD_INPUT;
         }
     }
     return -1;
@@ -456,31 +420,40 @@ static int command_demo(int argc, char **argv)
     uint64_t p_tp          = 1;
     uint64_t d_tp          = 1;
     enum cli_memory memory = CLI_MEMORY_HOST;
+    bool verbose           = false;
 
     for (int i = 0; i < argc; i++) {
+        bool valued = strcmp(argv[i], "--layout") == 0 || strcmp(argv[i], "--auth") == 0 ||
+                      strcmp(argv[i], "--memory") == 0 || strcmp(argv[i], "--p-tp") == 0 ||
+                      strcmp(argv[i], "--d-tp") == 0;
+
         if (cli_is_help(argv[i])) {
             fputs(usage_demo, stdout);
             return 0;
         }
         if (strcmp(argv[i], "--tables") == 0)
             return print_builtin_tables();
-        if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc)
+        if (valued && i + 1 >= argc)
+            return cli_usage_errorf(usage_demo, "%s needs a value", argv[i]);
+        if (strcmp(argv[i], "--verbose") == 0)
+            verbose = true;
+        else if (strcmp(argv[i], "--layout") == 0)
             layout = argv[++i];
-        else if (strcmp(argv[i], "--auth") == 0 && i + 1 < argc)
+        else if (strcmp(argv[i], "--auth") == 0)
             auth = argv[++i];
-        else if (strcmp(argv[i], "--memory") == 0 && i + 1 < argc) {
+        else if (strcmp(argv[i], "--memory") == 0) {
             if (!cli_memory_parse(argv[++i], &memory))
                 return EXIT_BAD_INPUT;
-        } else if (strcmp(argv[i], "--p-tp") == 0 && i + 1 < argc) {
+        } else if (strcmp(argv[i], "--p-tp") == 0) {
             if (!cli_parse_number("--p-tp", argv[++i], 8, &p_tp) || p_tp < 1)
                 return EXIT_BAD_INPUT;
-        } else if (strcmp(argv[i], "--d-tp") == 0 && i + 1 < argc) {
+        } else if (strcmp(argv[i], "--d-tp") == 0) {
             if (!cli_parse_number("--d-tp", argv[++i], 8, &d_tp) || d_tp < 1)
                 return EXIT_BAD_INPUT;
         } else
-            return cli_usage_error("demo: unknown argument", usage_demo);
+            return cli_usage_errorf(usage_demo, "unknown option %s", argv[i]);
     }
-    return demo_run(layout, auth, memory, (uint32_t)p_tp, (uint32_t)d_tp);
+    return demo_run(layout, auth, memory, (uint32_t)p_tp, (uint32_t)d_tp, verbose);
 }
 
 /* kvx help [COMMAND]: a command's own usage (serve, fetch and bench print theirs on --help),
@@ -510,8 +483,7 @@ static int command_help(int argc, char **argv)
               "library it loaded.\n",
               stdout);
     else {
-        fprintf(stderr, "kvx: error: unknown command %s\n\n%s", argv[0], usage_main);
-        return EXIT_BAD_INPUT;
+        return cli_usage_errorf(usage_main, "unknown command %s", argv[0]);
     }
     return 0;
 }
@@ -540,6 +512,5 @@ int main(int argc, char **argv)
         return command_fetch(argc - 2, argv + 2);
     if (strcmp(argv[1], "bench") == 0)
         return bench_main(argc - 2, argv + 2);
-    fprintf(stderr, "kvx: error: unknown command %s\n\n%s", argv[1], usage_main);
-    return EXIT_BAD_INPUT;
+    return cli_usage_errorf(usage_main, "unknown command %s", argv[1]);
 }

@@ -29,10 +29,26 @@ static const char *region_flags(const kvx_region_info_t *info, char *buf, size_t
     return used > 0 ? buf : "-";
 }
 
+void plan_print_totals(FILE *out, const kvx_regions_t *regions)
+{
+    size_t count   = kvx_regions_count(regions);
+    uint64_t bytes = 0;
+    kvx_region_info_t info;
+
+    for (size_t r = 0; r < count; r++) {
+        kvx_regions_get(regions, r, &info);
+        bytes += info.block_len * info.num_blocks;
+    }
+    fprintf(out,
+            "total: %zu regions, %" PRIu64 " descriptors, %" PRIu64
+            " bytes when every block moves (%.2f GiB)\n",
+            count, kvx_regions_num_descriptors(regions), bytes,
+            (double)bytes / (1024.0 * 1024.0 * 1024.0));
+}
+
 void plan_print_table(FILE *out, const kvx_regions_t *regions)
 {
     size_t count    = kvx_regions_count(regions);
-    uint64_t bytes  = 0;
     int name_width  = 4;
     int where_width = 14;
     int flags_width = 5;
@@ -63,13 +79,8 @@ void plan_print_table(FILE *out, const kvx_regions_t *regions)
                 r, name_width, info.name, where_width, where, info.block_len, info.stride,
                 info.num_blocks, info.group, flags_width, region_flags(&info, flags, sizeof(flags)),
                 info.num_members);
-        bytes += info.block_len * info.num_blocks;
     }
-    fprintf(out,
-            "total: %zu regions, %" PRIu64 " descriptors, %" PRIu64
-            " bytes when every block moves (%.2f GiB)\n",
-            count, kvx_regions_num_descriptors(regions), bytes,
-            (double)bytes / (1024.0 * 1024.0 * 1024.0));
+    plan_print_totals(out, regions);
 }
 
 /* Pairs shown per read rank in the readable output. */

@@ -7,8 +7,11 @@
 
 #include <stdio.h>
 
-/* Prints one line per region and a totals line. */
+/* Prints one line per region and the totals line. */
 void plan_print_table(FILE *out, const kvx_regions_t *regions);
+
+/* Prints the totals line alone: regions, descriptors and bytes when every block moves. */
+void plan_print_totals(FILE *out, const kvx_regions_t *regions);
 
 /* Prints a planned request: per read rank its pairs (all with `json`, else the first few),
  * the notify-only ranks, and descriptor counts before and after coalescing, and bytes. */

@@ -6,7 +6,9 @@
 #include "block_ids.h"
 #include "cli.h"
 #include "metrics_http.h"
-#include "stats_json.h"
+#include "progress.h"
+#include "fetch_json.h"
+#include "fetch_peers.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -28,7 +30,8 @@
 static const char usage_serve[] =
     "usage: kvx serve LAYOUT --listen HOST:PORT (--auth FILE | --insecure)\n"
     "                 [--tp-rank R --tp-size N] [--fill SEED|random]\n"
-    "                 [--transports LIST] [--malloc] [--lease MS] [--metrics HOST:PORT]\n"
+    "                 [--transports LIST] [--malloc | --memory host|cuda] [--lease MS]\n"
+    "                 [--metrics HOST:PORT]\n"
     "                 [--timeout MS] [--max-push MS]\n"
     "                 [--hold 'ID=G:IDS;G:IDS' ... [--consumers N] [--token HEX]] [--verbose]\n"
     "\n"
@@ -42,10 +45,17 @@ static const char usage_serve[] =
     "  --auth FILE         the deployment's secret (kvx auth-key FILE); default the file\n"
     "                      KVX_AUTH_FILE names. Only peers with it are answered\n"
     "  --insecure          no secret: plain side channel, on a loopback address only\n"
+    "  --listen HOST:PORT  a host name (resolved: its first IPv4 address, else IPv6), an\n"
+    "                      IPv4 address or an IPv6 one in brackets ([::1]:0); 0.0.0.0:\n"
+    "                      every interface\n"
+    "  --tp-rank R, --tp-size N\n"
+    "                      this prefill rank of a TP group of N; default 0 of 1\n"
     "  --fill SEED|random  the pattern's seed (default 1), or random: the pattern of a seed\n"
     "                      drawn from the kernel and never shown\n"
     "  --transports LIST   UCX transports; default " KVX_DEFAULT_TRANSPORTS "\n"
     "                      (and cuda_copy,cuda_ipc with --memory cuda)\n"
+    "  --malloc            storages in memory this command allocates with malloc and\n"
+    "                      registers as an engine's (default: UCX allocates them)\n"
     "  --memory host|cuda  where the storages live: host memory (default; a layout's\n"
     "                      \"vram\" storages too, said on stderr) or GPU memory kvx\n"
     "                      allocates (filled through a host staging buffer: docs/gpu.md)\n"
@@ -72,7 +82,8 @@ static const char usage_fetch[] =
     "                 [--verify [--fill SEED]] [--push] [--transports LIST]\n"
     "                 [--malloc | --memory host|cuda]\n"
     "                 [--timeout MS] [--request ID [--token HEX]]\n"
-    "                 [--want] [--heartbeat MS] [--wait-before-read MS] [--json] [--verbose]\n"
+    "                 [--want] [--heartbeat MS] [--wait-before-read MS] [--wait-for-peers]\n"
+    "                 [--json] [--verbose]\n"
     "\n"
     "A decode worker: connects to every prefill rank given (handshake: compatibility hash,\n"
     "then the region tables), pulls the request, notifies the ranks read from, and prints\n"
@@ -88,6 +99,20 @@ static const char usage_fetch[] =
     "\n"
     "  --auth FILE         the deployment's secret, as kvx serve's; default KVX_AUTH_FILE\n"
     "  --insecure          no secret: only an insecure kvx serve on loopback answers\n"
+    "  --peer HOST:PORT,...  each prefill rank's side channel, rank order; nothing\n"
+    "                      listening there fails at once, unless --wait-for-peers\n"
+    "  --wait-for-peers    a rank not listening yet is tried again every 100 ms, up to\n"
+    "                      --timeout: for a decode worker started before its prefill ranks\n"
+    "  --blocks IDS        local block ids per group: '0:0-15,20;1:3' (group:ids;...)\n"
+    "  --remote-blocks IDS the prefill side's block ids, the same syntax; default the\n"
+    "                      same ids as --blocks\n"
+    "  --tp-rank R, --tp-size N\n"
+    "                      this decode rank of a TP group of N; default 0 of 1. The\n"
+    "                      prefill ranks' TP size comes from their handshake\n"
+    "  --transports LIST   UCX transports; default " KVX_DEFAULT_TRANSPORTS "\n"
+    "                      (and cuda_copy,cuda_ipc with --memory cuda)\n"
+    "  --malloc            storages in memory this command allocates with malloc and\n"
+    "                      registers as an engine's (default: UCX allocates them)\n"
     "  --push              ask the prefill ranks to write the blocks in (push mode) instead\n"
     "                      of reading them\n"
     "  --fill SEED         with --verify: the seed kvx serve used, for the pattern check\n"
@@ -105,7 +130,8 @@ static const char usage_fetch[] =
     "  --wait-before-read MS\n"
     "                      connect (and want), then wait MS, heartbeating, before reading;\n"
     "                      prints \"waiting MS ms before reading request ID\" on stderr\n"
-    "  --json              one JSON object: outcome, figures and the agent's stats\n"
+    "  --json              one JSON object on stdout whatever the outcome: ok, error,\n"
+    "                      the blocks not loaded, figures and the agent's stats\n"
     "  --verbose           one line on stderr per state change, never per block\n";
 
 static volatile sig_atomic_t stop_requested;
@@ -145,6 +171,7 @@ struct agent_args {
     uint64_t request_id; /* fetch: read as this id */
     uint64_t wait_before_read_ms;
     bool want;
+    bool wait_for_peers; /* fetch: a rank not listening yet is tried again until --timeout */
     bool verify;
     bool seed_given;  /* --fill SEED */
     bool fill_random; /* serve: --fill random */
@@ -196,7 +223,7 @@ static bool number_option_parse(const struct number_option *o, const char *text,
     if (!cli_parse_number(o->name, text, o->max, field))
         return false;
     if (*field < o->min) {
-        fprintf(stderr, "kvx: error: %s: %s is less than %" PRIu64 "\n", o->name, text, o->min);
+        cli_errorf("%s: %s is less than %" PRIu64, o->name, text, o->min);
         return false;
     }
     a->given_fields |= o->field;
@@ -247,6 +274,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             a->want = true;
             continue;
         }
+        if (strcmp(arg, "--wait-for-peers") == 0) {
+            a->wait_for_peers = true;
+            continue;
+        }
         if (strcmp(arg, "--insecure") == 0) {
             a->insecure = true;
             continue;
@@ -292,14 +323,10 @@ static int agent_args_parse(int argc, char **argv, const char *usage, struct age
             if (a->num_holds == HOLDS_MAX)
                 return cli_usage_error("more than 64 --hold options", usage);
             text = &a->holds[a->num_holds++];
-        } else if (number == NULL) {
-            fprintf(stderr, "kvx: error: unknown option %s\n\n%s", arg, usage);
-            return EXIT_BAD_INPUT;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvx: error: %s needs a value\n\n%s", arg, usage);
-            return EXIT_BAD_INPUT;
-        }
+        } else if (number == NULL)
+            return cli_usage_errorf(usage, "unknown option %s", arg);
+        if (i + 1 >= argc)
+            return cli_usage_errorf(usage, "%s needs a value", arg);
         if (text != NULL)
             *text = argv[++i];
         else if (!number_option_parse(number, argv[++i], a))
@@ -329,12 +356,15 @@ static void storages_free(void **bases, size_t count)
     free(bases);
 }
 
-/* Creates the agent of `a`, with malloc'd storages when asked (freed by the caller through
- * *storages_p after the agent). */
-static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **agent_p,
-                       void ***storages_p, size_t *num_storages_p)
+/* The agent params of `a` (its secret into `key`, which must outlive the agent's creation) and
+ * its layout, the storages moved where --memory says (*layout_p, destroyed by the caller).
+ * Nothing is allocated for the storages yet. -1 to go on, else the exit status. */
+static int agent_prepare(const struct agent_args *a, bool listen, uint8_t key[KVX_AUTH_KEY_LEN],
+                         kvx_agent_params_t *params, kvx_layout_t **layout_p)
 {
-    kvx_agent_params_t params = {
+    kvx_status_t status;
+
+    *params = (kvx_agent_params_t){
         .field_mask = KVX_AGENT_PARAM_FIELD_TP_RANK | KVX_AGENT_PARAM_FIELD_TP_SIZE |
                       KVX_AGENT_PARAM_FIELD_NAME | a->given_fields,
         .timeout_ms   = (uint32_t)a->timeout_ms,
@@ -347,24 +377,30 @@ static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **ag
         .listen       = a->listen,
         .transports   = a->transports,
     };
-    uint8_t key[KVX_AUTH_KEY_LEN];
-    kvx_layout_t *layout;
+    if (!cli_auth(a->auth, a->insecure, key, params))
+        return EXIT_BAD_INPUT;
+    status = kvx_layout_load_file(a->layout, layout_p);
+    if (status != KVX_OK)
+        return cli_fail(status);
+    cli_layout_memory(*layout_p, a->memory, listen ? "serve" : "fetch");
+    if (listen)
+        params->field_mask |= KVX_AGENT_PARAM_FIELD_LISTEN;
+    if (a->transports != NULL)
+        params->field_mask |= KVX_AGENT_PARAM_FIELD_TRANSPORTS;
+    return -1;
+}
+
+/* Creates the agent of `a` from agent_prepare's params and layout: here its storages are
+ * allocated (malloc'd when asked, freed by the caller through *storages_p after the agent). */
+static int agent_start(const struct agent_args *a, kvx_agent_params_t *params,
+                       const kvx_layout_t *layout, kvx_agent_t **agent_p, void ***storages_p,
+                       size_t *num_storages_p)
+{
+    size_t n = kvx_layout_num_storages(layout);
     kvx_status_t status;
-    size_t n;
 
     *storages_p     = NULL;
     *num_storages_p = 0;
-    if (!cli_auth(a->auth, a->insecure, key, &params))
-        return EXIT_BAD_INPUT;
-    status = kvx_layout_load_file(a->layout, &layout);
-    if (status != KVX_OK)
-        return cli_fail(status);
-    cli_layout_memory(layout, a->memory, listen ? "serve" : "fetch");
-    if (listen)
-        params.field_mask |= KVX_AGENT_PARAM_FIELD_LISTEN;
-    if (a->transports != NULL)
-        params.field_mask |= KVX_AGENT_PARAM_FIELD_TRANSPORTS;
-    n = kvx_layout_num_storages(layout);
     if (a->use_malloc) {
         /* Engine-owned memory, registered as it is rather than allocated by UCX. */
         void **bases = calloc(n, sizeof(*bases));
@@ -380,27 +416,26 @@ static int agent_start(const struct agent_args *a, bool listen, kvx_agent_t **ag
             }
         }
         if (bases == NULL) {
-            kvx_layout_destroy(layout);
-            fprintf(stderr, "kvx: error: out of memory allocating the storages\n");
+            cli_errorf("out of memory allocating the storages");
             return EXIT_INTERNAL;
         }
-        params.field_mask |= KVX_AGENT_PARAM_FIELD_STORAGE_BASES;
-        params.storage_bases = bases;
-        *storages_p          = bases;
-        *num_storages_p      = n;
+        params->field_mask |= KVX_AGENT_PARAM_FIELD_STORAGE_BASES;
+        params->storage_bases = bases;
+        *storages_p           = bases;
+        *num_storages_p       = n;
     }
-    status = kvx_agent_create(layout, &params, agent_p);
-    kvx_layout_destroy(layout);
+    status = kvx_agent_create(layout, params, agent_p);
     if (status == KVX_OK) {
         /* kvx serve logs what went wrong or was refused always (a refused peer leaves a
          * trace); --verbose adds every state change, on either side */
-        if (a->verbose || listen)
-            kvx_agent_set_log_callback(*agent_p, log_line, (void *)params.name);
+        if (a->verbose || a->listen != NULL)
+            kvx_agent_set_log_callback(*agent_p, log_line, (void *)params->name);
         kvx_agent_set_log_level(*agent_p, a->verbose ? KVX_LOG_INFO : KVX_LOG_WARN);
         return -1;
     }
     storages_free(*storages_p, *num_storages_p);
-    *storages_p = NULL;
+    *storages_p     = NULL;
+    *num_storages_p = 0;
     return cli_fail(status);
 }
 
@@ -481,13 +516,17 @@ static kvx_status_t serve_holds_take(kvx_agent_t *agent, const struct serve_hold
 static int serve_fill(kvx_agent_t *agent, const struct agent_args *a)
 {
     uint64_t seed = a->seed;
+    char how[64];
     kvx_status_t status;
 
     if (a->fill_random && getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
         fprintf(stderr, "kvx: error: --fill random: no random bytes from the kernel\n");
         return EXIT_INTERNAL;
     }
-    status = kvx_agent_fill_pattern(agent, seed);
+    /* gigabytes take seconds: said before, and on a terminal while it runs (issue 24) */
+    snprintf(how, sizeof(how), "with seed %" PRIu64, a->seed);
+    status = progress_fill(agent, false, seed, "kvx serve: filling",
+                           a->fill_random ? "with random bytes" : how, true);
     return status == KVX_OK ? -1 : cli_fail(status);
 }
 
@@ -501,14 +540,17 @@ int command_serve(int argc, char **argv)
     kvx_agent_stats_t stats;
     struct metrics_http *metrics = NULL;
     struct serve_hold holds[HOLDS_MAX];
-    size_t num_holds = 0;
+    size_t num_holds     = 0;
+    kvx_layout_t *layout = NULL;
+    kvx_agent_params_t params;
+    uint8_t key[KVX_AUTH_KEY_LEN];
     kvx_status_t status;
     int ret = agent_args_parse(argc, argv, usage_serve, &a);
 
     if (ret >= 0)
         return ret;
     if (a.listen == NULL || a.peers != NULL || a.blocks != NULL || a.verify || a.json || a.want ||
-        a.wait_before_read_ms > 0)
+        a.wait_before_read_ms > 0 || a.wait_for_peers)
         return cli_usage_error("serve: needs --listen, takes no --peer, --blocks, --verify, "
                                "--json, --want or --wait-before-read",
                                usage_serve);
@@ -519,9 +561,23 @@ int command_serve(int argc, char **argv)
             goto out;
         }
     }
-    ret = agent_start(&a, true, &agent, &storages, &num_storages);
+    ret = agent_prepare(&a, true, key, &params, &layout);
+    if (ret < 0)
+        ret = agent_start(&a, &params, layout, &agent, &storages, &num_storages);
+    kvx_layout_destroy(layout);
     if (ret >= 0)
         goto out;
+    /* ids beyond the table are bad input too: said before the fill, the slow part (issue 24) */
+    for (size_t i = 0; i < num_holds; i++) {
+        size_t num_ids;
+
+        status = kvx_regions_request_ids(kvx_agent_regions(agent), holds[i].ids.groups,
+                                         holds[i].ids.num_groups, NULL, 0, &num_ids);
+        if (status != KVX_OK) {
+            ret = cli_fail(status);
+            goto out;
+        }
+    }
     if (a.metrics != NULL &&
         metrics_http_start(a.metrics, agent, "kvx serve", &metrics) != KVX_OK) {
         ret = EXIT_BAD_INPUT;
@@ -582,35 +638,6 @@ out:
     return ret;
 }
 
-/* --json: one object with the outcome, the transfer's figures and the agent's stats. */
-static void fetch_json_print(const struct agent_args *a, const kvx_agent_t *agent,
-                             const kvx_peer_t *peer, kvx_status_t status,
-                             const kvx_read_stats_t *read, const kvx_verify_result_t *checked,
-                             const char *verdict)
-{
-    kvx_agent_stats_t stats;
-
-    kvx_agent_stats(agent, &stats, sizeof(stats));
-    printf("{\"ok\": %s, \"error\": ", status == KVX_OK ? "true" : "false");
-    json_string_print(stdout, status == KVX_OK ? "" : kvx_errmsg());
-    printf(", \"mode\": \"%s\", \"bytes\": %" PRIu64 ", \"descriptors\": %" PRIu64
-           ", \"posted\": %" PRIu64 ", \"seconds\": %.9f, \"transports\": ",
-           a->push ? "push" : "pull", read->bytes, read->descriptors, read->posted, read->seconds);
-    json_string_print(stdout, kvx_peer_transports(peer));
-    printf(", \"verified\": ");
-    json_string_print(stdout, verdict != NULL ? verdict : "not verified");
-    if (checked->requested)
-        printf(", \"checksums\": {\"ok\": %s, \"segments\": %" PRIu64 ", \"bytes\": %" PRIu64
-               ", \"mismatches\": %" PRIu64 ", \"seconds\": %.9f}",
-               checked->status == KVX_OK ? "true" : "false", checked->segments, checked->bytes,
-               checked->mismatches, checked->seconds);
-    else
-        printf(", \"checksums\": null");
-    printf(", \"stats\": ");
-    stats_json_print(stdout, &stats);
-    printf("}\n");
-}
-
 static uint64_t monotonic_ms(void)
 {
     struct timespec ts;
@@ -645,16 +672,15 @@ static kvx_status_t fetch_want_and_wait(kvx_agent_t *agent, kvx_peer_t *const *p
     return status;
 }
 
-/* Pulls the request. A pull that was posted and failed prints its error and the block ids it
- * did not load, and sets *reported_p; a post that failed prints nothing. */
 /* Pulls the request, or has the prefill ranks push it (--push). With --verify it is verified
  * with checksums before it completes (a pull before its dones, so the prefill side still
  * holds the blocks as they were read), and *checked_p gets the counts. A transfer that
- * fails, a checksum mismatch too, is printed here: the error and the blocks not loaded. */
+ * fails, a checksum mismatch too, is printed here: the error and the blocks not loaded,
+ * which *failed_p keeps; a post that failed prints nothing. */
 static kvx_status_t fetch_transfer(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                                    const struct agent_args *a, const kvx_request_t *request,
                                    kvx_read_stats_t *stats_p, kvx_verify_result_t *checked_p,
-                                   bool *reported_p)
+                                   struct block_ids *failed_p, bool *reported_p)
 {
     kvx_xfer_t *xfer;
     kvx_status_t status = (a->push ? kvx_write_post : kvx_read_post)(
@@ -676,13 +702,24 @@ static kvx_status_t fetch_transfer(kvx_agent_t *agent, kvx_peer_t *const *peers,
         size_t num_groups;
 
         kvx_xfer_failed_blocks(xfer, &groups, &num_groups);
-        fprintf(stderr, "kvx: error: %s\nkvx: not loaded: ", kvx_xfer_error(xfer));
+        cli_errorf("%s", kvx_xfer_error(xfer));
+        fprintf(stderr, "kvx: not loaded: ");
         block_ids_print(stderr, groups, num_groups);
         fprintf(stderr, "\n");
+        fetch_blocks_copy(groups, num_groups, failed_p);
         *reported_p = true;
     }
     kvx_xfer_destroy(xfer);
     return status;
+}
+
+static bool args_have(int argc, char **argv, const char *option)
+{
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], option) == 0)
+            return true;
+    }
+    return false;
 }
 
 int command_fetch(int argc, char **argv)
@@ -693,69 +730,74 @@ int command_fetch(int argc, char **argv)
     size_t num_peers            = 0;
     struct block_ids ids        = {0};
     struct block_ids rids       = {0};
+    struct block_ids failed     = {0}; /* a failed transfer's blocks not loaded */
     kvx_read_stats_t stats      = {0};
     void **storages             = NULL;
     size_t num_storages         = 0;
     char verdict[1100]          = "not verified";
     kvx_verify_result_t checked = {0};
+    kvx_layout_t *layout        = NULL;
+    kvx_agent_params_t params;
+    uint8_t key[KVX_AUTH_KEY_LEN];
     char error[512];
     kvx_request_t request;
     kvx_status_t status;
     bool reported = false; /* the failure is printed already */
+    bool mismatch = false; /* moved, and the pattern check found a wrong byte */
+    bool json     = args_have(argc, argv, "--json"); /* before the parse: its errors too */
     int ret       = agent_args_parse(argc, argv, usage_fetch, &a);
 
-    if (ret >= 0)
-        return ret;
+    if (ret == 0)
+        return 0; /* --help */
+    if (ret > 0)
+        goto out;
     if (a.peers == NULL || a.blocks == NULL || a.listen != NULL || a.num_holds > 0 ||
-        (a.given_fields & KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS) != 0)
-        return cli_usage_error("fetch: needs --peer and --blocks, takes no --listen, --hold or "
-                               "--max-push",
-                               usage_fetch);
-    if (a.fill_random)
-        return cli_usage_error("fetch: --fill random is kvx serve's (fetch --verify checks random "
-                               "bytes by checksums; --fill SEED names a pattern to check)",
-                               usage_fetch);
+        (a.given_fields & KVX_AGENT_PARAM_FIELD_MAX_PUSH_MS) != 0) {
+        ret = cli_usage_error("fetch: needs --peer and --blocks, takes no --listen, --hold or "
+                              "--max-push",
+                              usage_fetch);
+        goto out;
+    }
+    if (a.fill_random) {
+        ret = cli_usage_error("fetch: --fill random is kvx serve's (fetch --verify checks random "
+                              "bytes by checksums; --fill SEED names a pattern to check)",
+                              usage_fetch);
+        goto out;
+    }
     if (!block_ids_parse("--blocks", a.blocks, &ids, error, sizeof(error)) ||
         (a.remote_blocks != NULL &&
          !block_ids_parse("--remote-blocks", a.remote_blocks, &rids, error, sizeof(error)))) {
-        fprintf(stderr, "kvx: error: %s\n", error);
+        cli_errorf("%s", error);
+        block_ids_free(&ids); /* not the request's: --json names no blocks then */
         ret = EXIT_BAD_INPUT;
         goto out;
     }
-    status = block_ids_check_layout(a.layout, &ids); /* before any memory or connection */
+    /* Everything that can be checked is, before any memory (issue 24): the ids against the
+     * layout, then each peer's handshake; only then the cache, the connections, the zeroes. */
+    status = block_ids_check_layout(a.layout, &ids);
     if (status != KVX_OK) {
         ret = cli_fail(status);
         goto out;
     }
-    ret = agent_start(&a, false, &agent, &storages, &num_storages);
+    ret = agent_prepare(&a, false, key, &params, &layout);
+    if (ret < 0)
+        ret = fetch_probe(layout, &params, a.peers, a.wait_for_peers ? a.timeout_ms : 0);
+    if (ret < 0)
+        ret = agent_start(&a, &params, layout, &agent, &storages, &num_storages);
+    if (ret < 0)
+        ret = fetch_connect(agent, a.peers, peers, &num_peers);
     if (ret >= 0)
         goto out;
-    status = kvx_agent_zero(agent); /* a clean slate: what was not moved stays zero */
-    if (status != KVX_OK) {
-        ret = cli_fail(status);
-        goto out;
-    }
-    for (const char *p = a.peers; *p != '\0' && num_peers < KVX_MAX_TP;) {
-        size_t len = strcspn(p, ",");
-        char address[256];
-
-        snprintf(address, sizeof(address), "%.*s", (int)(len < 255 ? len : 255), p);
-        status = kvx_agent_connect(agent, address, &peers[num_peers]);
-        if (status != KVX_OK) {
-            ret = cli_fail(status);
-            goto out;
-        }
-        num_peers++;
-        p += len + (p[len] == ',');
-    }
+    /* a clean slate: what was not moved stays zero (said on a terminal: gigabytes take a while) */
+    status  = progress_fill(agent, true, 0, "kvx fetch: zeroing", "before the transfer", false);
     request = (kvx_request_t){ids.groups, ids.num_groups, rids.groups, rids.num_groups,
                               a.token != NULL ? &a.token_value : NULL};
-    status  = fetch_want_and_wait(agent, peers, num_peers, &a, request.token);
     if (status == KVX_OK)
-        status = fetch_transfer(agent, peers, num_peers, &a, &request, &stats, &checked, &reported);
+        status = fetch_want_and_wait(agent, peers, num_peers, &a, request.token);
+    if (status == KVX_OK)
+        status = fetch_transfer(agent, peers, num_peers, &a, &request, &stats, &checked, &failed,
+                                &reported);
     if (status != KVX_OK) {
-        if (a.json)
-            fetch_json_print(&a, agent, peers[0], status, &stats, &checked, NULL);
         ret = reported ? cli_exit_status(status) : cli_fail(status);
         goto out;
     }
@@ -765,12 +807,11 @@ int command_fetch(int argc, char **argv)
     if (a.verify && a.seed_given && (status = kvx_agent_check_pattern(agent, a.seed)) != KVX_OK) {
         snprintf(verdict, sizeof(verdict), "%s%s",
                  status == KVX_ERR_MISMATCH ? "MISMATCH: " : "not verified: ", kvx_errmsg());
-        ret = EXIT_BAD_INPUT;
+        mismatch = true;
+        ret      = EXIT_BAD_INPUT;
     }
-    if (a.json) {
-        fetch_json_print(&a, agent, peers[0], KVX_OK, &stats, &checked, verdict);
+    if (a.json)
         goto out;
-    }
     printf("%s %" PRIu64 " bytes in %" PRIu64 " descriptors (%" PRIu64
            " after coalescing) from %zu peer%s in %.3f ms: %.2f GB/s over %s\n",
            a.push ? "pushed" : "fetched", stats.bytes, stats.descriptors, stats.posted, num_peers,
@@ -785,11 +826,33 @@ int command_fetch(int argc, char **argv)
     printf("%s\n", a.verify ? verdict : "done (bytes not checked: --verify compares them)");
 
 out:
+    if (json) {
+        /* One object whatever happened (issue 24): blocks not loaded are the transfer's when
+         * it failed, every requested one when it never ran, none when all arrived. */
+        bool moved                   = ret == 0 || mismatch;
+        const struct block_ids *lost = reported ? &failed : &ids;
+        struct fetch_outcome outcome = {
+            .ok             = ret == 0,
+            .error          = mismatch ? verdict : cli_last_error(),
+            .not_loaded     = lost->groups,
+            .num_not_loaded = moved ? 0 : lost->num_groups,
+            .push           = a.push,
+            .read           = &stats,
+            .checked        = &checked,
+            .verdict        = verdict,
+            .transports     = num_peers > 0 ? kvx_peer_transports(peers[0]) : NULL,
+            .agent          = agent,
+        };
+
+        fetch_json_print(stdout, &outcome);
+    }
     for (size_t i = 0; i < num_peers; i++)
         kvx_peer_destroy(peers[i]);
     kvx_agent_destroy(agent);
     storages_free(storages, num_storages);
+    kvx_layout_destroy(layout);
     block_ids_free(&ids);
     block_ids_free(&rids);
+    block_ids_free(&failed);
     return ret;
 }

@@ -149,6 +149,30 @@ def test_a_killed_prefill_raises_within_the_deadline(tmp_path):
         assert failure.value.failed_blocks == {0: [2]}
 
 
+def test_reconnect_to_a_dead_prefill_fails_at_once(tmp_path):
+    """Issue 24 item 2: nothing listens at a killed prefill's port, so a reconnect is refused
+    at once (PeerDownError, saying so) instead of waiting out timeout_ms."""
+    path = write_layout(tmp_path, SMALL)
+    prefill = Prefill(path, {0: [1]})
+    memory = np.zeros(65536, dtype=np.uint8)
+    with kvx.Agent(kvx.Layout.load(path), {"kv": memory}, transports="tcp", timeout_ms=30000,
+                   heartbeat_ms=200) as agent:
+        peer = agent.connect(prefill.address)
+        prefill.process.kill()
+        prefill.process.wait()
+        with pytest.raises((kvx.PeerDownError, kvx.PeerTimeoutError)):
+            for _ in range(100):  # until the loss is seen
+                peer.read({0: [2]})
+                agent.progress(100)
+        assert peer.down_reason is not None
+        start = time.monotonic()
+        with pytest.raises(kvx.PeerDownError) as failure:
+            peer.reconnect()
+        assert time.monotonic() - start < 10  # not the 30 s of timeout_ms
+        assert "connection refused" in str(failure.value), failure.value
+        peer.close()
+
+
 def test_a_stopped_prefill_times_out_at_the_callers_deadline(tmp_path):
     """A prefill process stopped (SIGSTOP) while it holds our request: a read of engine
     memory, which the prefill must serve, gives up at timeout_ms with every block named."""
