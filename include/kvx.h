@@ -299,8 +299,9 @@ KVX_API kvx_status_t kvx_regions_descriptor_addr(const kvx_regions_t *regions,
  * them (max_ids must be at least that number). Checks the whole request before writing:
  * an id beyond a region's capacity fails with KVX_ERR_OUT_OF_RANGE naming the group, id and
  * region; when the table uses several groups, num_groups must cover the highest one and a
- * group no region is in must hold no ids; an id named twice in one group is refused
- * (KVX_ERR_INVALID, naming both). Allocates only a sorted copy of ids given out of order. */
+ * group the layout does not have must hold no ids. One side's ids only: an id repeated here
+ * is listed twice (a plan refuses local ids named twice, remote ones may repeat). Allocates
+ * nothing. */
 KVX_API kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
                                              const kvx_group_ids_t *groups, size_t num_groups,
                                              uint64_t *ids, size_t max_ids, size_t *num_ids_p);

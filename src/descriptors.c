@@ -252,12 +252,6 @@ static kvx_status_t group_check(const kvx_regions_t *t, const kvx_group_ids_t *g
                                  id, g, r, regions_region_name(t, region), region->num_blocks);
         }
     }
-    if (takers > 0) {
-        kvx_status_t status = regions_group_check_repeats(group, g);
-
-        if (status != KVX_OK)
-            return status;
-    }
     if (__builtin_mul_overflow(takers, group->count, &yield) ||
         __builtin_add_overflow(*count_p, yield, count_p))
         return error_set(KVX_ERR_INVALID, "request: the descriptor count overflows");

@@ -27,7 +27,7 @@ struct region_plan {
  * the covering region's, from the same place. */
 struct group_plan {
     int64_t group;         /* table group id; -1: the single group, or any unused id */
-    uint32_t first_region; /* into kvx_peer_plan.group_regions: the regions that emit */
+    uint32_t first_region; /* into kvx_peer_plan.group_regions: those that emit, then covered */
     uint32_t num_regions;  /* regions that emit; 0 with num_covered 0: no region takes it */
     uint32_t num_covered;  /* regions that take the group but emit nothing */
     uint64_t covered_per_id;  /* descriptors one id names in the covered regions */

@@ -6,6 +6,7 @@
 #include "error.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* Bounds the pairwise work of one plan: past this many region comparisons the rest of the
  * regions emit as they are (correct, only slower: the request's sweep drops what they
@@ -52,11 +53,12 @@ static bool region_covers(const struct kvx_peer_plan *plan, const struct region_
     return true;
 }
 
-/* Drops from group gp's list each region that another one of it covers; of two that cover
- * each other (the same bytes), the later one. Covering is transitive, so what is left holds
- * every byte the whole list names. */
+/* Moves to the end of group gp's list (num_covered) each region that another one of it
+ * covers; of two that cover each other (the same bytes), the later one. Covering is
+ * transitive, so the regions left to emit hold every byte the whole list names. `dropped`
+ * and `order` have room for the list. */
 static void group_prune(struct kvx_peer_plan *plan, struct group_plan *gp, bool *dropped,
-                        uint64_t *checks_p)
+                        uint32_t *order, uint64_t *checks_p)
 {
     uint32_t *list = plan->group_regions + gp->first_region;
     uint32_t kept  = 0;
@@ -74,15 +76,17 @@ static void group_prune(struct kvx_peer_plan *plan, struct group_plan *gp, bool 
             dropped[a] = region_covers(plan, j, k) && (b < a || !region_covers(plan, k, j));
         }
     }
-    for (uint32_t a = 0; a < gp->num_regions; a++) {
-        const struct region_plan *k = &plan->regions[list[a]];
-
-        if (!dropped[a]) {
-            list[kept++] = list[a];
+    memcpy(order, list, gp->num_regions * sizeof(*order));
+    for (uint32_t a = 0; a < gp->num_regions; a++) { /* the regions that emit, in order */
+        if (!dropped[a])
+            list[kept++] = order[a];
+    }
+    for (uint32_t a = 0, b = kept; a < gp->num_regions; a++) { /* then the covered ones */
+        if (!dropped[a])
             continue;
-        }
+        list[b++] = order[a];
         gp->num_covered++;
-        gp->covered_per_id += (uint64_t)k->num_slices * plan->bsr;
+        gp->covered_per_id += (uint64_t)plan->regions[order[a]].num_slices * plan->bsr;
     }
     gp->num_regions = kept;
 }
@@ -155,18 +159,20 @@ kvx_status_t plan_cover_prune(struct kvx_peer_plan *plan)
     size_t nr       = plan->local->num_regions;
     bool *dropped   = calloc(nr + 1, sizeof(*dropped));
     bool *emits     = calloc(nr + 1, sizeof(*emits));
+    uint32_t *order = calloc(nr + 1, sizeof(*order));
     uint64_t checks = 0;
     kvx_status_t status;
 
-    if (dropped == NULL || emits == NULL) {
+    if (dropped == NULL || emits == NULL || order == NULL) {
         free(dropped);
         free(emits);
+        free(order);
         return error_no_memory("the plan's group lists");
     }
     for (size_t g = 0; g < plan->num_groups; g++) {
         struct group_plan *gp = &plan->groups[g];
 
-        group_prune(plan, gp, dropped, &checks);
+        group_prune(plan, gp, dropped, order, &checks);
         for (uint32_t i = 0; i < gp->num_regions; i++) {
             uint32_t r = plan->group_regions[gp->first_region + i];
 
@@ -179,5 +185,6 @@ kvx_status_t plan_cover_prune(struct kvx_peer_plan *plan)
     status = plan_overlap_find(plan, emits);
     free(dropped);
     free(emits);
+    free(order);
     return status;
 }

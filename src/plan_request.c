@@ -110,18 +110,26 @@ static kvx_status_t request_id_out_of_range(const kvx_peer_plan_t *plan,
                                             const struct group_plan *gp, size_t g, bool remote,
                                             uint64_t id)
 {
-    for (uint32_t i = 0; i < gp->num_regions; i++) {
+    uint32_t first = UINT32_MAX; /* in table order, covered regions included */
+
+    for (uint32_t i = 0; i < gp->num_regions + gp->num_covered; i++) {
         uint32_t r                   = plan->group_regions[gp->first_region + i];
         const struct region_plan *rp = &plan->regions[r];
         const struct region *region  = remote ? rp->remote : rp->local;
 
-        if (id >= region->num_blocks)
-            return error_set(KVX_ERR_OUT_OF_RANGE,
-                             "request: %s block id %" PRIu64 " of group %zu is out of range"
-                             " for region %" PRIu32 " (%s) of %" PRIu64
-                             " blocks; nothing is transferred",
-                             remote ? "remote" : "local", id, g, r,
-                             regions_region_name(plan->local, rp->local), region->num_blocks);
+        if (id >= region->num_blocks && r < first)
+            first = r;
+    }
+    if (first != UINT32_MAX) {
+        const struct region_plan *rp = &plan->regions[first];
+        const struct region *region  = remote ? rp->remote : rp->local;
+
+        return error_set(KVX_ERR_OUT_OF_RANGE,
+                         "request: %s block id %" PRIu64 " of group %zu is out of range"
+                         " for region %" PRIu32 " (%s) of %" PRIu64
+                         " blocks; nothing is transferred",
+                         remote ? "remote" : "local", id, g, first,
+                         regions_region_name(plan->local, rp->local), region->num_blocks);
     }
     return error_set(KVX_ERR_INTERNAL, "request: id %" PRIu64 " out of range in no region", id);
 }
@@ -697,8 +705,8 @@ static kvx_status_t request_reads_check(const kvx_peer_plan_t *plan, const kvx_r
             n++;
         }
     }
-    sorted = plan_pairs_sort(pairs->scratch, pairs->scratch + total, total);
-    if (plan_pairs_overlap(sorted, total, &c))
+    sorted = plan_pairs_sort(pairs->scratch, pairs->scratch + total, n); /* n <= total */
+    if (plan_pairs_overlap(sorted, n, &c))
         return request_conflict(plan, req, 0, &c, true);
     return KVX_OK;
 }
