@@ -293,6 +293,11 @@ KVX_API kvx_status_t kvx_regions_descriptor_addr(const kvx_regions_t *regions,
                                                  const uint64_t *storage_bases, uint64_t id,
                                                  uint64_t *addr_p, uint64_t *len_p);
 
+/* Bytes the table's descriptors cover, each byte once (regions that overlap, such as a whole
+ * row and the pages inside it, count once): what moves when every block of every region
+ * does. Allocates a list of the descriptors while it counts. Errors: KVX_ERR_NO_MEMORY. */
+KVX_API kvx_status_t kvx_regions_bytes(const kvx_regions_t *regions, uint64_t *bytes_p);
+
 /* The request rule of regions.md "Descriptors": block ids per group (groups[g] holds group
  * g's ids) become descriptor ids, emitted group, then region, then block. Sets
  * *num_ids_p to the number of ids the request yields; when `ids` is not NULL also writes

@@ -208,6 +208,55 @@ kvx_status_t regions_group_check_repeats(const kvx_group_ids_t *group, size_t g)
     return KVX_OK;
 }
 
+/* One descriptor's bytes, for kvx_regions_bytes(). */
+struct span {
+    uint64_t storage;
+    uint64_t start;
+    uint64_t end;
+};
+
+static int compare_span(const void *a, const void *b)
+{
+    const struct span *x = a;
+    const struct span *y = b;
+
+    if (x->storage != y->storage)
+        return x->storage < y->storage ? -1 : 1;
+    return (x->start > y->start) - (x->start < y->start);
+}
+
+kvx_status_t kvx_regions_bytes(const kvx_regions_t *regions, uint64_t *bytes_p)
+{
+    struct span *spans = calloc(regions->num_descriptors + 1, sizeof(*spans));
+    uint64_t bytes     = 0;
+    uint64_t reached   = 0; /* end of the bytes counted so far in this storage */
+    size_t n           = 0;
+
+    if (spans == NULL)
+        return error_no_memory("the table's descriptors");
+    for (size_t r = 0; r < regions->num_regions; r++) {
+        const struct region *region = &regions->regions[r];
+
+        for (uint64_t b = 0; b < region->num_blocks; b++) {
+            uint64_t start = region->offset + b * region->stride;
+
+            spans[n++] = (struct span){region->storage, start, start + region->block_len};
+        }
+    }
+    qsort(spans, n, sizeof(*spans), compare_span);
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || spans[i].storage != spans[i - 1].storage)
+            reached = 0;
+        if (spans[i].end > reached) {
+            bytes += spans[i].end - (spans[i].start > reached ? spans[i].start : reached);
+            reached = spans[i].end;
+        }
+    }
+    free(spans);
+    *bytes_p = bytes;
+    return KVX_OK;
+}
+
 /* True when region r takes the ids of group g (regions.md "Descriptors"). */
 static bool region_takes_group(const kvx_regions_t *t, const struct region *r, size_t g)
 {

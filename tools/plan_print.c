@@ -61,8 +61,9 @@ void plan_print_table(FILE *out, const kvx_regions_t *regions)
                 r, name_width, info.name, where_width, where, info.block_len, info.stride,
                 info.num_blocks, info.group, flags_width, region_flags(&info, flags, sizeof(flags)),
                 info.num_members);
-        bytes += info.block_len * info.num_blocks;
     }
+    if (kvx_regions_bytes(regions, &bytes) != KVX_OK)
+        bytes = 0; /* out of memory: the table is printed, the total says nothing moves */
     fprintf(out,
             "total: %zu regions, %" PRIu64 " descriptors, %" PRIu64
             " bytes when every block moves (%.2f GiB)\n",
