@@ -19,7 +19,7 @@ struct pair_list {
 };
 
 /* Block ids up to this capacity are checked for repeats with a stamp per block; beyond it
- * (a table of more blocks than any engine allocates) by sorting a copy. 2^20: 4 MiB. */
+ * (a table of more blocks than any engine allocates) by sorting a copy. 2^20: 1 MiB. */
 #define STAMPS_MAX (UINT64_C(1) << 20)
 
 struct kvx_pairs {
@@ -30,9 +30,12 @@ struct kvx_pairs {
     kvx_pairs_stats_t stats;
     kvx_pair_t *scratch; /* 2 x every read's pairs: sorted copies (each byte once) */
     size_t max_scratch;  /* allocated entries */
-    uint32_t *stamps;    /* by local block id: the check that last saw it (repeated ids) */
+    uint8_t *stamps;     /* by local block id: the check that last saw it (repeated ids); a
+                            byte keeps 4096 blocks in 4 KiB of L1 */
     uint64_t max_stamps; /* allocated entries */
-    uint32_t stamp;      /* the current check's stamp; 0 is never one */
+    uint8_t stamp;       /* the current check's stamp; 0 is never one */
+    bool *ascend;        /* by request group: its ids ascend, as its first region's pairs show */
+    size_t max_ascend;   /* allocated entries */
 };
 
 kvx_status_t kvx_pairs_create(kvx_pairs_t **pairs_p)
@@ -58,6 +61,7 @@ void kvx_pairs_destroy(kvx_pairs_t *pairs)
     free(pairs->ranks);
     free(pairs->scratch);
     free(pairs->stamps);
+    free(pairs->ascend);
     free(pairs);
 }
 
@@ -448,6 +452,24 @@ static bool emit_group_region(const kvx_peer_plan_t *plan, const kvx_request_t *
     return true;
 }
 
+/* emit_group_region for the first region of group g, noting in ascend[g] whether its pairs
+ * came out in local order with one pair per id (one slice, bsr 1): then the group's ids
+ * ascend and none repeats, which request_repeats_check need not look at. Costs a pass over
+ * the pairs written, not the ids: one pair for a run of consecutive ids. */
+static bool emit_group_first(const kvx_peer_plan_t *plan, const kvx_request_t *req, size_t g,
+                             const struct group_plan *gp, const struct region_plan *rp,
+                             kvx_pairs_t *pairs)
+{
+    const struct pair_list *list = &pairs->reads[plan->slices[rp->first_slice].read];
+    size_t start = list->count > 0 ? list->count - 1 : 0; /* the first id may extend it */
+
+    if (!emit_group_region(plan, req, g, gp, rp, pairs))
+        return false;
+    pairs->ascend[g] = plan->bsr == 1 && rp->num_slices == 1 &&
+                       plan_pairs_ordered(list->pairs + start, list->count - start);
+    return true;
+}
+
 /* Emits the request's pairs in the order of regions.md "Descriptors". One distinct group:
  * each region takes every group's ids, region by region. Several: group, then region, then
  * block. False when an id is over its limit (see emit_group_region). */
@@ -460,7 +482,7 @@ static bool request_emit(const kvx_peer_plan_t *plan, const kvx_request_t *req, 
             const struct region_plan *rp = &plan->regions[plan->group_regions[i]];
 
             for (size_t g = 0; g < req->num_local_groups; g++) {
-                if (!emit_group_region(plan, req, g, gp, rp, pairs))
+                if (!(i == 0 ? emit_group_first : emit_group_region)(plan, req, g, gp, rp, pairs))
                     return false;
             }
         }
@@ -470,9 +492,9 @@ static bool request_emit(const kvx_peer_plan_t *plan, const kvx_request_t *req, 
         const struct group_plan *gp = &plan->groups[plan_group_index(plan, g)];
 
         for (uint32_t i = 0; i < gp->num_regions; i++) {
-            if (!emit_group_region(plan, req, g, gp,
-                                   &plan->regions[plan->group_regions[gp->first_region + i]],
-                                   pairs))
+            if (!(i == 0 ? emit_group_first : emit_group_region)(
+                    plan, req, g, gp, &plan->regions[plan->group_regions[gp->first_region + i]],
+                    pairs))
                 return false;
         }
     }
@@ -501,10 +523,25 @@ request_fail(const kvx_peer_plan_t *plan, const kvx_request_t *req, kvx_pairs_t 
     return error_set(KVX_ERR_INTERNAL, "request: an id failed emission but passed the check");
 }
 
+/* Room for one ascend flag per request group, all false. */
+static kvx_status_t ascend_reserve(kvx_pairs_t *pairs, size_t n)
+{
+    if (n > pairs->max_ascend) {
+        bool *ascend = realloc(pairs->ascend, n * sizeof(*ascend));
+
+        if (ascend == NULL)
+            return error_no_memory("the request's groups");
+        pairs->ascend     = ascend;
+        pairs->max_ascend = n;
+    }
+    memset(pairs->ascend, 0, n * sizeof(*pairs->ascend));
+    return KVX_OK;
+}
+
 /* Grows the stamps to n entries, zeroed (no check has seen any id yet). */
 static kvx_status_t stamps_reserve(kvx_pairs_t *pairs, uint64_t n)
 {
-    uint32_t *stamps;
+    uint8_t *stamps;
 
     if (n <= pairs->max_stamps)
         return KVX_OK;
@@ -518,6 +555,40 @@ static kvx_status_t stamps_reserve(kvx_pairs_t *pairs, uint64_t n)
     return KVX_OK;
 }
 
+/* Marks each of ids[0..n) with `stamp`; false when one already had it (an id repeats).
+ * Four ids a round, state in locals: about five instructions an id, the cost of a scattered
+ * request's check (docs/plan.md "Each byte once"). */
+static bool stamps_mark(uint8_t *stamps, uint8_t stamp, const uint64_t *ids, size_t n)
+{
+    size_t i = 0;
+
+    for (; i + 4 <= n; i += 4) {
+        uint64_t a = ids[i];
+        uint64_t b = ids[i + 1];
+        uint64_t c = ids[i + 2];
+        uint64_t d = ids[i + 3];
+
+        if (stamps[a] == stamp)
+            return false;
+        stamps[a] = stamp;
+        if (stamps[b] == stamp)
+            return false;
+        stamps[b] = stamp;
+        if (stamps[c] == stamp)
+            return false;
+        stamps[c] = stamp;
+        if (stamps[d] == stamp)
+            return false;
+        stamps[d] = stamp;
+    }
+    for (; i < n; i++) {
+        if (stamps[ids[i]] == stamp)
+            return false;
+        stamps[ids[i]] = stamp;
+    }
+    return true;
+}
+
 /* Refuses a block id named twice in one group (docs/plan.md "The request"): it would move
  * the same bytes twice. Ids that ascend cost one branch-free pass; others one stamp per id,
  * by local id (the emission has checked each is below its group's capacity, at most
@@ -528,9 +599,9 @@ static kvx_status_t request_repeats_check(const kvx_peer_plan_t *plan, const kvx
     for (size_t g = 0; g < req->num_local_groups; g++) {
         const kvx_group_ids_t *l = &req->local[g];
         kvx_status_t status;
-        uint32_t stamp;
+        uint8_t stamp;
 
-        if (l->count < 2 || regions_ids_ascend(l->ids, l->count))
+        if (l->count < 2 || pairs->ascend[g] || regions_ids_ascend(l->ids, l->count))
             continue;
         if (plan->max_capacity > STAMPS_MAX) {
             status = regions_group_check_repeats(l, g);
@@ -541,17 +612,21 @@ static kvx_status_t request_repeats_check(const kvx_peer_plan_t *plan, const kvx
         status = stamps_reserve(pairs, plan->max_capacity);
         if (status != KVX_OK)
             return status;
-        if (pairs->stamp == UINT32_MAX) {
+        if (pairs->stamp == UINT8_MAX) {
             memset(pairs->stamps, 0, pairs->max_stamps * sizeof(*pairs->stamps));
             pairs->stamp = 0;
         }
         stamp = ++pairs->stamp;
-        for (size_t i = 0; i < l->count; i++) {
-            uint64_t id = l->ids[i];
-
-            if (pairs->stamps[id] == stamp)
-                return regions_id_repeated(g, id);
-            pairs->stamps[id] = stamp;
+        if (!stamps_mark(pairs->stamps, stamp, l->ids, l->count)) {
+            /* Which id: look again, one at a time, with a stamp of its own. Cold. */
+            stamp = pairs->stamp = (uint8_t)(pairs->stamp == UINT8_MAX ? 1 : pairs->stamp + 1);
+            if (stamp == 1)
+                memset(pairs->stamps, 0, pairs->max_stamps);
+            for (size_t i = 0;; i++) {
+                if (pairs->stamps[l->ids[i]] == stamp)
+                    return regions_id_repeated(g, l->ids[i]);
+                pairs->stamps[l->ids[i]] = stamp;
+            }
         }
     }
     return KVX_OK;
@@ -777,6 +852,8 @@ kvx_status_t kvx_peer_plan_request(const kvx_peer_plan_t *plan, const kvx_reques
     if (!plan->single_group && (int64_t)req->num_local_groups <= plan->local->max_group)
         return regions_groups_missing(plan->local, req->num_local_groups);
     status = pairs_reserve(pairs, plan);
+    if (status == KVX_OK)
+        status = ascend_reserve(pairs, req->num_local_groups);
     if (status != KVX_OK)
         return status;
     /* The shape of every group (arrays, counts), and the room it needs; the ids are checked

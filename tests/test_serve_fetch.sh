@@ -285,9 +285,9 @@ for v in d["views"]:
 json.dump(d, open(sys.argv[2], "w"))
 PY
 }
-once_blocks() { # LAYOUT: ids 0, 2, 3 in every group of the layout, and in one more for a
+once_blocks() { # LAYOUT: ids 1, 0 in every group of the layout, and in one more for a
   # single-group table (which takes every group's ids)
-  python3 -c "import json,sys; g=sorted({v.get('group',0) for v in json.load(open(sys.argv[1]))['views']}); n=max(g)+1 if len(g)>1 else 2; print(';'.join('%d:0,2-3' % i for i in range(n)))" "$1"
+  python3 -c "import json,sys; g=sorted({v.get('group',0) for v in json.load(open(sys.argv[1]))['views']}); n=max(g)+1 if len(g)>1 else 2; print(';'.join('%d:1,0' % i for i in range(n)))" "$1"
 }
 fetch_once() { # LAYOUT: pull $(once_blocks LAYOUT) from $addr, verified, bytes as planned
   local blocks planned
@@ -306,7 +306,7 @@ for f in "$src"/layouts/examples/*.json "$src"/layouts/models/*.json; do
   name=$(basename "$f" .json)
   case $f in */models/*) scale4 "$f" "$tmp/$name.json" && f=$tmp/$name.json ;; esac
   serve "$f" --malloc || { failed=$((failed + 1)); continue; }
-  check "each byte once: $name, every group naming blocks 0, 2, 3, pulled and verified" fetch_once "$f"
+  check "each byte once: $name, every group naming blocks 1, 0, pulled and verified" fetch_once "$f"
   stop_server
 done
 
