@@ -172,9 +172,47 @@ static void check_segments(const kvx_metadata_t *md)
     }
 }
 
+static int compare_local(const void *a, const void *b)
+{
+    const kvx_pair_t *x = a;
+    const kvx_pair_t *y = b;
+
+    if (x->local_storage != y->local_storage)
+        return x->local_storage < y->local_storage ? -1 : 1;
+    return (x->local_offset > y->local_offset) - (x->local_offset < y->local_offset);
+}
+
+/* docs/plan.md "Each byte once": no two pairs of any reads share a local byte. */
+static void check_each_byte_once(const kvx_pairs_t *pairs)
+{
+    kvx_pair_t *all;
+    size_t n = 0;
+    kvx_pairs_stats_t stats;
+
+    kvx_pairs_stats(pairs, &stats);
+    all = calloc(stats.coalesced + 1, sizeof(*all));
+    if (all == NULL)
+        return;
+    for (size_t read = 0; read < kvx_pairs_num_reads(pairs); read++) {
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(pairs, read, NULL, &count);
+
+        for (size_t i = 0; i < count && n < stats.coalesced; i++)
+            all[n++] = p[i];
+    }
+    qsort(all, n, sizeof(*all), compare_local);
+    for (size_t i = 1; i < n; i++) {
+        if (all[i].local_storage == all[i - 1].local_storage &&
+            all[i].local_offset < all[i - 1].local_offset + all[i - 1].len)
+            fuzz_fail("local byte %" PRIu64 " of storage %" PRIu32 " is written twice",
+                      all[i].local_offset, all[i].local_storage);
+    }
+    free(all);
+}
+
 /* Block 0 of every local group, planned against the peer: each pair stays inside a local
  * storage and inside the registration of the remote rank it is read from, so a peer's table
- * can never make this side read or write out of bounds. */
+ * can never make this side read or write out of bounds, and no local byte is written twice. */
 static void check_request(const kvx_peer_plan_t *plan, const kvx_metadata_t *md)
 {
     static const uint64_t zero = 0;
@@ -208,6 +246,8 @@ static void check_request(const kvx_peer_plan_t *plan, const kvx_metadata_t *md)
                           p[i].local_storage, p[i].local_offset);
         }
     }
+    if (status == KVX_OK)
+        check_each_byte_once(pairs);
     kvx_pairs_destroy(pairs);
 }
 

@@ -293,13 +293,20 @@ KVX_API kvx_status_t kvx_regions_descriptor_addr(const kvx_regions_t *regions,
                                                  const uint64_t *storage_bases, uint64_t id,
                                                  uint64_t *addr_p, uint64_t *len_p);
 
+/* Bytes the table's descriptors cover, each byte once (regions that overlap, such as a whole
+ * row and the pages inside it, count once): what moves when every block of every region
+ * does. Allocates a list of the descriptors while it counts. Errors: KVX_ERR_NO_MEMORY. */
+KVX_API kvx_status_t kvx_regions_bytes(const kvx_regions_t *regions, uint64_t *bytes_p);
+
 /* The request rule of regions.md "Descriptors": block ids per group (groups[g] holds group
  * g's ids) become descriptor ids, emitted group, then region, then block. Sets
  * *num_ids_p to the number of ids the request yields; when `ids` is not NULL also writes
  * them (max_ids must be at least that number). Checks the whole request before writing:
  * an id beyond a region's capacity fails with KVX_ERR_OUT_OF_RANGE naming the group, id and
- * region; when the table uses several groups, num_groups must cover the highest one.
- * Allocates nothing. */
+ * region; when the table uses several groups, num_groups must cover the highest one and a
+ * group the layout does not have must hold no ids. One side's ids only: an id repeated here
+ * is listed twice (a plan refuses local ids named twice, remote ones may repeat). Allocates
+ * nothing. */
 KVX_API kvx_status_t kvx_regions_request_ids(const kvx_regions_t *regions,
                                              const kvx_group_ids_t *groups, size_t num_groups,
                                              uint64_t *ids, size_t max_ids, size_t *num_ids_p);
@@ -380,9 +387,9 @@ typedef struct kvx_request {
 } kvx_request_t;
 
 typedef struct kvx_pairs_stats {
-    uint64_t descriptors; /* pairs before coalescing */
-    uint64_t coalesced;   /* pairs after coalescing: what is posted */
-    uint64_t bytes;       /* bytes the pairs move */
+    uint64_t descriptors; /* descriptor pairs the request names, before coalescing */
+    uint64_t coalesced;   /* pairs after coalescing and dropping repeats: what is posted */
+    uint64_t bytes;       /* bytes the pairs move, each local byte once */
 } kvx_pairs_stats_t;
 
 /* Prepares everything a request to one peer needs: region by region, how the local block is
@@ -416,9 +423,14 @@ KVX_API void kvx_pairs_destroy(kvx_pairs_t *pairs);
 /* Plans one request into `pairs`: descriptor ids by the request rule on each side, then one
  * pair list per read rank in id order (group, region, block, sub-block, slice), coalesced as
  * built. The whole request is checked first (group counts, equal counts per group on both
- * sides, ids within every taking region's capacity); on error `pairs` holds no pairs and
- * the message names the group, id and region. A request whose groups hold no ids yields no
- * pairs: a notify-only request. Thread-safe for different `pairs` on one plan. */
+ * sides, ids within every taking region's capacity, no group the table lacks, no id twice in
+ * a group); on error `pairs` holds no pairs and the message names the group, id and region.
+ * Each local byte is moved at most once (docs/plan.md "Each byte once"): when two of the
+ * request's pairs name one byte, every list comes sorted by local storage and offset with the
+ * repeats dropped, and two different sources for one byte fail the request naming both.
+ * Stats: `descriptors` counts what the request names, `bytes` what the pairs move. A request
+ * whose groups hold no ids yields no pairs: a notify-only request. Thread-safe for different
+ * `pairs` on one plan. */
 KVX_API kvx_status_t kvx_peer_plan_request(const kvx_peer_plan_t *plan,
                                            const kvx_request_t *request, kvx_pairs_t *pairs);
 

@@ -400,6 +400,8 @@ kvx_status_t kvx_peer_plan_create(const kvx_regions_t *local, const kvx_regions_
     if (status == KVX_OK)
         status = plan_groups_build(plan);
     if (status == KVX_OK)
+        status = plan_cover_prune(plan);
+    if (status == KVX_OK)
         status = plan_counts_build(plan);
     if (status != KVX_OK) {
         kvx_peer_plan_destroy(plan);

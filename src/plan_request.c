@@ -1,11 +1,13 @@
 /* plan_request.c: one request through a prepared plan: checks the request's shape, sizes the
- * output once, then emits coalesced pairs per read rank, checking each block id as it reads it.
- * Work and memory follow the request's blocks, never the table's size. */
+ * output once, emits coalesced pairs per read rank, checking each block id as it reads it,
+ * then makes sure each local byte is moved once (plan_dedup.c does the list work). Work and
+ * memory follow the request's blocks, never the table's size. */
 #include "plan.h"
 
 #include "error.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,12 +18,24 @@ struct pair_list {
     size_t need; /* pairs the current request may write, before coalescing */
 };
 
+/* Block ids up to this capacity are checked for repeats with a stamp per block; beyond it
+ * (a table of more blocks than any engine allocates) by sorting a copy. 2^20: 1 MiB. */
+#define STAMPS_MAX (UINT64_C(1) << 20)
+
 struct kvx_pairs {
     struct pair_list *reads;
     uint32_t *ranks;  /* remote rank of each read */
     size_t num_reads; /* reads of the last request; 0 after a failed one */
     size_t max_reads; /* allocated entries of reads and ranks */
     kvx_pairs_stats_t stats;
+    kvx_pair_t *scratch; /* 2 x every read's pairs: sorted copies (each byte once) */
+    size_t max_scratch;  /* allocated entries */
+    uint8_t *stamps;     /* by local block id: the check that last saw it (repeated ids); a
+                            byte keeps 4096 blocks in 4 KiB of L1 */
+    uint64_t max_stamps; /* allocated entries */
+    uint8_t stamp;       /* the current check's stamp; 0 is never one */
+    bool *ascend;        /* by request group: its ids ascend, as its first region's pairs show */
+    size_t max_ascend;   /* allocated entries */
 };
 
 kvx_status_t kvx_pairs_create(kvx_pairs_t **pairs_p)
@@ -45,6 +59,9 @@ void kvx_pairs_destroy(kvx_pairs_t *pairs)
         free(pairs->reads[i].pairs);
     free(pairs->reads);
     free(pairs->ranks);
+    free(pairs->scratch);
+    free(pairs->stamps);
+    free(pairs->ascend);
     free(pairs);
 }
 
@@ -97,18 +114,26 @@ static kvx_status_t request_id_out_of_range(const kvx_peer_plan_t *plan,
                                             const struct group_plan *gp, size_t g, bool remote,
                                             uint64_t id)
 {
-    for (uint32_t i = 0; i < gp->num_regions; i++) {
+    uint32_t first = UINT32_MAX; /* in table order, covered regions included */
+
+    for (uint32_t i = 0; i < gp->num_regions + gp->num_covered; i++) {
         uint32_t r                   = plan->group_regions[gp->first_region + i];
         const struct region_plan *rp = &plan->regions[r];
         const struct region *region  = remote ? rp->remote : rp->local;
 
-        if (id >= region->num_blocks)
-            return error_set(KVX_ERR_OUT_OF_RANGE,
-                             "request: %s block id %" PRIu64 " of group %zu is out of range"
-                             " for region %" PRIu32 " (%s) of %" PRIu64
-                             " blocks; nothing is transferred",
-                             remote ? "remote" : "local", id, g, r,
-                             regions_region_name(plan->local, rp->local), region->num_blocks);
+        if (id >= region->num_blocks && r < first)
+            first = r;
+    }
+    if (first != UINT32_MAX) {
+        const struct region_plan *rp = &plan->regions[first];
+        const struct region *region  = remote ? rp->remote : rp->local;
+
+        return error_set(KVX_ERR_OUT_OF_RANGE,
+                         "request: %s block id %" PRIu64 " of group %zu is out of range"
+                         " for region %" PRIu32 " (%s) of %" PRIu64
+                         " blocks; nothing is transferred",
+                         remote ? "remote" : "local", id, g, first,
+                         regions_region_name(plan->local, rp->local), region->num_blocks);
     }
     return error_set(KVX_ERR_INTERNAL, "request: id %" PRIu64 " out of range in no region", id);
 }
@@ -129,6 +154,11 @@ static kvx_status_t request_group_check(const kvx_peer_plan_t *plan, const kvx_r
 
     if ((l->count > 0 && l->ids == NULL) || (r != NULL && r->count > 0 && r->ids == NULL))
         return error_set(KVX_ERR_INVALID, "request: group %zu has ids but no array", g);
+    /* No region of its own: only the layout's groups folded whole into shared regions may
+     * still name ids. */
+    if (!plan->single_group && gi == plan->num_groups - 1 &&
+        (l->count > 0 || (r != NULL && r->count > 0)) && !regions_has_group(plan->local, g))
+        return regions_group_unknown(plan->local, g);
     if (gp->num_regions == 0)
         return KVX_OK; /* no region takes this group: its ids move nothing */
     if (__builtin_mul_overflow(l->count, (size_t)plan->bsr, &remote_count))
@@ -233,26 +263,16 @@ static inline void pair_append(struct pair_list *list, const kvx_pair_t *p, uint
 static void emit_block(const kvx_peer_plan_t *plan, kvx_pairs_t *pairs,
                        const struct region_plan *rp, uint64_t lb, const uint64_t *remote_ids)
 {
-    const struct region *l = rp->local;
-    const struct region *r = rp->remote;
-    uint64_t local_base    = l->offset + lb * l->stride;
-
     for (uint64_t k = 0; k < plan->bsr; k++) {
-        uint64_t rb          = remote_ids != NULL ? remote_ids[k] : lb * plan->bsr + k;
-        uint64_t remote_base = r->offset + rb * r->stride;
-        uint64_t local_unit  = local_base + k * rp->unit_len;
+        uint64_t rb = remote_ids != NULL ? remote_ids[k] : lb * plan->bsr + k;
 
         for (uint32_t s = 0; s < rp->num_slices; s++) {
-            const struct slice *sl = &plan->slices[rp->first_slice + s];
-            kvx_pair_t p           = {.local_storage  = l->storage,
-                                      .remote_storage = r->storage,
-                                      .local_offset   = local_unit + sl->local_offset,
-                                      .remote_offset  = remote_base + sl->remote_offset,
-                                      .len            = sl->len};
+            kvx_pair_t p = plan_pair_of(plan, rp, lb, k, rb, s);
 
             pairs->stats.descriptors++;
-            pairs->stats.bytes += sl->len;
-            pair_append(&pairs->reads[sl->read], &p, plan->max_pair_len);
+            pairs->stats.bytes += p.len;
+            pair_append(&pairs->reads[plan->slices[rp->first_slice + s].read], &p,
+                        plan->max_pair_len);
         }
     }
 }
@@ -432,6 +452,24 @@ static bool emit_group_region(const kvx_peer_plan_t *plan, const kvx_request_t *
     return true;
 }
 
+/* emit_group_region for the first region of group g, noting in ascend[g] whether its pairs
+ * came out in local order with one pair per id (one slice, bsr 1): then the group's ids
+ * ascend and none repeats, which request_repeats_check need not look at. Costs a pass over
+ * the pairs written, not the ids: one pair for a run of consecutive ids. */
+static bool emit_group_first(const kvx_peer_plan_t *plan, const kvx_request_t *req, size_t g,
+                             const struct group_plan *gp, const struct region_plan *rp,
+                             kvx_pairs_t *pairs)
+{
+    const struct pair_list *list = &pairs->reads[plan->slices[rp->first_slice].read];
+    size_t start = list->count > 0 ? list->count - 1 : 0; /* the first id may extend it */
+
+    if (!emit_group_region(plan, req, g, gp, rp, pairs))
+        return false;
+    pairs->ascend[g] = plan->bsr == 1 && rp->num_slices == 1 &&
+                       plan_pairs_ordered(list->pairs + start, list->count - start);
+    return true;
+}
+
 /* Emits the request's pairs in the order of regions.md "Descriptors". One distinct group:
  * each region takes every group's ids, region by region. Several: group, then region, then
  * block. False when an id is over its limit (see emit_group_region). */
@@ -444,7 +482,7 @@ static bool request_emit(const kvx_peer_plan_t *plan, const kvx_request_t *req, 
             const struct region_plan *rp = &plan->regions[plan->group_regions[i]];
 
             for (size_t g = 0; g < req->num_local_groups; g++) {
-                if (!emit_group_region(plan, req, g, gp, rp, pairs))
+                if (!(i == 0 ? emit_group_first : emit_group_region)(plan, req, g, gp, rp, pairs))
                     return false;
             }
         }
@@ -454,9 +492,9 @@ static bool request_emit(const kvx_peer_plan_t *plan, const kvx_request_t *req, 
         const struct group_plan *gp = &plan->groups[plan_group_index(plan, g)];
 
         for (uint32_t i = 0; i < gp->num_regions; i++) {
-            if (!emit_group_region(plan, req, g, gp,
-                                   &plan->regions[plan->group_regions[gp->first_region + i]],
-                                   pairs))
+            if (!(i == 0 ? emit_group_first : emit_group_region)(
+                    plan, req, g, gp, &plan->regions[plan->group_regions[gp->first_region + i]],
+                    pairs))
                 return false;
         }
     }
@@ -485,6 +523,318 @@ request_fail(const kvx_peer_plan_t *plan, const kvx_request_t *req, kvx_pairs_t 
     return error_set(KVX_ERR_INTERNAL, "request: an id failed emission but passed the check");
 }
 
+/* Room for one ascend flag per request group, all false. */
+static kvx_status_t ascend_reserve(kvx_pairs_t *pairs, size_t n)
+{
+    if (n > pairs->max_ascend) {
+        bool *ascend = realloc(pairs->ascend, n * sizeof(*ascend));
+
+        if (ascend == NULL)
+            return error_no_memory("the request's groups");
+        pairs->ascend     = ascend;
+        pairs->max_ascend = n;
+    }
+    memset(pairs->ascend, 0, n * sizeof(*pairs->ascend));
+    return KVX_OK;
+}
+
+/* Grows the stamps to n entries, zeroed (no check has seen any id yet). */
+static kvx_status_t stamps_reserve(kvx_pairs_t *pairs, uint64_t n)
+{
+    uint8_t *stamps;
+
+    if (n <= pairs->max_stamps)
+        return KVX_OK;
+    stamps = calloc(n, sizeof(*stamps));
+    if (stamps == NULL)
+        return error_no_memory("the request's id check");
+    free(pairs->stamps);
+    pairs->stamps     = stamps;
+    pairs->max_stamps = n;
+    pairs->stamp      = 0;
+    return KVX_OK;
+}
+
+/* Marks each of ids[0..n) with `stamp`; false when one already had it (an id repeats).
+ * Four ids a round, state in locals: about five instructions an id, the cost of a scattered
+ * request's check (docs/plan.md "Each byte once"). */
+static bool stamps_mark(uint8_t *stamps, uint8_t stamp, const uint64_t *ids, size_t n)
+{
+    size_t i = 0;
+
+    for (; i + 4 <= n; i += 4) {
+        uint64_t a = ids[i];
+        uint64_t b = ids[i + 1];
+        uint64_t c = ids[i + 2];
+        uint64_t d = ids[i + 3];
+
+        if (stamps[a] == stamp)
+            return false;
+        stamps[a] = stamp;
+        if (stamps[b] == stamp)
+            return false;
+        stamps[b] = stamp;
+        if (stamps[c] == stamp)
+            return false;
+        stamps[c] = stamp;
+        if (stamps[d] == stamp)
+            return false;
+        stamps[d] = stamp;
+    }
+    for (; i < n; i++) {
+        if (stamps[ids[i]] == stamp)
+            return false;
+        stamps[ids[i]] = stamp;
+    }
+    return true;
+}
+
+/* Refuses a block id named twice in one group (docs/plan.md "The request"): it would move
+ * the same bytes twice. Ids that ascend cost one branch-free pass; others one stamp per id,
+ * by local id (the emission has checked each is below its group's capacity, at most
+ * max_capacity). Runs after a successful emission, so an id out of range is reported first. */
+static kvx_status_t request_repeats_check(const kvx_peer_plan_t *plan, const kvx_request_t *req,
+                                          kvx_pairs_t *pairs)
+{
+    for (size_t g = 0; g < req->num_local_groups; g++) {
+        const kvx_group_ids_t *l = &req->local[g];
+        kvx_status_t status;
+        uint8_t stamp;
+
+        if (l->count < 2 || pairs->ascend[g] || regions_ids_ascend(l->ids, l->count))
+            continue;
+        if (plan->max_capacity > STAMPS_MAX) {
+            status = regions_group_check_repeats(l, g);
+            if (status != KVX_OK)
+                return status;
+            continue;
+        }
+        status = stamps_reserve(pairs, plan->max_capacity);
+        if (status != KVX_OK)
+            return status;
+        if (pairs->stamp == UINT8_MAX) {
+            memset(pairs->stamps, 0, pairs->max_stamps * sizeof(*pairs->stamps));
+            pairs->stamp = 0;
+        }
+        stamp = ++pairs->stamp;
+        if (!stamps_mark(pairs->stamps, stamp, l->ids, l->count)) {
+            /* Which id: look again, one at a time, with a stamp of its own. Cold. */
+            stamp = pairs->stamp = (uint8_t)(pairs->stamp == UINT8_MAX ? 1 : pairs->stamp + 1);
+            if (stamp == 1)
+                memset(pairs->stamps, 0, pairs->max_stamps);
+            for (size_t i = 0;; i++) {
+                if (pairs->stamps[l->ids[i]] == stamp)
+                    return regions_id_repeated(g, l->ids[i]);
+                pairs->stamps[l->ids[i]] = stamp;
+            }
+        }
+    }
+    return KVX_OK;
+}
+
+/* Where a conflicting byte came from: the request's group, block ids and region. */
+struct origin {
+    bool found;
+    size_t group;
+    uint64_t local_id;
+    uint64_t remote_id;
+    uint32_t region;
+    uint32_t rank;
+};
+
+/* Whether pair p (of read `read`) writes local byte `byte` from the place `src` (of read
+ * src_read) reads it from; across reads (`cross`) src's remote_storage holds its read. */
+static bool pair_is_source(const kvx_pair_t *p, size_t read, const kvx_pair_t *src,
+                           size_t src_read, uint64_t byte, bool cross)
+{
+    if (p->local_storage != src->local_storage || byte < p->local_offset ||
+        byte - p->local_offset >= p->len)
+        return false;
+    if (cross)
+        return read == src->remote_storage;
+    return read == src_read && p->remote_storage == src->remote_storage &&
+           p->remote_offset + (byte - p->local_offset) ==
+               src->remote_offset + (byte - src->local_offset);
+}
+
+/* The message for two sources of one local byte, naming the group, block ids and region of
+ * each, found by walking the request again pair by pair. Cold: only a refused request. */
+static kvx_status_t __attribute__((noinline, cold))
+request_conflict(const kvx_peer_plan_t *plan, const kvx_request_t *req, size_t read,
+                 const struct plan_conflict *c, bool cross)
+{
+    struct origin o[2]       = {{0}, {0}};
+    const kvx_pair_t *src[2] = {&c->a, &c->b};
+    char rank[2][24]         = {"", ""};
+
+    for (size_t g = 0; g < req->num_local_groups && !(o[0].found && o[1].found); g++) {
+        const struct group_plan *gp = &plan->groups[plan_group_index(plan, g)];
+        const kvx_group_ids_t *l    = &req->local[g];
+        const uint64_t *remote      = req->remote != NULL ? req->remote[g].ids : NULL;
+
+        for (uint32_t i = 0; i < gp->num_regions; i++) {
+            uint32_t r                   = plan->group_regions[gp->first_region + i];
+            const struct region_plan *rp = &plan->regions[r];
+
+            for (size_t x = 0; x < l->count; x++) {
+                for (uint64_t k = 0; k < plan->bsr; k++) {
+                    uint64_t lb = l->ids[x];
+                    uint64_t rb = remote != NULL ? remote[x * plan->bsr + k] : lb * plan->bsr + k;
+
+                    for (uint32_t s = 0; s < rp->num_slices; s++) {
+                        const struct slice *sl = &plan->slices[rp->first_slice + s];
+                        kvx_pair_t p           = plan_pair_of(plan, rp, lb, k, rb, s);
+
+                        for (size_t side = 0; side < 2; side++) {
+                            if (!o[side].found &&
+                                pair_is_source(&p, sl->read, src[side], read, c->byte, cross))
+                                o[side] = (struct origin){true, g, lb, rb, r, sl->rank};
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (!o[0].found || !o[1].found)
+        return error_set(KVX_ERR_INTERNAL,
+                         "request: local byte %" PRIu64 " has two sources the request does not"
+                         " name",
+                         c->byte);
+    for (size_t side = 0; side < 2; side++) { /* ranks differ only across reads */
+        if (cross)
+            snprintf(rank[side], sizeof(rank[side]), " rank %" PRIu32, o[side].rank);
+    }
+    return error_set(
+        KVX_ERR_INVALID,
+        "request: local byte %" PRIu64 " of storage %s would be written twice, from different"
+        " places: group %zu block %" PRIu64 " reads it from remote%s block %" PRIu64
+        " (region %" PRIu32 ", %s), group %zu block %" PRIu64 " from remote%s block %" PRIu64
+        " (region %" PRIu32 ", %s); nothing is transferred",
+        c->byte, plan->local->storage_names[c->b.local_storage], o[0].group, o[0].local_id,
+        rank[0], o[0].remote_id, o[0].region,
+        regions_region_name(plan->local, &plan->local->regions[o[0].region]), o[1].group,
+        o[1].local_id, rank[1], o[1].remote_id, o[1].region,
+        regions_region_name(plan->local, &plan->local->regions[o[1].region]));
+}
+
+/* How a request stands towards naming one local byte twice (docs/plan.md "Each byte once"). */
+enum overlap {
+    OVERLAP_NONE,    /* it cannot: nothing to check */
+    OVERLAP_MAYBE,   /* it can: look */
+    OVERLAP_CERTAIN, /* it does: a named group has regions another one covers */
+};
+
+static enum overlap request_overlap(const kvx_peer_plan_t *plan, const kvx_request_t *req)
+{
+    size_t named = 0; /* groups with ids */
+
+    for (size_t g = 0; g < req->num_local_groups; g++) {
+        if (req->local[g].count == 0)
+            continue;
+        named++;
+        if (plan->groups[plan_group_index(plan, g)].num_covered > 0)
+            return OVERLAP_CERTAIN;
+    }
+    /* Apart from covered regions, a byte is named twice only by two regions that overlap, or
+     * by one region taking two groups' ids (ids repeated within a group are refused). */
+    return plan->may_overlap || (named >= 2 && (plan->single_group || plan->has_shared))
+               ? OVERLAP_MAYBE
+               : OVERLAP_NONE;
+}
+
+static kvx_status_t scratch_reserve(kvx_pairs_t *pairs, size_t n)
+{
+    kvx_pair_t *scratch;
+
+    if (n <= pairs->max_scratch)
+        return KVX_OK;
+    scratch = realloc(pairs->scratch, n * sizeof(*scratch));
+    if (scratch == NULL)
+        return error_no_memory("the request's sorted pairs");
+    pairs->scratch     = scratch;
+    pairs->max_scratch = n;
+    return KVX_OK;
+}
+
+/* A read list in local order, in scratch (2 x its count entries); returns where it lies. */
+static kvx_pair_t *list_sorted_copy(const struct pair_list *list, kvx_pair_t *scratch)
+{
+    memcpy(scratch, list->pairs, list->count * sizeof(*scratch));
+    return plan_pairs_sort(scratch, scratch + list->count, list->count);
+}
+
+/* Reads from different ranks never share a local byte: each would be a second source. Only
+ * plans whose regions overlap need the look (every list is in local order or has no overlap
+ * of its own by now). The copy's remote_storage holds the read index. */
+static kvx_status_t request_reads_check(const kvx_peer_plan_t *plan, const kvx_request_t *req,
+                                        kvx_pairs_t *pairs, size_t total)
+{
+    struct plan_conflict c;
+    kvx_pair_t *sorted;
+    size_t n = 0;
+
+    for (size_t j = 0; j < plan->num_reads; j++) {
+        for (size_t i = 0; i < pairs->reads[j].count; i++) {
+            pairs->scratch[n]                = pairs->reads[j].pairs[i];
+            pairs->scratch[n].remote_storage = (uint32_t)j;
+            n++;
+        }
+    }
+    sorted = plan_pairs_sort(pairs->scratch, pairs->scratch + total, n); /* n <= total */
+    if (plan_pairs_overlap(sorted, n, &c))
+        return request_conflict(plan, req, 0, &c, true);
+    return KVX_OK;
+}
+
+/* Each local byte once (docs/plan.md "Each byte once"). When the request may name a byte
+ * twice, looks: lists already in local order without overlap cost one pass, others a sort
+ * of a copy. When some byte is named twice, every list is given in local order through the
+ * sweep, which drops repeats and refuses a byte from two places; the bytes are counted
+ * again. Otherwise the lists stay in request order. */
+static kvx_status_t request_dedup(const kvx_peer_plan_t *plan, const kvx_request_t *req,
+                                  kvx_pairs_t *pairs)
+{
+    enum overlap kind = request_overlap(plan, req);
+    bool overlap      = kind == OVERLAP_CERTAIN;
+    size_t total      = 0;
+    kvx_status_t status;
+
+    if (kind == OVERLAP_NONE)
+        return KVX_OK;
+    for (size_t j = 0; j < plan->num_reads; j++)
+        total += pairs->reads[j].count;
+    status = scratch_reserve(pairs, 2 * total);
+    if (status != KVX_OK)
+        return status;
+    for (size_t j = 0; j < plan->num_reads && !overlap; j++) {
+        const struct pair_list *list = &pairs->reads[j];
+
+        if (!plan_pairs_ordered(list->pairs, list->count))
+            overlap = plan_pairs_overlap(list_sorted_copy(list, pairs->scratch), list->count, NULL);
+    }
+    if (overlap) {
+        pairs->stats.bytes = 0;
+        for (size_t j = 0; j < plan->num_reads; j++) {
+            struct pair_list *list = &pairs->reads[j];
+            struct plan_conflict c;
+
+            if (!plan_pairs_ordered(list->pairs, list->count)) {
+                size_t n = plan_pairs_sweep(list_sorted_copy(list, pairs->scratch), list->count,
+                                            plan->max_pair_len, list->pairs, &c);
+
+                if (n == SIZE_MAX)
+                    return request_conflict(plan, req, j, &c, false);
+                list->count = n;
+            }
+            for (size_t i = 0; i < list->count; i++)
+                pairs->stats.bytes += list->pairs[i].len;
+        }
+    }
+    if (plan->may_overlap && plan->num_reads > 1)
+        return request_reads_check(plan, req, pairs, total);
+    return KVX_OK;
+}
+
 kvx_status_t kvx_peer_plan_request(const kvx_peer_plan_t *plan, const kvx_request_t *req,
                                    kvx_pairs_t *pairs)
 {
@@ -500,18 +850,26 @@ kvx_status_t kvx_peer_plan_request(const kvx_peer_plan_t *plan, const kvx_reques
         return error_set(KVX_ERR_INVALID, "request: %zu local groups but %zu remote groups",
                          req->num_local_groups, req->num_remote_groups);
     if (!plan->single_group && (int64_t)req->num_local_groups <= plan->local->max_group)
-        return error_set(KVX_ERR_INVALID,
-                         "request: names %zu groups but the table has regions in group %" PRId64,
-                         req->num_local_groups, plan->local->max_group);
+        return regions_groups_missing(plan->local, req->num_local_groups);
     status = pairs_reserve(pairs, plan);
+    if (status == KVX_OK)
+        status = ascend_reserve(pairs, req->num_local_groups);
     if (status != KVX_OK)
         return status;
     /* The shape of every group (arrays, counts), and the room it needs; the ids are checked
      * as they are emitted. */
     for (size_t g = 0; g < req->num_local_groups; g++) {
+        uint64_t covered; /* descriptors named in regions that emit nothing (plan_cover.c) */
+
         status = request_group_check(plan, req, g, false, pairs);
         if (status != KVX_OK)
             return request_fail(plan, req, pairs, status);
+        if (__builtin_mul_overflow(req->local[g].count,
+                                   plan->groups[plan_group_index(plan, g)].covered_per_id,
+                                   &covered))
+            return request_fail(plan, req, pairs,
+                                error_set(KVX_ERR_INVALID, "request: the pair count overflows"));
+        pairs->stats.descriptors += covered;
     }
     for (size_t j = 0; j < plan->num_reads; j++) {
         status = pairs_grow(&pairs->reads[j]);
@@ -522,6 +880,13 @@ kvx_status_t kvx_peer_plan_request(const kvx_peer_plan_t *plan, const kvx_reques
     }
     if (!request_emit(plan, req, pairs))
         return request_fail(plan, req, pairs, KVX_OK);
+    status = request_repeats_check(plan, req, pairs);
+    if (status == KVX_OK)
+        status = request_dedup(plan, req, pairs);
+    if (status != KVX_OK) {
+        pairs->stats = (kvx_pairs_stats_t){0};
+        return status;
+    }
     pairs->num_reads = plan->num_reads;
     for (size_t j = 0; j < plan->num_reads; j++)
         pairs->stats.coalesced += pairs->reads[j].count;

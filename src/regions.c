@@ -450,6 +450,7 @@ void kvx_regions_destroy(kvx_regions_t *regions)
 {
     if (regions == NULL)
         return;
+    free(regions->view_groups);
     free(regions->view_names);
     free(regions->storage_names);
     model_free(&regions->model);
@@ -548,6 +549,34 @@ static kvx_status_t fold_state_init(struct fold_state *fs, const kvx_layout_t *l
     return status;
 }
 
+static int compare_group(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a;
+    int64_t y = *(const int64_t *)b;
+
+    return (x > y) - (x < y);
+}
+
+/* The layout's group ids, each once: a request's groups are checked against them (a group
+ * folded whole into shared regions is still the layout's), descriptors.c. */
+static kvx_status_t regions_view_groups_copy(const kvx_layout_t *layout, kvx_regions_t *t)
+{
+    size_t n = 0;
+
+    t->view_groups = calloc(layout->num_views + 1, sizeof(*t->view_groups));
+    if (t->view_groups == NULL)
+        return error_no_memory("the table's groups");
+    for (size_t i = 0; i < layout->num_views; i++)
+        t->view_groups[i] = layout->views[i].group;
+    qsort(t->view_groups, layout->num_views, sizeof(*t->view_groups), compare_group);
+    for (size_t i = 0; i < layout->num_views; i++) {
+        if (n == 0 || t->view_groups[n - 1] != t->view_groups[i])
+            t->view_groups[n++] = t->view_groups[i];
+    }
+    t->num_view_groups = n;
+    return KVX_OK;
+}
+
 kvx_status_t kvx_regions_register(const kvx_layout_t *layout, kvx_regions_t **regions_p)
 {
     struct fold_state fs;
@@ -572,6 +601,9 @@ kvx_status_t kvx_regions_register(const kvx_layout_t *layout, kvx_regions_t **re
     if (status != KVX_OK)
         goto err_free_table;
     status = regions_prove_coverage(layout, table);
+    if (status != KVX_OK)
+        goto err_free_table;
+    status = regions_view_groups_copy(layout, table);
     if (status != KVX_OK)
         goto err_free_table;
     *regions_p = table; /* the caller sees a table only once it is proven */

@@ -35,6 +35,9 @@ struct kvx_regions {
     struct model model; /* the layout's model identity, when has_model */
     bool single_group;  /* at most one distinct group id in the table */
     int64_t max_group;  /* highest group id of any region, -1 if all shared */
+    int64_t *view_groups;   /* the layout's view group ids, ascending, each once; NULL in a
+                               table decoded from the wire, which knows its regions' only */
+    size_t num_view_groups;
     char **view_names;  /* by layout view index */
     size_t num_views;
     char **storage_names;         /* by layout storage index */
@@ -51,6 +54,30 @@ kvx_status_t regions_number(kvx_regions_t *t);
 /* Copies the char * at `name_offset` of `count` items of `item_size` bytes into one
  * allocation (pointer array, then strings), freed with one free(); NULL on failure. */
 char **regions_names_copy(const void *items, size_t count, size_t item_size, size_t name_offset);
+
+/* The checks a request passes on both of its paths (kvx_regions_request_ids and
+ * kvx_peer_plan_request), so that both refuse alike (descriptors.c). */
+
+/* True when some region of the table is in group g (shared regions count for no group). */
+bool regions_has_group(const kvx_regions_t *t, size_t g);
+
+/* KVX_ERR_INVALID: a request of num_groups groups misses some of the table's (several group
+ * ids in the table, the highest not below num_groups); the message lists the table's. */
+kvx_status_t regions_groups_missing(const kvx_regions_t *t, size_t num_groups);
+
+/* KVX_ERR_INVALID: group g has ids but no region is in it (a table of several groups). */
+kvx_status_t regions_group_unknown(const kvx_regions_t *t, size_t g);
+
+/* KVX_ERR_INVALID: group g names block `id` twice. */
+kvx_status_t regions_id_repeated(size_t g, uint64_t id);
+
+/* KVX_ERR_INVALID (regions_id_repeated) when group g names an id twice; ids out of order are
+ * sorted in a copy, allocated and freed here. */
+kvx_status_t regions_group_check_repeats(const kvx_group_ids_t *group, size_t g);
+
+/* True when ids[0..n) strictly ascend, so none repeats. Reads them in blocks without a branch
+ * per id, which the compiler vectorises: cheap enough for every request. */
+bool regions_ids_ascend(const uint64_t *ids, size_t n);
 
 /* A region's name: its first member's (regions.md step 4). */
 static inline const char *regions_region_name(const kvx_regions_t *t, const struct region *r)

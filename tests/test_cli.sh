@@ -153,7 +153,7 @@ printf '{"kvx_layout": 1, "storages": [{"name": "kv", "size": 4096}], "views": [
   {"name": "b", "kind": "attn", "storage": "kv", "offset": 1024, "page": 64, "stride": 64,
    "num_blocks": 4, "group": 1}]}' >"$tmp/two_groups.json"
 check "fetch --blocks naming too few groups exits 2 before connecting" \
-  status_and_one_error_line 2 'request: names 1 groups but the table has regions in group 1' \
+  status_and_one_error_line 2 'request: names 1 group (0), but the layout needs groups 0-1' \
   fetch "$tmp/two_groups.json" --peer 127.0.0.1:1 --blocks '0:1' --timeout 60000
 check "fetch --blocks beyond the table exits 2 before connecting" \
   status_and_one_error_line 2 'block id 4 of group 1 is out of range' \
@@ -205,10 +205,32 @@ done
 
 # kvx plan --peer: one request through a peer plan (docs/plan.md).
 v4=$src/layouts/models/deepseek-v4-flash.json
+v41=$src/layouts/models/deepseek-v4.1-demo.json
 check "peer plan JSON coalesces consecutive whole rows" bash -c "'$kvx' plan '$v4' --peer '$v4' --blocks '0:0-3,7' --json >'$tmp/pairs.json' && grep -q '\"descriptors\": 5,' '$tmp/pairs.json' && grep -q '\"coalesced\": 2,' '$tmp/pairs.json' && grep -q '\\[\"kv_cache\", 0, \"kv_cache\", 0, 6439680\\]' '$tmp/pairs.json'"
 check "peer plan JSON parses" python3 -c "import json,sys; d=json.load(open('$tmp/pairs.json')); assert d['kvx_pairs']==1 and d['bytes']==5*1609920"
 check "peer plan: id beyond capacity exits 2" \
   status_and_one_error_line 2 "local block id 2048 of group 0 is out of range" plan "$v4" --peer "$v4" --blocks '0:2048'
+# Issue 24 item 6: --blocks errors say which groups the layout needs, and what is wrong with
+# a range. Issue 23: a group the layout lacks, an id twice and two sources for one byte are
+# refused by name.
+check "peer plan: too few groups names the groups the layout needs" \
+  status_and_one_error_line 2 'request: names 1 group (0), but the layout needs groups 0-1 (of its groups 0, 1 and 2)' \
+  plan "$v41" --peer "$v41" --blocks '0:0-3'
+check "peer plan: a descending range says so" \
+  status_and_one_error_line 2 '--blocks: descending range 3-0 (a range goes up: 0-3)' \
+  plan "$v4" --peer "$v4" --blocks '0:3-0'
+check "peer plan: a group the layout lacks exits 2 naming it" \
+  status_and_one_error_line 2 'request: group 9 has block ids, but the layout has no group 9 (its groups are 0, 1 and 2)' \
+  plan "$v41" --peer "$v41" --blocks '9:5'
+check "peer plan: an id twice in one group exits 2 naming it" \
+  status_and_one_error_line 2 'request: group 0 names block id 0 twice' plan "$v4" --peer "$v4" --blocks '0:0,0'
+check "peer plan: two sources for one local byte exit 2 naming both" \
+  status_and_one_error_line 2 'would be written twice, from different places: group 0 block 5 reads it from remote block 7 (region 0, layers.0.attn.compressor.state_cache), group 2 block 5 from remote block 9' \
+  plan "$v41" --peer "$v41" --blocks '0:5;1:5;2:5' --remote-blocks '0:7;1:7;2:9'
+check "peer plan: the full DeepSeek-V4.1 cache moves each byte once, no more than its storage" \
+  bash -c "'$kvx' plan '$v41' --peer '$v41' --blocks '0:0-255;1:0-255;2:0-255' --json >'$tmp/full.json' && python3 -c \"import json; d=json.load(open('$tmp/full.json')); assert d['bytes']==412139520 and d['coalesced']==1 and d['descriptors']==11520, d['bytes']\""
+check "peer plan: blocks 0-9 of every group plan no more than 0-9 of group 0 and block 0 of the others" \
+  bash -c "a=\$('$kvx' plan '$v41' --peer '$v41' --blocks '0:0-9;1:0-9;2:0-9' --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"bytes\"])') && b=\$('$kvx' plan '$v41' --peer '$v41' --blocks '0:0-9;1:0;2:0' --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"bytes\"])') && [[ \$a -eq \$b && \$a -eq 16099200 ]]"
 check "peer plan: bad --blocks exits 2" \
   status_and_one_error_line 2 "--blocks: expected a block id" plan "$v4" --peer "$v4" --blocks '0:x'
 check "peer plan: larger remote block exits 2" \

@@ -138,7 +138,28 @@ static void request_must_cover_the_table_groups(void **state)
     assert_int_equal(regions_from_quoted(two_group_layout, &regions), KVX_OK);
     assert_int_equal(kvx_regions_request_ids(regions, &group, 1, NULL, 0, &count), KVX_ERR_INVALID);
     assert_string_equal(kvx_errmsg(),
-                        "request: names 1 groups but the table has regions in group 1");
+                        "request: names 1 group (0), but the layout needs groups 0-1 (of its"
+                        " groups 0 and 1): name each, empty when none of its blocks move");
+    kvx_regions_destroy(regions);
+}
+
+/* docs/plan.md "The request": in a table of several groups, a group no view of the layout
+ * is in is refused by name, though its shared region could take it. */
+static void unknown_groups_are_refused(void **state)
+{
+    const uint64_t g0[]       = {1, 0};
+    kvx_group_ids_t groups[3] = {{g0, 2}, {g0, 2}, {g0, 1}};
+    kvx_regions_t *regions;
+    size_t count;
+
+    (void)state;
+    assert_int_equal(regions_from_quoted(two_group_layout, &regions), KVX_OK);
+    assert_int_equal(kvx_regions_request_ids(regions, groups, 3, NULL, 0, &count), KVX_ERR_INVALID);
+    assert_string_equal(kvx_errmsg(), "request: group 2 has block ids, but the layout has no"
+                                      " group 2 (its groups are 0 and 1); nothing is transferred");
+    groups[2].count = 0; /* an empty group the layout lacks moves nothing: accepted */
+    assert_int_equal(kvx_regions_request_ids(regions, groups, 3, NULL, 0, &count), KVX_OK);
+    assert_int_equal(count, 8);
     kvx_regions_destroy(regions);
 }
 
@@ -184,6 +205,7 @@ int main(void)
         cmocka_unit_test(one_group_table_takes_every_group_concatenated),
         cmocka_unit_test(block_id_out_of_range_fails_whole_request),
         cmocka_unit_test(request_must_cover_the_table_groups),
+        cmocka_unit_test(unknown_groups_are_refused),
         cmocka_unit_test(small_output_buffer_is_rejected_before_writing),
         cmocka_unit_test(empty_request_yields_no_ids),
     };

@@ -491,9 +491,6 @@ static const struct pairs_case group_cases[] = {
     /* b n2 ends at 160 where c n2 starts, on both sides */
     {"pairs of different regions coalesce when both ranges follow on", "groups 4", NULL, "",
      "1 | 2", NULL, "@0 a64<64/16 a96<96/16 a144<144/32", 4, ""},
-    /* c n3 at 32 + 192 */
-    {"a group the table does not use is taken by shared regions only", "groups 4", NULL, "",
-     " | | 3", NULL, "@0 a224<224/16", 0, ""},
     {"a request whose first group has no blocks still plans the other groups", "groups 4", NULL,
      "max 16", " | 2", NULL, "@0 a144<144/16 a160<160/16", 0, ""},
     /* a: 0, 64 -> one pair; b: 256, 320 -> one pair */
@@ -536,8 +533,6 @@ static const struct pairs_case coalesce_cases[] = {
     {"a run merges only as far as both sides follow on", "whole_row", NULL, "", "5 0 1 2 6 7 3 4",
      "5 0 1 3 6 0 4 5", "@0 a320<320/64 a0<0/128 a128<192/64 a384<384/64 a448<0/64 a192<256/128", 8,
      NULL},
-    {"a repeated id does not merge with itself", "whole_row", NULL, "", "2 2", NULL,
-     "@0 a128<128/64 a128<128/64", 0, NULL},
     /* a0 [0, 64) and b0 [64, 128) follow on on both sides */
     {"blocks of different regions merge when both ranges follow on", "split_one", NULL, "", "0",
      NULL, "@0 a0<0/128", 2, NULL},
@@ -563,6 +558,33 @@ static void coalescing_merges_runs_within_max_pair_len(void **state)
 {
     (void)state;
     RUN(coalesce_cases);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Each byte once (docs/plan.md "Each byte once")
+ * ------------------------------------------------------------------------------------- */
+
+static const struct pairs_case once_cases[] = {
+    /* group 0: a1 64, c1 96; group 1: b1 80, c1 96 again. Sorted: 64, 80, 96, 96: one run,
+     * the second c1 dropped. Descriptors count what the request names: 4. */
+    {"two groups naming one block of a shared region move it once, in local order", "groups 4",
+     NULL, "", "1 | 1", NULL, "@0 a64<64/48", 4, ""},
+    {"the sweep merges neighbours within max_pair_len only", "groups 4", NULL, "max 16", "1 | 1",
+     NULL, "@0 a64<64/16 a80<80/16 a96<96/16", 4, ""},
+    /* a2 128, c2 160; b1 80, b2 144, c1 96, c2 160: sorted 80 96 | 128 144 160 160 */
+    {"ids out of order with a repeat across groups come sorted and merged", "groups 4", NULL, "",
+     "2 | 1 2", NULL, "@0 a80<80/32 a128<128/48", 6, ""},
+    {"one distinct group: an id in two groups moves once", "one_group", NULL, "", "0 | 0", NULL,
+     "@0 a0<0/64 a256<256/64", 4, ""},
+    /* requests that name no byte twice keep request order */
+    {"groups naming different blocks keep request order", "groups 4", NULL, "", "2 | 1", NULL,
+     "@0 a128<128/16 a160<160/16 a80<80/32", 4, ""},
+};
+
+static void each_byte_once_in_local_order(void **state)
+{
+    (void)state;
+    RUN(once_cases);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -668,8 +690,8 @@ static const struct request_error_case {
 } request_error_cases[] = {
     {"a request that names no groups is an error", "groups 4", "groups 3", KVX_ERR_INVALID, "-",
      NULL, "no groups"},
-    {"a two-group table needs both groups", "groups 4", "groups 3", KVX_ERR_INVALID, "0", NULL,
-     "1 groups|group 1"},
+    {"a two-group table needs both groups, and the message says which", "groups 4", "groups 3",
+     KVX_ERR_INVALID, "0", NULL, "names 1 group (0)|needs groups 0-1|of its groups 0 and 1"},
     {"local and remote group counts must match", "groups 4", "groups 3", KVX_ERR_INVALID, "0 | 0",
      "0 | 0 |", "2 local groups|3 remote groups"},
     {"a local id out of range names side, id, group and region", "groups 4", "groups 3",
@@ -680,8 +702,21 @@ static const struct request_error_case {
      KVX_ERR_OUT_OF_RANGE, "1 | 0", "3 | 0", "remote block id 3|group 0|region 2 (c.0)"},
     {"a default remote id out of range names the remote side", "groups 4", "groups 3",
      KVX_ERR_OUT_OF_RANGE, "3 | ", NULL, "remote block id 3|group 0|region 2 (c.0)"},
-    {"an extra group's id is checked against the shared region", "groups 4", "groups 3",
-     KVX_ERR_OUT_OF_RANGE, " | | 4", NULL, "local block id 4|group 2|region 2 (c.0)"},
+    {"a group the layout lacks is refused by name, though a shared region could take it",
+     "groups 4", "groups 3", KVX_ERR_INVALID, " | | 3", NULL,
+     "group 2 has block ids|no group 2|groups are 0 and 1"},
+    {"a group the layout lacks is refused with remote ids only too", "groups 4", "groups 3",
+     KVX_ERR_INVALID, "0 | 0 | ", "0 | 0 | 1", "group 2 has block ids|no group 2"},
+    {"an id named twice in one group is refused by name", "groups 4", "groups 3",
+     KVX_ERR_INVALID, "1 2 1 | 0", NULL, "group 0 names block id 1 twice"},
+    {"an id named twice, ids ascending otherwise", "whole_row", "whole_row", KVX_ERR_INVALID,
+     "0 1 1 2", NULL, "group 0 names block id 1 twice"},
+    /* c1 from remote 1 (group 0, at 96) and from remote 2 (group 1, at 160); b1 and c1 of
+     * group 1 merge into one run, which sorts first */
+    {"one local byte from two places is refused naming both", "groups 4", "groups 3",
+     KVX_ERR_INVALID, "1 | 1", "1 | 2",
+     "local byte 96 of storage s|group 1 block 1 reads it from remote block 2 (region 2, c.0)|"
+     "group 0 block 1 from remote block 1 (region 2, c.0)|nothing is transferred"},
     {"local and remote id counts must match per group", "groups 4", "groups 3", KVX_ERR_INVALID,
      "0 1 | 0", "0 | 0", "group 0|2 local|1 remote|region 0 (a)"},
     {"more remote ids than local ones are an error too", "groups 4", "groups 3", KVX_ERR_INVALID,
@@ -740,6 +775,7 @@ int main(void)
         cmocka_unit_test(block_size_ratio_pairs_sub_blocks_with_remote_blocks),
         cmocka_unit_test(request_rule_groups_on_both_sides),
         cmocka_unit_test(coalescing_merges_runs_within_max_pair_len),
+        cmocka_unit_test(each_byte_once_in_local_order),
         cmocka_unit_test(plan_errors_name_region_field_and_values),
         cmocka_unit_test(request_errors_leave_no_pairs),
     };

@@ -148,6 +148,20 @@ static void group_caps(const struct fixture *f, size_t g, uint64_t *local_cap, u
     }
 }
 
+/* Whether a view of the layout is in group g: a request may name only such groups when the
+ * table has several (docs/plan.md "The request"). */
+static bool layout_has_group(const struct fixture *f, size_t g)
+{
+    for (size_t i = 0; i < f->c.num_views; i++) {
+        if ((uint64_t)f->c.v[i].group == g)
+            return true;
+    }
+    return false;
+}
+
+/* A request kvx must take: in each group distinct ids (a repeat is refused), and ids only in
+ * groups the layout has when its table has several. Explicit remote ids are drawn freely, so
+ * two groups may read one local byte from two places: the checks expect the refusal then. */
 static void gen_request(struct prng *p, const struct fixture *f, struct gen_request *q)
 {
     uint64_t bsr = f->c.bsr;
@@ -160,11 +174,23 @@ static void gen_request(struct prng *p, const struct fixture *f, struct gen_requ
         size_t count = prng_range(p, 0, 4) == 0 ? 0 : prng_range(p, 1, MAX_IDS);
 
         group_caps(f, g, &q->local_cap[g], &q->remote_cap[g]);
+        if (!f->single_group && !layout_has_group(f, g))
+            count = 0;
+        if (q->local_cap[g] != 0 && count > q->local_cap[g])
+            count = q->local_cap[g];
         q->local[g]  = (kvx_group_ids_t){q->local_ids[g], count};
         q->remote[g] = (kvx_group_ids_t){q->remote_ids[g], count * bsr};
         for (size_t i = 0; i < count; i++) {
-            /* Ids no region takes are never checked: any value, kept small. */
-            q->local_ids[g][i] = prng_range(p, 0, q->local_cap[g] != 0 ? q->local_cap[g] - 1 : 99);
+            bool repeat;
+
+            /* Ids no region takes are never checked: any value, kept small. Never one twice. */
+            do {
+                q->local_ids[g][i] =
+                    prng_range(p, 0, q->local_cap[g] != 0 ? q->local_cap[g] - 1 : 99);
+                repeat = false;
+                for (size_t x = 0; x < i; x++)
+                    repeat |= q->local_ids[g][x] == q->local_ids[g][i];
+            } while (repeat);
             for (uint64_t k = 0; k < bsr; k++)
                 q->remote_ids[g][i * bsr + k] =
                     q->explicit_remote
@@ -233,9 +259,83 @@ static size_t for_each_case(case_check_t check)
  * Properties
  * ------------------------------------------------------------------------------------- */
 
+/* When the model says one local byte has two sources, kvx must refuse the request naming it
+ * and leave no pairs: true, nothing more to check. Otherwise it must have planned it. */
+static bool expect_conflict(size_t index, kvx_status_t status, bool conflict,
+                            const kvx_pairs_t *pairs)
+{
+    if (!conflict) {
+        if (status != KVX_OK)
+            fail_msg("seed 0x%" PRIx64 " case %zu: request refused: %s", seed, index,
+                     kvx_errmsg());
+        return false;
+    }
+    if (status != KVX_ERR_INVALID || strstr(kvx_errmsg(), "would be written twice") == NULL)
+        fail_msg("seed 0x%" PRIx64 " case %zu: a local byte from two places, yet status %d (%s)",
+                 seed, index, status, kvx_errmsg());
+    plan_expect_empty("a local byte from two places", pairs);
+    return true;
+}
+
+/* A request that names a byte twice comes in local order: in each list every pair starts at
+ * or after the previous one's end (storages ascending); a pair over max_len lies inside one
+ * of the model's descriptors; with no limit, no neighbours that continue each other on both
+ * sides are left apart. */
+static void expect_local_order(size_t index, const kvx_pairs_t *pairs, uint64_t max_len,
+                               const struct model_plan *model)
+{
+    for (size_t j = 0; j < kvx_pairs_num_reads(pairs); j++) {
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(pairs, j, NULL, &count);
+
+        for (size_t i = 0; i < count; i++) {
+            bool inside = false;
+
+            if (i > 0 && (p[i].local_storage < p[i - 1].local_storage ||
+                          (p[i].local_storage == p[i - 1].local_storage &&
+                           p[i].local_offset < p[i - 1].local_offset + p[i - 1].len)))
+                fail_msg("seed 0x%" PRIx64 " case %zu: read %zu pair %zu is not in local order",
+                         seed, index, j, i);
+            if (i > 0 && max_len == 0 && p[i].local_storage == p[i - 1].local_storage &&
+                p[i].remote_storage == p[i - 1].remote_storage &&
+                p[i].local_offset == p[i - 1].local_offset + p[i - 1].len &&
+                p[i].remote_offset == p[i - 1].remote_offset + p[i - 1].len)
+                fail_msg("seed 0x%" PRIx64 " case %zu: read %zu pairs %zu and %zu continue each"
+                         " other but were not merged",
+                         seed, index, j, i - 1, i);
+            for (size_t k = 0; k < model->reads[j].count && max_len != 0 && p[i].len > max_len;
+                 k++) {
+                const kvx_pair_t *d = &model->reads[j].pairs[k];
+
+                inside |= d->local_storage == p[i].local_storage &&
+                          p[i].local_offset >= d->local_offset &&
+                          p[i].local_offset + p[i].len <= d->local_offset + d->len;
+            }
+            if (max_len != 0 && p[i].len > max_len && !inside)
+                fail_msg("seed 0x%" PRIx64 " case %zu: read %zu pair %zu of %" PRIu64
+                         " bytes exceeds max_pair_len %" PRIu64 " and is no one descriptor",
+                         seed, index, j, i, p[i].len, max_len);
+        }
+    }
+}
+
+/* True when the request planned; false when kvx refused it for one local byte from two
+ * places (check_coalescing checks that against the model), which ends the case. */
+static bool planned(size_t index, kvx_status_t status, const kvx_pairs_t *pairs)
+{
+    if (status == KVX_OK)
+        return true;
+    if (status != KVX_ERR_INVALID || strstr(kvx_errmsg(), "would be written twice") == NULL)
+        fail_msg("seed 0x%" PRIx64 " case %zu: request refused: %s", seed, index, kvx_errmsg());
+    plan_expect_empty("a local byte from two places", pairs);
+    return false;
+}
+
 /* (1) With max_pair_len 1 nothing merges (a merged pair would exceed it, a single descriptor
  * is never split): the pairs are exactly the model's, in order. Coalesced with no limit or a
- * random one they are the model's merged greedily, and move the same bytes. */
+ * random one they are the model's merged greedily, and move the same bytes. A request that
+ * names a local byte twice (docs/plan.md "Each byte once") moves each byte once, in local
+ * order, the model's bytes without repeats; with two sources for one byte it is refused. */
 static void check_coalescing(const struct fixture *f, size_t index, struct prng *p,
                              kvx_pairs_t *pairs)
 {
@@ -246,11 +346,16 @@ static void check_coalescing(const struct fixture *f, size_t index, struct prng 
     struct gen_request q;
     kvx_request_t req;
     kvx_pairs_stats_t stats;
+    uint64_t *want_map;
     uint64_t *flat_map;
     uint64_t *map;
+    size_t want_n;
     size_t flat_n;
     size_t n;
-    uint64_t descriptors = 0;
+    uint64_t named = 0; /* descriptors the request names */
+    uint64_t posted = 0;
+    bool overlap;
+    bool conflict;
 
     assert_true(model_ranks(&f->mp, f->split, f->local, f->remote, &model));
     gen_request(p, f, &q);
@@ -258,7 +363,11 @@ static void check_coalescing(const struct fixture *f, size_t index, struct prng 
     assert_int_equal(model_request(&f->mp, f->split, f->local, f->remote, q.local, q.remote,
                                    q.num_groups, &model),
                      KVX_OK);
-    assert_int_equal(kvx_peer_plan_request(flat, &req, pairs), KVX_OK);
+    want_map = model_byte_map(&model, &want_n, &overlap, &conflict);
+    for (size_t j = 0; j < model.num_reads; j++)
+        named += model.reads[j].count;
+    if (expect_conflict(index, kvx_peer_plan_request(flat, &req, pairs), conflict, pairs))
+        goto out;
     assert_int_equal(kvx_pairs_num_reads(pairs), model.num_reads);
     for (size_t j = 0; j < model.num_reads; j++) {
         uint32_t rank;
@@ -266,13 +375,20 @@ static void check_coalescing(const struct fixture *f, size_t index, struct prng 
         const kvx_pair_t *got = kvx_pairs_read(pairs, j, &rank, &count);
 
         assert_int_equal(rank, model.reads[j].rank);
-        expect_list(index, "uncoalesced", got, count, &model.reads[j]);
-        descriptors += count;
+        if (!overlap)
+            expect_list(index, "uncoalesced", got, count, &model.reads[j]);
+        posted += count;
     }
+    if (overlap)
+        expect_local_order(index, pairs, 1, &model);
     kvx_pairs_stats(pairs, &stats);
-    assert_int_equal(stats.descriptors, descriptors);
-    assert_int_equal(stats.coalesced, descriptors);
+    assert_int_equal(stats.descriptors, named);
+    assert_int_equal(stats.coalesced, posted);
+    assert_int_equal(stats.bytes, want_n);
     flat_map = plan_byte_map(pairs, &flat_n);
+    if (flat_n != want_n || memcmp(flat_map, want_map, flat_n * sizeof(*flat_map)) != 0)
+        fail_msg("seed 0x%" PRIx64 " case %zu: the pairs move other bytes than the model's%s",
+                 seed, index, overlap ? ", each once" : "");
 
     /* Half the time a limit of about one to three pairs of this request, so that it bites. */
     for (size_t j = 0; j < model.num_reads && max_len == 0; j++) {
@@ -281,7 +397,7 @@ static void check_coalescing(const struct fixture *f, size_t index, struct prng 
     }
     plan = fixture_plan(f, index, max_len);
     assert_int_equal(kvx_peer_plan_request(plan, &req, pairs), KVX_OK);
-    for (size_t j = 0; j < model.num_reads; j++) {
+    for (size_t j = 0; j < model.num_reads && !overlap; j++) {
         struct model_list merged;
         size_t count;
         const kvx_pair_t *got = kvx_pairs_read(pairs, j, NULL, &count);
@@ -297,16 +413,20 @@ static void check_coalescing(const struct fixture *f, size_t index, struct prng 
         }
         model_list_free(&merged);
     }
+    if (overlap)
+        expect_local_order(index, pairs, max_len, &model);
     kvx_pairs_stats(pairs, &stats);
-    assert_int_equal(stats.descriptors, descriptors);
+    assert_int_equal(stats.descriptors, named);
     map = plan_byte_map(pairs, &n);
     if (n != flat_n || memcmp(map, flat_map, n * sizeof(*map)) != 0)
         fail_msg("seed 0x%" PRIx64 " case %zu: coalescing changed the byte map", seed, index);
     free(map);
     free(flat_map);
+    kvx_peer_plan_destroy(plan);
+out:
+    free(want_map);
     model_plan_free(&model);
     kvx_peer_plan_destroy(flat);
-    kvx_peer_plan_destroy(plan);
 }
 
 static void coalesced_pairs_move_the_same_bytes_as_uncoalesced(void **state)
@@ -345,8 +465,9 @@ static void check_containment(const struct fixture *f, size_t index, struct prng
     lids = model_side_ids(f->local, q.local, q.num_groups, &nl, &status);
     rids = model_side_ids(f->remote, q.remote, q.num_groups, &nr, &status);
     assert_true(lids != NULL && rids != NULL && nr == nl * bsr);
-    assert_int_equal(kvx_peer_plan_request(plan, &req, pairs), KVX_OK);
-    for (size_t j = 0; j < kvx_pairs_num_reads(pairs); j++) {
+    if (!planned(index, kvx_peer_plan_request(plan, &req, pairs), pairs))
+        nl = 0;
+    for (size_t j = 0; nl > 0 && j < kvx_pairs_num_reads(pairs); j++) {
         size_t count;
         const kvx_pair_t *got = kvx_pairs_read(pairs, j, NULL, &count);
 
@@ -394,8 +515,9 @@ static void every_pair_lies_inside_a_requested_block_of_its_region(void **state)
 }
 
 /* (3) Whatever the TP and block sizes, every byte of every requested local block (by the
- * request rule) is written exactly once per time the block is requested. With equal TP,
- * bsr 1 and so identical layouts, each pair also reads the very bytes it writes. */
+ * request rule) is written exactly once, however many times the request names it (docs/plan.md
+ * "Each byte once"). With equal TP, bsr 1 and so identical layouts, each pair also reads the
+ * very bytes it writes. */
 static void check_coverage(const struct fixture *f, size_t index, struct prng *p,
                            kvx_pairs_t *pairs)
 {
@@ -430,7 +552,10 @@ static void check_coverage(const struct fixture *f, size_t index, struct prng *p
         for (uint64_t b = 0; b < d.len; b++)
             want[d.storage][d.offset + b]++;
     }
-    assert_int_equal(kvx_peer_plan_request(plan, &req, pairs), KVX_OK);
+    if (!planned(index, kvx_peer_plan_request(plan, &req, pairs), pairs)) {
+        for (size_t s = 0; s < f->c.num_storages; s++) /* nothing written, nothing wanted */
+            memset(want[s], 0, (f->c.s[s].rows * f->c.s[s].row + f->c.s[s].tail) * 4);
+    }
     for (size_t j = 0; j < kvx_pairs_num_reads(pairs); j++) {
         size_t count;
         const kvx_pair_t *x = kvx_pairs_read(pairs, j, NULL, &count);
@@ -453,7 +578,9 @@ static void check_coverage(const struct fixture *f, size_t index, struct prng *p
         uint64_t size = f->c.s[s].rows * f->c.s[s].row + f->c.s[s].tail;
 
         for (uint64_t b = 0; b < size; b++) {
-            if (got[s][b] != want[s][b] || (same && read[s][b] != want[s][b]))
+            uint32_t once = want[s][b] > 0;
+
+            if (got[s][b] != once || (same && read[s][b] != once))
                 fail_msg("seed 0x%" PRIx64 " case %zu: storage %zu byte %" PRIu64
                          " written %" PRIu32 " times, read %" PRIu32 ", requested %" PRIu32,
                          seed, index, s, b, got[s][b], read[s][b], want[s][b]);
@@ -488,10 +615,13 @@ static void check_errors(const struct fixture *f, size_t index, struct prng *p, 
 
     gen_request(p, f, &q);
     req = request_of(&q);
-    assert_int_equal(kvx_peer_plan_request(plan, &req, pairs), KVX_OK); /* to be cleared */
-    do /* a group some region takes; one exists below num_groups */
+    if (!planned(index, kvx_peer_plan_request(plan, &req, pairs), pairs)) { /* to be cleared */
+        kvx_peer_plan_destroy(plan);
+        return;
+    }
+    do /* a group some region takes and the request may name; one exists below num_groups */
         g = prng_range(p, 0, q.num_groups - 1);
-    while (q.local_cap[g] == 0);
+    while (q.local_cap[g] == 0 || (!f->single_group && !layout_has_group(f, g)));
     if (q.local[g].count == 0) {
         q.local[g].count  = 1;
         q.remote[g].count = f->c.bsr;
@@ -597,10 +727,33 @@ enum reach {
     REACH_MERGED,        /* coalescing merged pairs */
     REACH_EXPLICIT,      /* explicit remote ids */
     REACH_EMPTY_REQUEST, /* a request of groups without ids */
+    REACH_CONFLICT,      /* a local byte from two places: refused */
+    REACH_REPEAT,        /* a local byte named twice, from one place: moved once */
     NUM_REACH
 };
 
 static size_t reached[NUM_REACH];
+
+/* Whether the request names some local byte twice: its bytes, counted per time named, exceed
+ * what the pairs move. */
+static bool repeats_bytes(const struct fixture *f, const struct gen_request *q,
+                          const kvx_pairs_stats_t *stats)
+{
+    kvx_status_t status;
+    size_t nl;
+    uint64_t *lids = model_side_ids(f->local, q->local, q->num_groups, &nl, &status);
+    uint64_t named = 0;
+
+    assert_non_null(lids);
+    for (size_t a = 0; a < nl; a++) {
+        kvx_descriptor_t d;
+
+        assert_int_equal(kvx_regions_descriptor(f->local, lids[a], &d), KVX_OK);
+        named += d.len;
+    }
+    free(lids);
+    return named > stats->bytes;
+}
 
 static void check_reach(const struct fixture *f, size_t index, struct prng *p, kvx_pairs_t *pairs)
 {
@@ -631,13 +784,18 @@ static void check_reach(const struct fixture *f, size_t index, struct prng *p, k
     req = request_of(&q);
     for (size_t g = 0; g < q.num_groups; g++)
         empty &= q.local[g].count == 0;
-    assert_int_equal(kvx_peer_plan_request(plan, &req, pairs), KVX_OK);
+    if (!planned(index, kvx_peer_plan_request(plan, &req, pairs), pairs)) {
+        reached[REACH_CONFLICT]++;
+        kvx_peer_plan_destroy(plan);
+        return;
+    }
     kvx_pairs_stats(pairs, &stats);
     reached[REACH_MERGED] += stats.coalesced < stats.descriptors;
     reached[REACH_EXPLICIT] += q.explicit_remote;
     reached[REACH_EMPTY_REQUEST] += empty;
     if (empty)
         assert_int_equal(stats.bytes, 0);
+    reached[REACH_REPEAT] += repeats_bytes(f, &q, &stats);
     kvx_peer_plan_destroy(plan);
 }
 

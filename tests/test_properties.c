@@ -1360,7 +1360,11 @@ static void check_request(const struct gen_layout *layout, struct prng *p)
         num_groups = single_group ? prng_range(p, 0, MAX_GROUPS)
                                   : (size_t)max_group + 1 + prng_range(p, 0, 1);
         for (size_t g = 0; g < num_groups; g++) {
-            groups[g].count = prng_range(p, 0, MAX_REQUEST_IDS);
+            bool layouts = single_group; /* a group the layout has (docs/plan.md "The request") */
+
+            for (size_t v = 0; v < layout->num_views; v++)
+                layouts |= (uint64_t)layout->views[v].group == g;
+            groups[g].count = layouts ? prng_range(p, 0, MAX_REQUEST_IDS) : 0;
             groups[g].ids   = block_ids[g];
             for (size_t i = 0; i < groups[g].count; i++)
                 block_ids[g][i] = wild ? prng_range(p, 0, 13) : prng_range(p, 0, min_blocks - 1);

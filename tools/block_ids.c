@@ -79,8 +79,16 @@ bool block_ids_parse(const char *option, const char *text, struct block_ids *out
             last = first;
             if (*p == '-') {
                 p++;
-                if (!parse_u64(&p, &last) || last < first) {
-                    snprintf(error, size, "%s: bad range ending at \"%s\"", option, p);
+                if (!parse_u64(&p, &last)) {
+                    snprintf(error, size, "%s: expected the range's last block id at \"%s\"",
+                             option, p);
+                    goto fail;
+                }
+                if (last < first) {
+                    snprintf(error, size,
+                             "%s: descending range %" PRIu64 "-%" PRIu64
+                             " (a range goes up: %" PRIu64 "-%" PRIu64 ")",
+                             option, first, last, last, first);
                     goto fail;
                 }
             }

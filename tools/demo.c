@@ -102,7 +102,10 @@ static void demo_request_fill(kvx_group_ids_t *groups, size_t num_groups, uint64
 
     for (uint64_t i = 0; i < blocks; i++)
         ids[i] = start + i;
-    if (blocks > 8) /* a gap in the middle, so not everything coalesces */
+    /* A gap in the middle, so not everything coalesces: the block after the run, or the first
+     * one when the run ends the cache. Never when the request is the whole cache: that block
+     * would be one of the request's (an id twice is refused). */
+    if (blocks > 8 && blocks < capacity)
         ids[blocks / 2] = (start + blocks) % capacity;
     for (size_t g = 0; g < num_groups; g++)
         groups[g] = (kvx_group_ids_t){ids, blocks};

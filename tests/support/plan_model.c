@@ -218,6 +218,80 @@ void model_coalesce(const struct model_list *in, uint64_t max_len, struct model_
     }
 }
 
+/* One byte a model pair moves: where it lands and where it comes from. */
+struct model_byte {
+    uint64_t local;  /* local storage << 24 | byte */
+    uint64_t source; /* rank << 28 | remote storage << 24 | byte */
+};
+
+static int compare_model_byte(const void *a, const void *b)
+{
+    const struct model_byte *x = a;
+    const struct model_byte *y = b;
+
+    if (x->local != y->local)
+        return x->local < y->local ? -1 : 1;
+    return (x->source > y->source) - (x->source < y->source);
+}
+
+static int compare_key(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a;
+    uint64_t y = *(const uint64_t *)b;
+
+    return (x > y) - (x < y);
+}
+
+uint64_t *model_byte_map(const struct model_plan *m, size_t *count_p, bool *overlap_p,
+                         bool *conflict_p)
+{
+    struct model_byte *bytes;
+    uint64_t *keys;
+    size_t total = 0;
+    size_t n     = 0;
+    size_t k     = 0;
+
+    for (size_t j = 0; j < m->num_reads; j++) {
+        for (size_t i = 0; i < m->reads[j].count; i++)
+            total += m->reads[j].pairs[i].len;
+    }
+    bytes = calloc(total + 1, sizeof(*bytes));
+    keys  = calloc(total + 1, sizeof(*keys));
+    assert_true(bytes != NULL && keys != NULL);
+    for (size_t j = 0; j < m->num_reads; j++) {
+        for (size_t i = 0; i < m->reads[j].count; i++) {
+            const kvx_pair_t *p = &m->reads[j].pairs[i];
+
+            for (uint64_t b = 0; b < p->len; b++) {
+                assert_true(p->local_offset + b < (1u << 22) && p->remote_offset + b < (1u << 22));
+                bytes[n++] = (struct model_byte){
+                    (uint64_t)p->local_storage << 24 | (p->local_offset + b),
+                    (uint64_t)m->reads[j].rank << 28 | (uint64_t)p->remote_storage << 24 |
+                        (p->remote_offset + b)};
+            }
+        }
+    }
+    qsort(bytes, n, sizeof(*bytes), compare_model_byte);
+    *overlap_p  = false;
+    *conflict_p = false;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && bytes[i].local == bytes[i - 1].local) {
+            *overlap_p = true;
+            *conflict_p |= bytes[i].source != bytes[i - 1].source;
+            continue;
+        }
+        /* plan_byte_map's key: rank << 52 | local storage << 50 | remote storage << 48 |
+         * local byte << 24 | remote byte */
+        keys[k++] = (bytes[i].source >> 28) << 52 | (bytes[i].local >> 24) << 50 |
+                    ((bytes[i].source >> 24) & 0xf) << 48 | (bytes[i].local & 0xffffff) << 24 |
+                    (bytes[i].source & 0xffffff);
+    }
+    qsort(keys, k, sizeof(*keys), compare_key);
+    free(bytes);
+    *count_p = k;
+    return keys;
+}
+
 void model_list_free(struct model_list *list)
 {
     free(list->pairs);

@@ -83,6 +83,13 @@ size_t model_region_of(const kvx_regions_t *t, uint64_t id);
 void model_coalesce(const struct model_list *in, uint64_t max_len, struct model_list *out);
 
 void model_list_free(struct model_list *list);
+
+/* docs/plan.md "Each byte once", from the rule: the bytes the request-order pairs of `m`
+ * move, each (rank, local byte, remote byte) once, sorted, as plan_byte_map() gives them
+ * (allocated, *count_p entries). *overlap_p: two pairs share a local byte; *conflict_p: one
+ * local byte has two sources (rank, remote storage or remote byte differ). */
+uint64_t *model_byte_map(const struct model_plan *m, size_t *count_p, bool *overlap_p,
+                         bool *conflict_p);
 void model_plan_free(struct model_plan *plan);
 
 /* ---------------------------------------------------------------------------------------
