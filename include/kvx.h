@@ -757,6 +757,12 @@ typedef struct kvx_agent_stats {
                                     authenticated yet (gauge) */
     uint64_t handshakes_refused; /* listener: connections closed in their handshake, past the
                                     bound of handshakes or of one address's (docs/security.md) */
+    /* push requests on the data plane (issue 23) */
+    uint64_t pushes_by_message;      /* prefill side: push requests that came as messages on
+                                        the data plane with a registered writer's handle */
+    uint64_t push_messages_refused;  /* prefill side: push request messages refused: no
+                                        registered writer of their handle, malformed, or past
+                                        the requests waiting to start */
 } kvx_agent_stats_t;
 
 /* Copies the first `size` bytes of the agent's counters (pass sizeof(kvx_agent_stats_t)):

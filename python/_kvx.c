@@ -1197,6 +1197,8 @@ static PyObject *agent_stats(AgentObject *self, PyObject *unused)
             {"dones_rank_refused", s.dones_rank_refused},
             {"handshakes", s.handshakes},
             {"handshakes_refused", s.handshakes_refused},
+            {"pushes_by_message", s.pushes_by_message},
+            {"push_messages_refused", s.push_messages_refused},
             {"transfer_us_count", s.transfer_us.count},
             {"transfer_us_sum", (uint64_t)s.transfer_us.sum},
             {"released_dropped", released_dropped},

@@ -193,6 +193,13 @@ kvx_status_t kvx_agent_stats_prometheus(const kvx_agent_stats_t *s, const char *
     counter(&t, l, "data_refused_total",
             "Peers' reads and writes refused: wrong grant, outside the storages, malformed.",
             s->data_refused);
+    counter(&t, l, "pushes_by_message_total",
+            "Push requests that came on the data plane with a writer's handle (prefill side).",
+            s->pushes_by_message);
+    counter(&t, l, "push_messages_refused_total",
+            "Push request messages refused: no writer of their handle, or malformed (prefill "
+            "side).",
+            s->push_messages_refused);
     counter(&t, l, "dones_rank_refused_total",
             "Dones refused for their rank: not the hold's consumer, or bound to another "
             "connection (prefill side).",

@@ -527,7 +527,8 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
     if ((conn = conn_alloc(t, num_mems)) == NULL)
         return error_no_memory("a connection");
     status = worker_create(t->context, &conn->worker);
-    if (status == KVX_OK && (status = am_conn_set(conn)) != KVX_OK)
+    if (status == KVX_OK && ((status = am_conn_set(conn)) != KVX_OK ||
+                             (status = msg_conn_set(conn)) != KVX_OK))
         ucp_worker_destroy(conn->worker);
     if (status != KVX_OK) {
         conn_unalloc(conn);

@@ -35,6 +35,15 @@ struct am_slot {
     void *arg;
 };
 
+/* A handler of kvx's small messages (transport_msg.c), on the main worker and on every
+ * connection's worker. */
+struct msg_slot {
+    struct transport *t;
+    transport_msg_handler_t handler;
+    void *arg;
+    bool conns; /* on every connection's worker too */
+};
+
 /* A record of kvx's active-message protocol that UCX may still call back for (a request sent
  * or a reply being received): kept on a list so that a worker destroyed under it frees it. */
 struct am_record {
@@ -47,6 +56,7 @@ struct transport {
     ucp_context_h context;
     ucp_worker_h worker; /* the main worker: its address is the one peers connect to */
     struct am_slot am[TRANSPORT_AM_IDS];
+    struct msg_slot msg[TRANSPORT_AM_IDS]; /* set on each connection's worker too */
     size_t orphaned;               /* op records released while UCX still owed completions */
     size_t pending;                /* operations posted on live connections, not completed */
     struct transport_conn *parked; /* closed with operations pending: never progressed again */
@@ -159,5 +169,8 @@ void am_waiting_send(struct transport_conn *conn);
 void am_records_free(struct am_record **list);
 /* Frees a connection's cookie table (after its worker). */
 void am_conn_free(struct transport_conn *conn);
+
+/* transport_msg.c: sets the message handlers set so far on a new connection's worker. */
+kvx_status_t msg_conn_set(struct transport_conn *conn);
 
 #endif
