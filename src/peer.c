@@ -785,7 +785,9 @@ kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t siz
             peer_request_forget(peer, id);
             break;
         }
-        while (transport_progress(core->transport) > 0)
+        /* bounded, as the loop's turn is: a peer keeping our worker busy cannot hold us */
+        for (int round = 0; round < PEER_PROGRESS_ROUNDS && transport_progress(core->transport) > 0;
+             round++)
             ;
         if (peer_serve(peer) == 0)
             sidechan_client_wait(link->client, 1);
