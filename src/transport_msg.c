@@ -89,20 +89,6 @@ static ucs_status_t msg_received(void *arg, const void *header, size_t header_le
     return UCS_OK;
 }
 
-static kvx_status_t msg_handler_set(ucp_worker_h worker, unsigned id, struct msg_slot *slot)
-{
-    ucp_am_handler_param_t param = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id  = id,
-        .cb  = msg_received,
-        .arg = slot,
-    };
-    ucs_status_t st = ucp_worker_set_am_recv_handler(worker, &param);
-
-    return st == UCS_OK ? KVX_OK : transport_ucs_error("setting a message handler", st);
-}
-
 kvx_status_t transport_msg_set_handler(struct transport *t, unsigned id, bool conns,
                                        transport_msg_handler_t handler, void *arg)
 {
@@ -110,7 +96,7 @@ kvx_status_t transport_msg_set_handler(struct transport *t, unsigned id, bool co
         return error_set(KVX_ERR_INVALID, "transport: message id %u is not below %d", id,
                          TRANSPORT_AM_IDS);
     t->msg[id] = (struct msg_slot){t, handler, arg, conns};
-    return msg_handler_set(t->worker, id, &t->msg[id]);
+    return transport_worker_set_handler(t->worker, id, msg_received, &t->msg[id]);
 }
 
 kvx_status_t msg_conn_set(struct transport_conn *conn)
@@ -119,7 +105,8 @@ kvx_status_t msg_conn_set(struct transport_conn *conn)
 
     for (unsigned id = 0; id < TRANSPORT_AM_IDS && status == KVX_OK; id++) {
         if (conn->t->msg[id].handler != NULL && conn->t->msg[id].conns)
-            status = msg_handler_set(conn->worker, id, &conn->t->msg[id]);
+            status = transport_worker_set_handler(conn->worker, id, msg_received,
+                                                  &conn->t->msg[id]);
     }
     return status;
 }

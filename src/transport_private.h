@@ -141,6 +141,10 @@ struct transport_op {
 
 kvx_status_t transport_ucs_error(const char *what, ucs_status_t status);
 
+/* Sets `cb` as the handler of active-message `id` on `worker`. */
+kvx_status_t transport_worker_set_handler(ucp_worker_h worker, unsigned id,
+                                          ucp_am_recv_callback_t cb, void *arg);
+
 /* One more operation of `op` whose completion will be reported (transport_op_complete). */
 void transport_op_posted_one(struct transport_op *op);
 /* One operation of `op` completed, with a UCX status. */
