@@ -1,8 +1,9 @@
 /* fuzz_push.c: libFuzzer target for the push request decoder and the writer's proof
  * (push_request.c), bytes a decode agent sends a prefill agent's side channel and bytes any
- * UCX peer can send a worker. A decoded request must respect every limit; a rejected one must
- * leave a message; a token and a deadline survive a round trip; a parsed proof re-encodes to
- * its bytes.
+ * UCX peer can send a worker, and the framing of a push request and its answer as messages on
+ * the data plane. A decoded request must respect every limit; a rejected one must leave a
+ * message; a token and a deadline survive a round trip; a parsed proof, request message or
+ * answer re-encodes to its bytes, and what it points at lies inside them.
  * Aborts on a broken invariant. */
 #include "fuzz_invariant.h"
 #include "push_request.h"
@@ -24,6 +25,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
         invariant(size == sizeof(again) && memcmp(&again, data, size) == 0,
                   "a proof re-encodes to its bytes");
+    }
+    {
+        struct push_am_answer answer;
+        const void *body;
+        size_t body_size;
+        uint64_t id;
+
+        if (push_am_request_parse(data, size, &id, &body, &body_size)) {
+            uint8_t again[PUSH_AM_MAX];
+
+            invariant(body_size > 0 && (const uint8_t *)body + body_size == data + size,
+                      "a request message's body lies inside it");
+            invariant(push_am_request_frame(id, body, body_size, again) == size &&
+                          memcmp(again, data, size) == 0,
+                      "a request message re-frames to its bytes");
+        }
+        if (push_am_answer_parse(data, size, &answer)) {
+            uint8_t again[PUSH_AM_MAX];
+
+            invariant(answer.text_size > 0 &&
+                          (const uint8_t *)answer.text + answer.text_size == data + size,
+                      "an answer's text lies inside it");
+            for (size_t i = 0; i < answer.text_size; i++)
+                invariant(answer.text[i] >= 0x20 && answer.text[i] <= 0x7e, "printable text");
+            invariant(push_am_answer_frame(&answer, again) == size && memcmp(again, data, size) == 0,
+                      "an answer re-frames to its bytes");
+        }
     }
     if (push_request_decode(data, size, &req) != KVX_OK) {
         invariant(kvx_errmsg()[0] != '\0', "a rejected request leaves a message");

@@ -811,6 +811,12 @@ typedef struct kvx_agent_stats {
        dones, which carry the bytes each decode rank read from it (docs/wire.md) */
     uint64_t served_transfers; /* prefill side: dones that read bytes from it, counted or not */
     uint64_t served_bytes;     /* prefill side: the bytes those dones say were read */
+    /* push requests on the data plane (issue 23) */
+    uint64_t pushes_by_message;      /* prefill side: push requests that came as messages on
+                                        the data plane with a registered writer's handle */
+    uint64_t push_messages_refused;  /* prefill side: push request messages refused: no
+                                        registered writer of their handle, malformed, or past
+                                        the requests waiting to start */
 } kvx_agent_stats_t;
 
 /* What a field of kvx_agent_stats_t is, for the outputs that list every one (Prometheus,

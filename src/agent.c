@@ -108,6 +108,18 @@ static void agent_on_proof(void *arg, const void *data, size_t size)
     peers_forward_proof(&agent->core, &proof);
 }
 
+/* A push's answer on the data plane (push_request.h), on the main worker (from a prefill's
+ * writer) or a connection's (a refusal from the prefill's main worker), from anyone: kept for
+ * the push it names when it carries that peer's writer handle. */
+static void agent_on_push_answer(void *arg, const void *data, size_t size,
+                                 const struct transport_msg_from *from)
+{
+    kvx_agent_t *agent = arg;
+
+    (void)from;
+    peers_push_answer(&agent->core, data, size);
+}
+
 /* A released hold's completion: the user's callback, from the completion phase. */
 static void release_run(struct loop_event *event)
 {
@@ -532,6 +544,9 @@ static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
     if (status == KVX_OK)
         status = push_server_create(core, agent->side, agent->push_transports, agent->max_pushes,
                                     agent->max_push_ms, &agent->pushes);
+    if (status == KVX_OK) /* pushes on the data plane come to the main worker only */
+        status = transport_msg_set_handler(core->transport, CORE_AM_PUSH_REQUEST, false,
+                                           push_serve_message, agent->pushes);
     if (status == KVX_OK && strncmp(listen, "0.0.0.0:", 8) == 0)
         loop_log(&core->loop, "side channel: listening on every interface (%s)",
                  agent->listen_address);
@@ -565,6 +580,10 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
         (mask & KVX_AGENT_PARAM_FIELD_TIMEOUT_MS) ? params->timeout_ms : KVX_DEFAULT_TIMEOUT_MS;
     agent->holds.lease_ms =
         (mask & KVX_AGENT_PARAM_FIELD_LEASE_MS) ? params->lease_ms : KVX_DEFAULT_LEASE_MS;
+    /* Push requests travel on the data plane unless the environment keeps them on the side
+     * channel: a prefill agent older than that drops them (docs/agent.md, "Write"). */
+    core->push_side_channel = getenv("KVX_PUSH_REQUESTS") != NULL &&
+                              strcmp(getenv("KVX_PUSH_REQUESTS"), "side-channel") == 0;
     core->heartbeat_ms = (mask & KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS) ? params->heartbeat_ms
                                                                      : KVX_DEFAULT_HEARTBEAT_MS;
     core->peer_ttl_ms  = (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms
@@ -670,6 +689,8 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
         (status = agent_storages_map(agent, params)) != KVX_OK ||
         (status = transport_am_set_handler(core->transport, CORE_AM_PUSH_PROOF, agent_on_proof,
                                            agent)) != KVX_OK ||
+        (status = transport_msg_set_handler(core->transport, CORE_AM_PUSH_ANSWER, true,
+                                            agent_on_push_answer, agent)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PULL, &agent->metadata,
                                       &agent->metadata_size)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PUSH, &agent->push_metadata,

@@ -12,6 +12,11 @@
 
 /* Active message a push writer sends to the worker a requester named: its proof (push_serve.h). */
 #define CORE_AM_PUSH_PROOF 2
+/* Messages (transport.h, transport_msg_*) of a push on the data plane (push_request.h): the
+ * request, decode side to the prefill's main worker, and its answer, from the prefill's
+ * writer (or, refused for its handle, back to the requester's connection). */
+#define CORE_AM_PUSH_REQUEST 3
+#define CORE_AM_PUSH_ANSWER  4
 
 /* Side-channel verbs (sidechan.h frames them), all behind the gate (gate.h). */
 #define VERB_METADATA      "kvx-metadata 3"
@@ -50,6 +55,7 @@ struct core {
     uint32_t heartbeat_ms;
     uint32_t peer_ttl_ms;
     uint32_t verify_one_in; /* decode side: verify every Nth transfer posted; 0: none */
+    bool push_side_channel; /* decode side: push requests on the side channel, not messages */
     uint64_t instance;      /* random per agent: a restart at the same address answers another */
     const char *engine_id;
     struct auth_keys keys; /* the side channel's, or insecure */

@@ -31,6 +31,9 @@ struct pending {
     uint64_t id;
     peer_reply_cb_t on_reply;
     void *arg;
+    bool push;    /* a push request: its answer may come on the data plane */
+    char *answer; /* that answer, kept for the side-channel phase (peers_serve) */
+    size_t answer_size;
 };
 
 /* What one handshake sets up; swapped in whole by a reconnect. */
@@ -54,6 +57,7 @@ struct kvx_peer {
     uint64_t next_id;
     struct pending *pending;
     size_t num_pending;
+    size_t num_answered; /* pending requests whose answer came on the data plane */
     struct heartbeat_entry *wanted; /* requests heartbeats carry, with their tokens */
     size_t num_wanted;
     size_t wanted_capacity;
@@ -114,6 +118,17 @@ uint32_t peer_rank(const kvx_peer_t *peer)
 void peer_touch(kvx_peer_t *peer)
 {
     peer->last_used_ms = clock_ms();
+}
+
+/* Drops every pending request with the answers kept for them (a link replaced or freed). */
+static void pending_clear(kvx_peer_t *peer)
+{
+    for (size_t i = 0; i < peer->num_pending; i++)
+        free(peer->pending[i].answer);
+    free(peer->pending);
+    peer->pending      = NULL;
+    peer->num_pending  = 0;
+    peer->num_answered = 0;
 }
 
 static void link_close(struct core *core, struct peer_link *link)
@@ -282,10 +297,8 @@ kvx_status_t peer_reconnect(kvx_peer_t *peer)
         return status;
     link_close(peer->core, &peer->link);
     peer->link = link;
-    free(peer->pending);
-    peer->pending     = NULL;
-    peer->num_pending = 0;
-    status            = peer_up(peer);
+    pending_clear(peer);
+    status = peer_up(peer);
     if (old != 0 && link.instance != old)
         loop_log(&peer->core->loop,
                  "peer %s restarted: instance %016" PRIx64 " replaces %016" PRIx64, peer->address,
@@ -300,7 +313,7 @@ void peer_free(kvx_peer_t *peer)
     KVX_ASSERT(!peer->queued); /* the failed-peers phase would find it freed */
     loop_timer_stop(&peer->core->loop, &peer->heartbeat);
     link_close(peer->core, &peer->link);
-    free(peer->pending);
+    pending_clear(peer);
     free(peer->wanted);
     free(peer->address);
     free(peer);
@@ -391,6 +404,18 @@ static void heartbeat_fire(struct loop_timer *timer)
     loop_timer_start(&core->loop, timer, now + core->heartbeat_ms); /* fits: it was in */
 }
 
+/* Room for one more pending request, or why there is none. */
+static kvx_status_t pending_room(kvx_peer_t *peer)
+{
+    if (peer->pending == NULL &&
+        (peer->pending = calloc(PEER_MAX_PENDING, sizeof(*peer->pending))) == NULL)
+        return error_no_memory("pending requests");
+    if (peer->num_pending == PEER_MAX_PENDING)
+        return error_set(KVX_ERR_INVALID, "peer %s: %d requests await their reply already",
+                         peer->address, PEER_MAX_PENDING);
+    return KVX_OK;
+}
+
 kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *body, size_t size,
                                peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
 {
@@ -400,28 +425,51 @@ kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *b
     if (peer_is_down(peer))
         return error_set(peer->down_status, "peer %s is down (%s); reconnect it", peer->address,
                          peer->down);
-    if (peer->pending == NULL &&
-        (peer->pending = calloc(PEER_MAX_PENDING, sizeof(*peer->pending))) == NULL)
-        return error_no_memory("pending requests");
-    if (peer->num_pending == PEER_MAX_PENDING)
-        return error_set(KVX_ERR_INVALID, "peer %s: %d requests await their reply already",
-                         peer->address, PEER_MAX_PENDING);
-    status = sidechan_client_send(peer->link.client, verb, id, body, size);
+    status = pending_room(peer);
+    if (status == KVX_OK && (status = sidechan_client_send(peer->link.client, verb, id, body,
+                                                           size)) != KVX_OK)
+        status = error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
     if (status != KVX_OK)
-        return error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
-    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg};
+        return status;
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, false, NULL, 0};
     peer->last_used_ms                 = clock_ms();
     *id_p                              = id;
     return KVX_OK;
 }
 
-/* Removes pending request `id`; false when there was none. */
+kvx_status_t peer_push_send(kvx_peer_t *peer, const void *body, size_t size,
+                            peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
+{
+    uint8_t message[PUSH_AM_MAX];
+    uint64_t id = peer->next_id + 1;
+    size_t framed;
+    kvx_status_t status;
+
+    if (peer->core->push_side_channel || peer_is_down(peer) || peer->link.conn == NULL ||
+        (framed = push_am_request_frame(id, body, size, message)) == 0)
+        return peer_request_send(peer, VERB_PUSH, body, size, on_reply, arg, id_p);
+    status = pending_room(peer);
+    if (status == KVX_OK &&
+        (status = transport_msg_send(peer->link.conn->transport, CORE_AM_PUSH_REQUEST, message,
+                                     framed)) != KVX_OK)
+        status = error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
+    if (status != KVX_OK)
+        return status;
+    peer->next_id                      = id;
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, NULL, 0};
+    peer->last_used_ms                 = clock_ms();
+    *id_p                              = id;
+    return KVX_OK;
+}
+
+/* Removes pending request `id`; false when there was none. The caller frees taken->answer. */
 static bool pending_take(kvx_peer_t *peer, uint64_t id, struct pending *taken)
 {
     for (size_t i = 0; i < peer->num_pending; i++) {
         if (peer->pending[i].id == id) {
             *taken           = peer->pending[i];
             peer->pending[i] = peer->pending[--peer->num_pending]; /* order does not matter */
+            peer->num_answered -= taken->answer != NULL;
             return true;
         }
     }
@@ -432,13 +480,65 @@ void peer_request_forget(kvx_peer_t *peer, uint64_t id)
 {
     struct pending taken;
 
-    pending_take(peer, id, &taken);
+    if (pending_take(peer, id, &taken))
+        free(taken.answer);
+}
+
+/* Hands the answers that came on the data plane to their requests, one at a time: a reply
+ * callback may forget other pending requests of this peer. */
+static size_t answers_deliver(kvx_peer_t *peer)
+{
+    size_t taken = 0;
+
+    while (peer->num_answered > 0) {
+        struct pending pending;
+        size_t i = 0;
+
+        while (peer->pending[i].answer == NULL)
+            i++;
+        if (!pending_take(peer, peer->pending[i].id, &pending))
+            break; /* cannot happen: it was found above */
+        pending.on_reply(pending.arg, pending.answer, pending.answer_size);
+        free(pending.answer);
+        taken++;
+    }
+    return taken;
+}
+
+void peers_push_answer(struct core *core, const void *data, size_t size)
+{
+    struct push_am_answer answer;
+
+    if (!push_am_answer_parse(data, size, &answer)) {
+        core->stats.notifications_dropped++;
+        return;
+    }
+    /* Only the prefill we registered with knows the handle: anything else changes nothing. */
+    for (kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
+        if (!peer->link.push_registered ||
+            !auth_equal(peer->link.push_handle, answer.handle, PUSH_HANDLE_LEN))
+            continue;
+        for (size_t i = 0; i < peer->num_pending; i++) {
+            struct pending *p = &peer->pending[i];
+
+            if (p->id != answer.id || !p->push || p->answer != NULL)
+                continue;
+            if ((p->answer = malloc(answer.text_size + 1)) == NULL)
+                return; /* its deadline answers for it */
+            memcpy(p->answer, answer.text, answer.text_size);
+            p->answer[answer.text_size] = '\0';
+            p->answer_size              = answer.text_size;
+            peer->num_answered++;
+            return;
+        }
+    }
+    core->stats.notifications_dropped++;
 }
 
 /* Takes the replies waiting on one peer's socket; false when it went down meanwhile. */
 static size_t peer_serve(kvx_peer_t *peer)
 {
-    size_t taken = 0;
+    size_t taken = answers_deliver(peer);
 
     while (taken < PEER_REPLIES_PER_TURN && peer->link.client != NULL) {
         struct pending pending;
@@ -694,7 +794,9 @@ kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t siz
             peer_request_forget(peer, id);
             break;
         }
-        while (transport_progress(core->transport) > 0)
+        /* bounded, as the loop's turn is: a peer keeping our worker busy cannot hold us */
+        for (int round = 0; round < PEER_PROGRESS_ROUNDS && transport_progress(core->transport) > 0;
+             round++)
             ;
         if (peer_serve(peer) == 0)
             sidechan_client_wait(link->client, 1);

@@ -53,6 +53,19 @@ kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *b
                                peer_reply_cb_t on_reply, void *arg, uint64_t *id_p);
 void peer_request_forget(kvx_peer_t *peer, uint64_t id);
 
+/* A push request (push_request_encode's bytes, with our writer's handle) as peer_request_send
+ * sends one, but on the data plane: a message on our connection to the peer's main worker,
+ * whose answer comes back as a message too (peers_push_answer) or, refused after its writer
+ * was found, on the kept socket; either reaches `on_reply` from the side-channel phase. A
+ * request too large for one message goes on the kept socket (VERB_PUSH). */
+kvx_status_t peer_push_send(kvx_peer_t *peer, const void *body, size_t size,
+                            peer_reply_cb_t on_reply, void *arg, uint64_t *id_p);
+
+/* A push answer that arrived on one of our workers (from anyone): kept for the pending push
+ * it names, of the peer whose writer handle it carries; anything else is counted in
+ * notifications_dropped and changes nothing. Only records: called inside UCX progress. */
+void peers_push_answer(struct core *core, const void *data, size_t size);
+
 /* The `done` of `request_id` with its hold token (NULL: none) and the bytes read from the
  * peer for it (sent where the peer's metadata states it reads them: docs/wire.md), on the kept
  * socket as a request: `on_reply` gets the peer's answer (notify.h, done_answer_parse); *id_p

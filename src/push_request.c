@@ -165,3 +165,82 @@ bool push_proof_parse(const void *data, size_t size, struct push_proof *proof)
     memcpy(proof, data, sizeof(*proof));
     return proof->magic == PUSH_PROOF_MAGIC && proof->reserved == 0 && proof->instance != 0;
 }
+
+/* The headers as they travel: in the host's byte order, as the proof is (both ends of a
+ * deployment share one architecture; a wrong magic says otherwise). */
+struct am_request_header {
+    uint32_t magic;
+    uint32_t reserved;
+    uint64_t id;
+};
+
+struct am_answer_header {
+    uint32_t magic;
+    uint32_t reserved;
+    uint64_t id;
+    uint8_t handle[PUSH_HANDLE_LEN];
+};
+
+_Static_assert(sizeof(struct am_request_header) == PUSH_AM_REQUEST_HEADER, "request header");
+_Static_assert(sizeof(struct am_answer_header) == PUSH_AM_ANSWER_HEADER, "answer header");
+
+size_t push_am_request_frame(uint64_t id, const void *body, size_t size,
+                             uint8_t out[PUSH_AM_MAX])
+{
+    struct am_request_header h = {.magic = PUSH_AM_REQUEST_MAGIC, .id = id};
+
+    if (size > PUSH_AM_MAX - sizeof(h))
+        return 0;
+    memcpy(out, &h, sizeof(h));
+    memcpy(out + sizeof(h), body, size);
+    return sizeof(h) + size;
+}
+
+bool push_am_request_parse(const void *data, size_t size, uint64_t *id_p, const void **body_p,
+                           size_t *body_size_p)
+{
+    struct am_request_header h;
+
+    if (size <= sizeof(h) || size > PUSH_AM_MAX)
+        return false;
+    memcpy(&h, data, sizeof(h));
+    if (h.magic != PUSH_AM_REQUEST_MAGIC || h.reserved != 0)
+        return false;
+    *id_p        = h.id;
+    *body_p      = (const uint8_t *)data + sizeof(h);
+    *body_size_p = size - sizeof(h);
+    return true;
+}
+
+size_t push_am_answer_frame(const struct push_am_answer *answer, uint8_t out[PUSH_AM_MAX])
+{
+    struct am_answer_header h = {.magic = PUSH_AM_ANSWER_MAGIC, .id = answer->id};
+    size_t text = answer->text_size < PUSH_AM_MAX - sizeof(h) ? answer->text_size
+                                                               : PUSH_AM_MAX - sizeof(h);
+
+    memcpy(h.handle, answer->handle, PUSH_HANDLE_LEN);
+    memcpy(out, &h, sizeof(h));
+    memcpy(out + sizeof(h), answer->text, text);
+    return sizeof(h) + text;
+}
+
+bool push_am_answer_parse(const void *data, size_t size, struct push_am_answer *answer)
+{
+    const uint8_t *bytes = data;
+    struct am_answer_header h;
+
+    if (size <= sizeof(h) || size > PUSH_AM_MAX)
+        return false;
+    memcpy(&h, data, sizeof(h));
+    if (h.magic != PUSH_AM_ANSWER_MAGIC || h.reserved != 0)
+        return false;
+    for (size_t i = sizeof(h); i < size; i++) {
+        if (bytes[i] < 0x20 || bytes[i] > 0x7e)
+            return false;
+    }
+    answer->id = h.id;
+    memcpy(answer->handle, h.handle, PUSH_HANDLE_LEN);
+    answer->text      = (const char *)bytes + sizeof(h);
+    answer->text_size = size - sizeof(h);
+    return true;
+}

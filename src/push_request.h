@@ -24,6 +24,40 @@ struct push_proof {
 struct push_proof push_proof_make(uint64_t instance, const uint8_t nonce[PUSH_NONCE_LEN]);
 bool push_proof_parse(const void *data, size_t size, struct push_proof *proof);
 
+/* A push on the data plane (docs/agent.md, "Write"): the decode side sends its request as an
+ * active message on its connection to the prefill's main worker, `[PUSH_AM_REQUEST_MAGIC:
+ * 4][0: 4][id: 8]` then the push request's bytes (whose handle authorises it); the prefill's
+ * writer answers `[PUSH_AM_ANSWER_MAGIC: 4][0: 4][id: 8][handle: 16]` then the answer's text
+ * (a side-channel reply's), after the data. `id` is the requester's, as a side-channel
+ * request's id. Both fit one eager message; a larger request goes on the side channel. */
+#define PUSH_AM_REQUEST_MAGIC 0x5158564bu /* "KVXQ" */
+#define PUSH_AM_ANSWER_MAGIC  0x4158564bu /* "KVXA" */
+#define PUSH_AM_MAX           8192        /* bytes of either message */
+#define PUSH_AM_REQUEST_HEADER 16
+#define PUSH_AM_ANSWER_HEADER  (16 + PUSH_HANDLE_LEN)
+
+/* Frames `body` as request `id` into `out` (PUSH_AM_MAX bytes); returns the size, or 0 when it
+ * does not fit (send it on the side channel). */
+size_t push_am_request_frame(uint64_t id, const void *body, size_t size,
+                             uint8_t out[PUSH_AM_MAX]);
+/* A request's id and body (inside `data`), or false for bytes that are not one. */
+bool push_am_request_parse(const void *data, size_t size, uint64_t *id_p, const void **body_p,
+                           size_t *body_size_p);
+
+/* An answer: the request it answers, the handle of the writer that answers, its text. */
+struct push_am_answer {
+    uint64_t id;
+    uint8_t handle[PUSH_HANDLE_LEN];
+    const char *text; /* inside the parsed bytes, not terminated */
+    size_t text_size;
+};
+
+/* Frames an answer into `out` (PUSH_AM_MAX bytes), its text cut to fit; returns the size. */
+size_t push_am_answer_frame(const struct push_am_answer *answer, uint8_t out[PUSH_AM_MAX]);
+/* False for bytes that are not an answer: a wrong magic, no text or text that is not printable
+ * (an answer's text is a side-channel reply's: notify.h). */
+bool push_am_answer_parse(const void *data, size_t size, struct push_am_answer *answer);
+
 /* A decoded push request: the writer handle, the hold token when it carries one, the
  * deadline its requester waits for, and block ids, all owned. groups holds num_groups local
  * groups, then, when has_remote, num_groups remote ones. */

@@ -58,6 +58,7 @@ struct push_job {
     uint64_t request_id;
     struct push_request req; /* its ids, kept while it waits for its hold */
     bool is_done;            /* it carries a token: it counts as the registrant rank's done */
+    bool by_message;         /* it came on the data plane: its answer "pushed" goes there too */
     enum push_step step;
     struct transport_op *op;
     size_t op_done;       /* operations of op completed at the writer's last stall check */
@@ -85,6 +86,17 @@ struct push_server {
     struct push_job *jobs;
     size_t num_jobs;
     struct push_job *ready;
+    struct push_queued *queued; /* requests that came on the data plane, oldest first */
+    struct push_queued **queued_end;
+    size_t num_queued;
+};
+
+/* A push request that came as a message on the main worker, with a handle that names a
+ * writer: started after UCX progress returned (push_progress), never inside it. */
+struct push_queued {
+    struct push_queued *next;
+    uint64_t id; /* the requester's, for the answer */
+    struct push_request req;
 };
 
 static void job_deadline(struct loop_timer *timer);
@@ -103,6 +115,7 @@ kvx_status_t push_server_create(struct core *core, struct sidechan_server *side,
         return error_no_memory("the push server");
     s->core         = core;
     s->side         = side;
+    s->queued_end   = &s->queued;
     s->max_per_peer = max_per_peer;
     s->max_push_ms  = max_push_ms;
     for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
@@ -221,6 +234,13 @@ void push_server_destroy(struct push_server *server)
 {
     if (server == NULL)
         return;
+    while (server->queued != NULL) {
+        struct push_queued *q = server->queued;
+
+        server->queued = q->next;
+        push_request_free(&q->req);
+        free(q);
+    }
     while (server->jobs != NULL)
         job_free(server->jobs);
     for (size_t i = 0; i < PUSH_MAX_WRITERS; i++)
@@ -424,6 +444,25 @@ static kvx_status_t writer_find(struct push_server *s, const struct sidechan_ori
     return error_set(KVX_ERR_INVALID,
                      "push: this connection has no registered writer of that handle (evicted "
                      "or never registered): register again");
+}
+
+/* The proven writer of `handle`, whichever connection registered it: a request on the data
+ * plane has no side-channel connection, and the handle (128 random bits that only the
+ * registrant's authenticated connection was told) is its authority. Compared with every
+ * writer in constant time. NULL when none. */
+static struct push_writer *writer_of_handle(struct push_server *s,
+                                            const uint8_t handle[PUSH_HANDLE_LEN])
+{
+    struct push_writer *found = NULL;
+
+    for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
+        struct push_writer *w = &s->writers[i];
+        bool equal            = auth_equal(w->handle, handle, PUSH_HANDLE_LEN);
+
+        if (w->used && w->proven && equal)
+            found = w;
+    }
+    return found;
 }
 
 /* A step completed (from inside UCX progress): queue the job to be moved on. */
@@ -664,6 +703,21 @@ static void job_held(struct early_entry *entry)
         job_start(job);
 }
 
+/* Answers a job that came on the data plane with `text` through its writer, which reaches
+ * the requester's main worker after the writes (each of them answered already); false when it
+ * could not be sent (the side channel answers then). */
+static bool answer_by_message(struct push_job *job, const char *text)
+{
+    struct push_am_answer answer = {.id = job->origin.id, .text = text, .text_size = strlen(text)};
+    uint8_t message[PUSH_AM_MAX];
+    size_t size;
+
+    memcpy(answer.handle, job->writer->handle, PUSH_HANDLE_LEN);
+    size = push_am_answer_frame(&answer, message);
+    return transport_msg_send(job->writer->conn->transport, CORE_AM_PUSH_ANSWER, message, size) ==
+           KVX_OK;
+}
+
 /* The writes are at the target: a push that is a done counts now, and the answer says
  * whether it counted. The hold may have ended while we wrote (its lease): then the blocks
  * may have changed under the puts, and the push is refused. */
@@ -682,36 +736,25 @@ static void job_answer(struct push_job *job)
             return;
         }
     }
-    reply_text(s, &job->origin, REPLY_PUSHED);
+    if (!job->by_message || !answer_by_message(job, REPLY_PUSHED))
+        reply_text(s, &job->origin, REPLY_PUSHED);
     job_free(job);
 }
 
-void push_serve(void *server, const struct sidechan_request *request)
+/* Starts a job for `req` (which it takes) through `writer`, answered to `origin` (the
+ * writer's registrant): refused, with the reason, past a limit or for ids the tables cannot
+ * hold, before anything is put. */
+static void job_begin(struct push_server *s, struct push_writer *writer,
+                      const struct sidechan_origin *origin, bool by_message,
+                      struct push_request req)
 {
-    struct push_server *s = server;
-    struct core *core     = s->core;
-    struct push_request req;
-    struct push_writer *writer = NULL;
+    struct core *core = s->core;
     struct push_job *job;
     kvx_status_t status;
 
     if (s->num_jobs == PUSH_MAX_JOBS) {
-        error_set(KVX_ERR_BUSY, "push: %d pushes in flight already", PUSH_MAX_JOBS);
-        reply_error(s, &request->origin);
-        return;
-    }
-    status = push_request_decode(request->body, request->body_size, &req);
-    if (status != KVX_OK) {
-        reply_error(s, &request->origin);
-        return;
-    }
-    status = writer_find(s, &request->origin, req.handle, &writer);
-    if (status != KVX_OK) { /* the code tells the requester to register again */
-        push_request_free(&req);
-        reply_error_code(s, &request->origin, ERROR_CODE_UNREGISTERED);
-        return;
-    }
-    {
+        status = error_set(KVX_ERR_BUSY, "push: %d pushes in flight already", PUSH_MAX_JOBS);
+    } else {
         struct push_load load = {s->num_jobs, s->busy, writer->jobs, s->max_per_peer};
 
         status = push_limits_admit(&load);
@@ -728,12 +771,13 @@ void push_serve(void *server, const struct sidechan_request *request)
         status = error_no_memory("a push");
     if (status != KVX_OK) {
         push_request_free(&req);
-        reply_error(s, &request->origin);
+        reply_error(s, origin);
         return;
     }
     job->server      = s;
     job->writer      = writer;
-    job->origin      = request->origin;
+    job->origin      = *origin;
+    job->by_message  = by_message;
     job->request_id  = req.request_id;
     job->arrived_ms  = clock_ms();
     job->deadline_ms = push_limits_deadline(req.deadline_ms, core->timeout_ms, s->max_push_ms);
@@ -756,6 +800,118 @@ void push_serve(void *server, const struct sidechan_request *request)
     }
     if (job_hold_ready(job))
         job_start(job);
+}
+
+void push_serve(void *server, const struct sidechan_request *request)
+{
+    struct push_server *s = server;
+    struct push_request req;
+    struct push_writer *writer = NULL;
+    kvx_status_t status;
+
+    if (s->num_jobs == PUSH_MAX_JOBS) { /* before decoding anything */
+        error_set(KVX_ERR_BUSY, "push: %d pushes in flight already", PUSH_MAX_JOBS);
+        reply_error(s, &request->origin);
+        return;
+    }
+    status = push_request_decode(request->body, request->body_size, &req);
+    if (status != KVX_OK) {
+        reply_error(s, &request->origin);
+        return;
+    }
+    status = writer_find(s, &request->origin, req.handle, &writer);
+    if (status != KVX_OK) { /* the code tells the requester to register again */
+        push_request_free(&req);
+        reply_error_code(s, &request->origin, ERROR_CODE_UNREGISTERED);
+        return;
+    }
+    job_begin(s, writer, &request->origin, false, req);
+}
+
+/* Refuses a request that came on the data plane, at once and to its sender (the handler's
+ * `from`: no writer or side-channel connection may be its own), with kvx_errmsg()'s message
+ * and the handle it carried, so that its requester finds it. Counted in pushes_refused. */
+static void message_refuse(struct push_server *s, const struct transport_msg_from *from,
+                           uint64_t id, const uint8_t handle[PUSH_HANDLE_LEN],
+                           enum error_code code)
+{
+    char text[700];
+    struct push_am_answer answer = {.id = id, .text = text};
+    uint8_t message[PUSH_AM_MAX];
+
+    answer.text_size = error_answer_format(text, sizeof(text), code, kvx_errmsg());
+    if (answer.text_size == 0)
+        answer.text_size = (size_t)snprintf(text, sizeof(text), "%s%.500s", REPLY_ERROR,
+                                            kvx_errmsg()); /* cut short */
+    memcpy(answer.handle, handle, PUSH_HANDLE_LEN);
+    transport_msg_reply(from, CORE_AM_PUSH_ANSWER, message,
+                        push_am_answer_frame(&answer, message));
+    s->core->stats.pushes_refused++;
+    s->core->stats.push_messages_refused++;
+}
+
+void push_serve_message(void *server, const void *data, size_t size,
+                        const struct transport_msg_from *from)
+{
+    struct push_server *s = server;
+    struct push_queued *q = NULL;
+    struct push_request req;
+    const void *body;
+    size_t body_size;
+    uint64_t id;
+
+    if (!push_am_request_parse(data, size, &id, &body, &body_size) ||
+        push_request_decode(body, body_size, &req) != KVX_OK) {
+        s->core->stats.push_messages_refused++; /* no handle to answer with: its deadline does */
+        return;
+    }
+    if (writer_of_handle(s, req.handle) == NULL) {
+        error_set(KVX_ERR_INVALID, "push: no registered writer has that handle (evicted or never "
+                                   "registered): register again");
+        message_refuse(s, from, id, req.handle, ERROR_CODE_UNREGISTERED);
+    } else if (s->num_queued >= PUSH_MAX_JOBS || (q = malloc(sizeof(*q))) == NULL) {
+        error_set(KVX_ERR_BUSY, "push: %d requests wait to start already", PUSH_MAX_JOBS);
+        message_refuse(s, from, id, req.handle, ERROR_CODE_NONE);
+    }
+    if (q == NULL) {
+        push_request_free(&req);
+        return;
+    }
+    *q             = (struct push_queued){.id = id, .req = req};
+    *s->queued_end = q;
+    s->queued_end  = &q->next;
+    s->num_queued++;
+}
+
+/* Starts the jobs of the requests queued by push_serve_message, in the order they came. A
+ * writer evicted in between (rare: eviction happens on the side channel, in a later phase)
+ * leaves its request counted and unanswered. */
+static unsigned queued_start(struct push_server *s)
+{
+    unsigned started = 0;
+
+    while (s->queued != NULL) {
+        struct push_queued *q = s->queued;
+        struct push_writer *w = writer_of_handle(s, q->req.handle);
+
+        s->queued = q->next;
+        s->num_queued--;
+        if (w == NULL) {
+            s->core->stats.push_messages_refused++;
+            push_request_free(&q->req);
+        } else {
+            struct sidechan_origin origin = w->owner;
+
+            origin.id  = q->id; /* refusals go on the side channel, as the request's answer */
+            w->used_at = ++s->uses;
+            s->core->stats.pushes_by_message++;
+            job_begin(s, w, &origin, true, q->req);
+        }
+        free(q);
+        started++;
+    }
+    s->queued_end = &s->queued;
+    return started;
 }
 
 /* The next step of a job whose step completed: flush after the puts; after the flush the data
@@ -812,7 +968,7 @@ static void job_deadline(struct loop_timer *timer)
 
 unsigned push_progress(struct push_server *server)
 {
-    unsigned events = 0;
+    unsigned events = queued_start(server);
 
     for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
         struct conn *conn = server->writers[i].conn;
@@ -827,7 +983,7 @@ unsigned push_progress(struct push_server *server)
 
 bool push_busy(struct push_server *server)
 {
-    bool busy = server->ready != NULL;
+    bool busy = server->ready != NULL || server->queued != NULL;
 
     for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
         struct conn *conn = server->writers[i].conn;

@@ -35,6 +35,15 @@ void push_register(void *server, const struct sidechan_request *request);
 void push_prove(void *server, const struct sidechan_request *request);
 void push_serve(void *server, const struct sidechan_request *request);
 
+/* The main worker's handler (transport_msg_handler_t) of CORE_AM_PUSH_REQUEST, a push
+ * request on the data plane (push_request.h), from anyone: one whose handle names no proven
+ * writer is refused at once to its sender, counted in pushes_refused, and nothing is written;
+ * one that does is started from the next push_progress as if it had come on its registrant's
+ * side channel (limits, holds, deadline), and answered "pushed" by its writer, after the
+ * data, or refused on the side channel. Only records: it runs inside UCX progress. */
+void push_serve_message(void *server, const void *data, size_t size,
+                        const struct transport_msg_from *from);
+
 /* The loop's phases for the writers: progress their connections and move on the jobs whose
  * step completed (returns events); before sleeping, arm them (true when one has work). */
 unsigned push_progress(struct push_server *server);

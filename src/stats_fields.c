@@ -86,6 +86,10 @@ static const kvx_stat_field_t stats_fields[] = {
     COUNTER(served_transfers, "served_transfers_total",
             "Reads of this prefill agent's blocks, from the decode ranks' dones."),
     COUNTER(served_bytes, "served_bytes_total", "Bytes decode ranks read from this prefill agent."),
+    COUNTER(pushes_by_message, "pushes_by_message_total",
+            "Push requests that came as data-plane messages with a registered writer's handle."),
+    COUNTER(push_messages_refused, "push_messages_refused_total",
+            "Push request messages refused: unknown handle, malformed, or past the queue."),
 };
 
 const kvx_stat_field_t *kvx_agent_stats_fields(size_t *count_p)

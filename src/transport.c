@@ -549,7 +549,8 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
     if ((conn = conn_alloc(t, num_mems)) == NULL)
         return error_no_memory("a connection");
     status = worker_create(t->context, &conn->worker);
-    if (status == KVX_OK && (status = am_conn_set(conn)) != KVX_OK)
+    if (status == KVX_OK && ((status = am_conn_set(conn)) != KVX_OK ||
+                             (status = msg_conn_set(conn)) != KVX_OK))
         ucp_worker_destroy(conn->worker);
     if (status != KVX_OK) {
         conn_unalloc(conn);
@@ -955,24 +956,29 @@ static ucs_status_t am_received(void *arg, const void *header, size_t header_len
     return UCS_OK;
 }
 
-kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
-                                      transport_am_handler_t handler, void *arg)
+kvx_status_t transport_worker_set_handler(ucp_worker_h worker, unsigned id,
+                                          ucp_am_recv_callback_t cb, void *arg)
 {
     ucp_am_handler_param_t param = {
         .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                       UCP_AM_HANDLER_PARAM_FIELD_ARG,
         .id  = id,
-        .cb  = am_received,
-        .arg = &t->am[id],
+        .cb  = cb,
+        .arg = arg,
     };
-    ucs_status_t st;
+    ucs_status_t st = ucp_worker_set_am_recv_handler(worker, &param);
 
+    return st == UCS_OK ? KVX_OK : transport_ucs_error("setting an active-message handler", st);
+}
+
+kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
+                                      transport_am_handler_t handler, void *arg)
+{
     if (id >= TRANSPORT_AM_IDS)
         return error_set(KVX_ERR_INVALID, "transport: active-message id %u is not below %d", id,
                          TRANSPORT_AM_IDS);
     t->am[id] = (struct am_slot){handler, arg};
-    st        = ucp_worker_set_am_recv_handler(t->worker, &param);
-    return st == UCS_OK ? KVX_OK : transport_ucs_error("setting an active-message handler", st);
+    return transport_worker_set_handler(t->worker, id, am_received, &t->am[id]);
 }
 
 /* Parses ucp_ep_print_info's lane lines, "lane[0]:  3:cma/memory.0 md[3] -> md[3]/cma/...

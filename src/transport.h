@@ -178,6 +178,27 @@ typedef void (*transport_am_handler_t)(void *arg, const void *data, size_t size)
 kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
                                       transport_am_handler_t handler, void *arg);
 
+/* kvx's own small messages beside the data (transport_msg.c): eager active messages of at
+ * most TRANSPORT_MSG_MAX bytes, copied when sent. A handler set for an id runs, during
+ * progress, for each such message that arrives at the worker it was set on; `from` lets it answer the sender at once (transport_msg_reply), and is valid only
+ * during the call, because the sender's endpoint is UCX's and may be gone after it. */
+#define TRANSPORT_MSG_MAX 8192
+struct transport_msg_from;
+typedef void (*transport_msg_handler_t)(void *arg, const void *data, size_t size,
+                                        const struct transport_msg_from *from);
+/* On the main worker, and with `conns` on the workers of connections made later too (set it
+ * before connecting). */
+kvx_status_t transport_msg_set_handler(struct transport *t, unsigned id, bool conns,
+                                       transport_msg_handler_t handler, void *arg);
+/* Sends a message on the connection's endpoint without waiting; it leaves with the
+ * connection's progress, and goes with the connection if it has not left by then. */
+kvx_status_t transport_msg_send(struct transport_conn *conn, unsigned id, const void *data,
+                                size_t size);
+/* Answers the message being handled, to its sender; false when it carries no way back (it was
+ * not sent by transport_msg_send) or the answer could not be sent. */
+bool transport_msg_reply(const struct transport_msg_from *from, unsigned id, const void *data,
+                         size_t size);
+
 /* Describes the transports UCX really chose for a connection, lane by lane, with each lane's
  * role ("sysv(am) posix cma(rma_bw)"): the configured list is only what UCX may choose from. */
 void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size);

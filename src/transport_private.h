@@ -51,6 +51,15 @@ struct am_slot {
     void *arg;
 };
 
+/* A handler of kvx's small messages (transport_msg.c), on the main worker and on every
+ * connection's worker. */
+struct msg_slot {
+    struct transport *t;
+    transport_msg_handler_t handler;
+    void *arg;
+    bool conns; /* on every connection's worker too */
+};
+
 /* A record of kvx's active-message protocol that UCX may still call back for (a request sent
  * or a reply being received): kept on a list so that a worker destroyed under it frees it. */
 struct am_record {
@@ -63,6 +72,7 @@ struct transport {
     ucp_context_h context;
     ucp_worker_h worker; /* the main worker: its address is the one peers connect to */
     struct am_slot am[TRANSPORT_AM_IDS];
+    struct msg_slot msg[TRANSPORT_AM_IDS]; /* set on each connection's worker too */
     size_t orphaned;               /* op records released while UCX still owed completions */
     size_t pending;                /* operations posted on live connections, not completed */
     struct transport_conn *parked; /* closed with operations pending: never progressed again */
@@ -177,6 +187,10 @@ struct transport_op {
 
 kvx_status_t transport_ucs_error(const char *what, ucs_status_t status);
 
+/* Sets `cb` as the handler of active-message `id` on `worker`. */
+kvx_status_t transport_worker_set_handler(ucp_worker_h worker, unsigned id,
+                                          ucp_am_recv_callback_t cb, void *arg);
+
 /* One more operation of `op` whose completion will be reported (transport_op_complete). */
 void transport_op_posted_one(struct transport_op *op);
 /* One operation of `op` completed, with a UCX status. */
@@ -212,5 +226,8 @@ void am_waiting_send(struct transport_conn *conn);
 void am_records_free(struct am_record **list);
 /* Frees a connection's cookie table (after its worker). */
 void am_conn_free(struct transport_conn *conn);
+
+/* transport_msg.c: sets the message handlers set so far on a new connection's worker. */
+kvx_status_t msg_conn_set(struct transport_conn *conn);
 
 #endif

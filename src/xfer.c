@@ -907,7 +907,7 @@ kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t m
         if (r == 0)
             x->start = clock_seconds();
         if (status == KVX_OK)
-            status = peer_request_send(x->legs[r].peer, VERB_PUSH, body, size, push_reply,
+            status = peer_push_send(x->legs[r].peer, body, size, push_reply,
                                        &x->legs[r], &x->legs[r].reply_id);
         free(body);
         body = NULL;

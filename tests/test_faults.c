@@ -1517,7 +1517,12 @@ static void stuck_push_never_blocks_other_decode_processes(void **state)
 
     (void)state;
     assert_non_null(storage);
+    /* A request on the data plane leaves with its requester's progress, which the stuck one
+     * never makes after posting: its request goes on the side channel, whose I/O thread
+     * sends it (docs/agent.md, "Write"). */
+    setenv("KVX_PUSH_REQUESTS", "side-channel", 1);
     decode_fork(&stuck);
+    unsetenv("KVX_PUSH_REQUESTS");
     decode_fork(&other);
     assert_int_equal(agent_on_blocks(PAGE, SMALL_BLOCKS, storage, params, &agent), KVX_OK);
     left.agent = agent;

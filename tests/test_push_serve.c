@@ -1,13 +1,21 @@
 /* test_push_serve.c: the prefill half of push between real processes on loopback (issue 22
- * findings 3 and 4). Four requesters that register, fill their share of push jobs and stop
- * progressing leave an honest requester its slot, and the prefill's stall check frees theirs;
- * a push writes for as long as its requester waits, at most the prefill's max_push_ms. Time
+ * findings 3 and 4, issue 23). Four requesters that register, fill their share of push jobs
+ * and stop progressing leave an honest requester its slot, and the prefill's stall check frees
+ * theirs; a push writes for as long as its requester waits, at most the prefill's max_push_ms;
+ * a push request on the data plane without a registered writer's handle is refused. Time
  * is moved with the prefill process's injectable clock (clock_advance_ms), never slept into:
  * a stalled requester is one that stopped calling progress and was then stopped (SIGSTOP). */
+#include "auth.h"
 #include "clock.h"
+#include "core.h"
 #include "layouts.h"
 #include "prefill.h"
 #include "push_limits.h"
+#include "push_request.h"
+#include "sidechan.h"
+#include "transport.h"
+
+#include <zmq.h>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -205,6 +213,9 @@ static pid_t requester_start(const char *address, uint32_t timeout_ms, size_t co
 
         close(ready[0]);
         alarm(300);
+        /* On the data plane a request leaves with its requester's progress, which a staller
+         * never makes after posting: the side channel's I/O thread sends them all. */
+        setenv("KVX_PUSH_REQUESTS", "side-channel", 1);
         if (agent_from_quoted(layout, &params, &agent) != KVX_OK ||
             kvx_agent_connect(agent, address, &peer) != KVX_OK)
             _exit(20);
@@ -373,13 +384,206 @@ static void a_push_writes_as_long_as_its_requester_waits(void **state)
     }
 }
 
-int main(void)
+/* ---- push requests on the data plane (issue 23) ---- */
+
+static uint64_t refused_before; /* the prefill's push_messages_refused before a step */
+
+static bool two_more_refused(const struct report *r)
+{
+    return r->stats.push_messages_refused >= refused_before + 2;
+}
+
+struct answer_seen {
+    bool seen;
+    struct push_am_answer answer;
+    char text[600];
+};
+
+static void answer_record(void *arg, const void *data, size_t size,
+                          const struct transport_msg_from *from)
+{
+    struct answer_seen *a = arg;
+
+    (void)from;
+    if (a->seen || !push_am_answer_parse(data, size, &a->answer))
+        return;
+    snprintf(a->text, sizeof(a->text), "%.*s", (int)a->answer.text_size, a->answer.text);
+    a->seen = true;
+}
+
+/* The insider, a process of its own with the deployment's secret: an agent that registers
+ * (an honest push of block 9, so the prefill has a writer of it), then, from a UCX endpoint of
+ * its own that the prefill never saw, a push request message for blocks 3 and 17 with a handle
+ * it made up, and a message that is not a request. The first must be answered "refused,
+ * unregistered" naming its id and handle, at once; nothing may land in the agent's memory,
+ * zeroed after its push. Exits 0 when so. */
+static int run_message_insider(const char *address, int go)
+{
+    uint64_t ids[]          = {3, 17};
+    kvx_group_ids_t group   = {ids, 2};
+    kvx_request_t request   = {&group, 1, NULL, 0, NULL};
+    uint64_t honest_id      = 9;
+    kvx_group_ids_t honest  = {&honest_id, 1};
+    kvx_request_t registers = {&honest, 1, NULL, 0, NULL};
+    uint8_t handle[PUSH_HANDLE_LEN];
+    uint8_t message[PUSH_AM_MAX];
+    struct answer_seen seen = {0};
+    struct auth_keys keys;
+    kvx_metadata_info_t info;
+    kvx_metadata_t *md;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    struct transport *t;
+    struct transport_conn *conn;
+    void *zmq = zmq_ctx_new();
+    uint64_t *words;
+    uint64_t size;
+    void *bytes;
+    size_t body_size;
+    void *body;
+    size_t framed;
+
+    alarm(60);
+    if (read(go, message, 1) != 1) /* the honest requester pushed once */
+        return 49;
+    if (agent_from_quoted(layout, NULL, &agent) != KVX_OK ||
+        kvx_agent_connect(agent, address, &peer) != KVX_OK ||
+        kvx_write(agent, &peer, 1, 1, &registers, NULL) != KVX_OK) {
+        printf("insider: %s\n", kvx_errmsg());
+        fflush(stdout);
+        return 50;
+    }
+    words = kvx_agent_storage(agent, 0, &size);
+    memset(words, 0, size);
+    if (auth_keys_derive(test_auth_key, &keys) != KVX_OK ||
+        sidechan_fetch(zmq, address, &keys, VERB_METADATA, 1 << 24, 10000, &bytes, &size) !=
+            KVX_OK ||
+        kvx_metadata_unpack(bytes, size, kvx_agent_regions(agent), KVX_MODE_PULL, &md) != KVX_OK)
+        return 51;
+    kvx_metadata_get_info(md, &info);
+    for (size_t i = 0; i < sizeof(handle); i++)
+        handle[i] = (uint8_t)(0xa5 ^ i);
+    if (transport_create("sm,cma,tcp", false, &t) != KVX_OK ||
+        transport_msg_set_handler(t, CORE_AM_PUSH_ANSWER, true, answer_record, &seen) != KVX_OK ||
+        transport_conn_create(t, info.transport_address.data, info.transport_address.size, NULL,
+                              0, &conn) != KVX_OK)
+        return 52;
+    if (push_request_encode(7, handle, 10000, &request, &body, &body_size) != KVX_OK ||
+        (framed = push_am_request_frame(77, body, body_size, message)) == 0 ||
+        transport_msg_send(conn, CORE_AM_PUSH_REQUEST, message, framed) != KVX_OK)
+        return 53;
+    for (uint64_t deadline = clock_ms() + 10000; !seen.seen && clock_ms() < deadline;)
+        transport_conn_progress(conn);
+    printf("insider: answer %s\n", seen.seen ? seen.text : "(none)");
+    fflush(stdout);
+    if (!seen.seen || seen.answer.id != 77 || memcmp(seen.answer.handle, handle, 16) != 0 ||
+        strstr(seen.text, "kvx-error [unregistered]") != seen.text)
+        return 54;
+    memcpy(message, "not a push request", 18);
+    if (transport_msg_send(conn, CORE_AM_PUSH_REQUEST, message, 18) != KVX_OK)
+        return 55;
+    for (int i = 0; i < 1000; i++) /* it leaves: this process progresses its own worker */
+        transport_conn_progress(conn);
+    for (uint64_t deadline = clock_ms() + 200; clock_ms() < deadline;)
+        kvx_agent_progress(agent, 10); /* a write, had the prefill made one, lands here */
+    for (uint64_t i = 0; i < size / 8 && size > 0; i++) {
+        if (words[i] != 0)
+            return 56;
+    }
+    free(body);
+    transport_conn_destroy(conn);
+    transport_destroy(t);
+    kvx_metadata_destroy(md);
+    free(bytes);
+    kvx_peer_destroy(peer);
+    kvx_agent_destroy(agent);
+    zmq_ctx_term(zmq);
+    return 0;
+}
+
+/* Issue 23: push requests travel as messages on the data plane, where anyone who reaches
+ * the prefill's worker can send one; only a registered writer's handle, which the side channel
+ * gave its registrant, makes one a push. An honest requester's pushes complete by message,
+ * verified, before and after an insider's endpoint sends a made-up handle (refused at once,
+ * to it, counted) and a malformed message (counted); the honest requester's zeroed memory
+ * takes no byte meanwhile. */
+static void data_plane_push_requests_need_a_registered_handle(void **state)
+{
+    struct prefill p;
+    kvx_agent_t *agent = NULL;
+    kvx_peer_t *peer;
+    uint64_t ids[]        = {3, 17, 40};
+    kvx_group_ids_t group = {ids, 3};
+    kvx_request_t request = {&group, 1, NULL, 0, NULL};
+    uint64_t *words;
+    uint64_t size;
+    pid_t insider;
+    struct report report;
+    int status;
+    int go[2];
+
+    (void)state;
+    prefill_start(&p);
+    /* forked before this process has UCX of its own: a child inherits none of it well */
+    assert_int_equal(pipe(go), 0);
+    insider = fork();
+    assert_true(insider >= 0);
+    if (insider == 0) {
+        close(go[1]);
+        _exit(run_message_insider(p.address, go[0]));
+    }
+    close(go[0]);
+    assert_int_equal(agent_from_quoted(layout, NULL, &agent), KVX_OK);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    if (kvx_write(agent, &peer, 1, 1, &request, NULL) != KVX_OK)
+        fail_msg("the honest push: %s", kvx_errmsg());
+    words = kvx_agent_storage(agent, 0, &size);
+    assert_true(words[3 * PAGE / 8] == pattern_word(3 * PAGE / 8));
+    memset(words, 0, size);
+    report = prefill_report(&p);
+    assert_int_equal(report.stats.pushes_by_message, 1); /* the push came on the data plane */
+    assert_int_equal(report.stats.push_messages_refused, 0);
+    refused_before = report.stats.push_messages_refused;
+    assert_int_equal(write(go[1], "g", 1), 1);
+    close(go[1]);
+    while (waitpid(insider, &status, WNOHANG) == 0)
+        kvx_agent_progress(agent, 10); /* a write, had the prefill made one, lands here */
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    report = prefill_wait(&p, two_more_refused, "the insider's two messages refused");
+    assert_int_equal(report.stats.push_messages_refused, 2);
+    assert_int_equal(report.stats.pushes_by_message, 2); /* and the insider's honest one */
+    kvx_agent_progress(agent, 0);
+    for (uint64_t i = 0; i < size / 8; i++) {
+        if (words[i] != 0)
+            fail_msg("word %" PRIu64 " of the honest requester changed", i);
+    }
+    if (kvx_write(agent, &peer, 1, 2, &request, NULL) != KVX_OK)
+        fail_msg("the honest push after the insider: %s", kvx_errmsg());
+    for (size_t b = 0; b < 3; b++) {
+        for (size_t i = 0; i < PAGE / 8; i++) {
+            uint64_t index = ids[b] * PAGE / 8 + i;
+
+            if (words[index] != pattern_word(index))
+                fail_msg("block %" PRIu64 ", word %zu: not the prefill's", ids[b], i);
+        }
+    }
+    assert_int_equal(prefill_report(&p).stats.pushes_by_message, 3);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    prefill_end(&p);
+}
+
+int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stalled_requesters_leave_an_honest_push_its_slot),
         cmocka_unit_test(a_push_writes_as_long_as_its_requester_waits),
+        cmocka_unit_test(data_plane_push_requests_need_a_registered_handle),
     };
 
     setenv("UCX_NET_DEVICES", "lo", 0);
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]); /* one test by name, when debugging */
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
