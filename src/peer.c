@@ -445,7 +445,9 @@ kvx_status_t peer_push_send(kvx_peer_t *peer, const void *body, size_t size,
     size_t framed;
     kvx_status_t status;
 
+    /* the side channel for a prefill agent that does not take messages (an older kvx) */
     if (peer->core->push_side_channel || peer_is_down(peer) || peer->link.conn == NULL ||
+        !peer->link.conn->metadata->push_messages ||
         (framed = push_am_request_frame(id, body, size, message)) == 0)
         return peer_request_send(peer, VERB_PUSH, body, size, on_reply, arg, id_p);
     status = pending_room(peer);
