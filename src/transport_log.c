@@ -6,6 +6,11 @@
  * line, since kvx knows already why they were left. Everything here is under one mutex. */
 #include "transport_private.h"
 
+/* UCX 1.22's log header reaches ucs/arch/bitops.h, which spells inline assembly `asm`, a GNU
+ * keyword strict C11 lacks: every build of this file (CMake's, the Python package's) is C11. */
+#ifndef asm
+#define asm __asm__
+#endif
 #include <ucs/debug/log_def.h>
 
 #include <inttypes.h>

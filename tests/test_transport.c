@@ -5,6 +5,9 @@
 #include "transport_private.h" /* white-box: the close window of transport_log.c */
 
 #include <ucs/config/global_opts.h>
+#ifndef asm
+#define asm __asm__ /* UCX 1.22's log header spells inline assembly `asm` (transport_log.c) */
+#endif
 #include <ucs/debug/log_def.h>
 
 #include <setjmp.h>
