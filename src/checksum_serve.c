@@ -115,6 +115,19 @@ static void refuse(struct core *core, struct sidechan_server *side,
     sidechan_reply(side, origin, reply, strlen(reply));
 }
 
+/* Queues `job` last, not hashed yet. */
+static void jobs_append(struct checksum_jobs *jobs, struct checksum_job *job)
+{
+    job->next_range = 0;
+    job->hashed     = 0;
+    if (jobs->tail != NULL)
+        jobs->tail->next = job;
+    else
+        jobs->head = job;
+    jobs->tail = job;
+    jobs->num_jobs++;
+}
+
 void checksum_serve(struct core *core, struct checksum_jobs *jobs, struct sidechan_server *side,
                     const struct sidechan_request *request)
 {
@@ -143,14 +156,7 @@ void checksum_serve(struct core *core, struct checksum_jobs *jobs, struct sidech
     }
     job->origin     = request->origin;
     job->done       = NULL;
-    job->next_range = 0;
-    job->hashed     = 0;
-    if (jobs->tail != NULL)
-        jobs->tail->next = job;
-    else
-        jobs->head = job;
-    jobs->tail = job;
-    jobs->num_jobs++;
+    jobs_append(jobs, job);
     return;
 
 err_refuse:
@@ -173,14 +179,7 @@ kvx_status_t checksum_jobs_add(struct checksum_jobs *jobs, const struct checksum
     job->count      = count;
     job->done       = done;
     job->arg        = arg;
-    job->next_range = 0;
-    job->hashed     = 0;
-    if (jobs->tail != NULL)
-        jobs->tail->next = job;
-    else
-        jobs->head = job;
-    jobs->tail = job;
-    jobs->num_jobs++;
+    jobs_append(jobs, job);
     return KVX_OK;
 }
 
