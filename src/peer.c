@@ -44,7 +44,6 @@ struct peer_link {
     bool push_registering; /* a registration awaits its proof and answer */
     bool push_registered;  /* push_handle names our writer on the peer */
     uint8_t push_handle[PUSH_HANDLE_LEN];
-    char *push_answer; /* the registration's answer while it is awaited */
 };
 
 struct kvx_peer {
@@ -67,6 +66,8 @@ struct kvx_peer {
     struct kvx_peer *next;
     struct kvx_peer *down_next; /* in core->down */
     bool queued;                /* in core->down: its transfers are still to fail */
+    struct peer_push_wait *push_waiters; /* legs waiting for the push registration */
+    uint64_t push_register_id;           /* the registration's request; 0: none under way */
 };
 
 static void heartbeat_fire(struct loop_timer *timer);
@@ -126,9 +127,10 @@ static void pending_clear(kvx_peer_t *peer)
     for (size_t i = 0; i < peer->num_pending; i++)
         free(peer->pending[i].answer);
     free(peer->pending);
-    peer->pending      = NULL;
-    peer->num_pending  = 0;
-    peer->num_answered = 0;
+    peer->pending          = NULL;
+    peer->num_pending      = 0;
+    peer->num_answered     = 0;
+    peer->push_register_id = 0; /* its waiters' transfers fail or time out; a push registers anew */
 }
 
 static void link_close(struct core *core, struct peer_link *link)
@@ -138,9 +140,8 @@ static void link_close(struct core *core, struct peer_link *link)
         sidechan_client_destroy(link->client);
         link->client = NULL;
     }
-    free(link->push_answer);
-    link->push_answer     = NULL;
-    link->push_registered = false;
+    link->push_registering = false;
+    link->push_registered  = false;
     if (link->conn != NULL) {
         loop_unwatch_fd(&core->loop, transport_conn_event_fd(link->conn->transport));
         conn_close(link->conn);
@@ -311,6 +312,7 @@ void peer_free(kvx_peer_t *peer)
     if (peer == NULL)
         return;
     KVX_ASSERT(!peer->queued); /* the failed-peers phase would find it freed */
+    KVX_ASSERT(peer->push_waiters == NULL); /* its transfers were cancelled first */
     loop_timer_stop(&peer->core->loop, &peer->heartbeat);
     link_close(peer->core, &peer->link);
     pending_clear(peer);
@@ -734,16 +736,6 @@ void peers_forward_proof(struct core *core, const struct push_proof *proof)
     }
 }
 
-/* The registration's answer, kept for peer_push_handle (a reply callback only records). */
-static void push_answer_take(void *arg, const char *reply, size_t size)
-{
-    struct peer_link *link = arg;
-
-    (void)size;
-    free(link->push_answer);
-    link->push_answer = strdup(reply);
-}
-
 /* "kvx-registered HEX": the handle; false for anything else. */
 static bool handle_parse(const char *answer, uint8_t handle[PUSH_HANDLE_LEN])
 {
@@ -762,62 +754,76 @@ static bool handle_parse(const char *answer, uint8_t handle[PUSH_HANDLE_LEN])
     return true;
 }
 
-kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t size,
-                              const uint8_t **handle_p)
+/* The registration's answer (from the side-channel phase): the handle, or why not, to every
+ * leg waiting for it. */
+static void push_answer_take(void *arg, const char *reply, size_t size)
 {
-    struct core *core      = peer->core;
+    kvx_peer_t *peer            = arg;
+    struct peer_push_wait *wait = peer->push_waiters;
+    kvx_status_t status         = KVX_OK;
+
+    (void)size;
+    peer->push_register_id      = 0;
+    peer->link.push_registering = false;
+    peer->push_waiters          = NULL;
+    if (handle_parse(reply, peer->link.push_handle)) {
+        peer->link.push_registered = true;
+    } else {
+        bool refused = strncmp(reply, REPLY_ERROR, strlen(REPLY_ERROR)) == 0;
+
+        status = error_set(refused ? KVX_ERR_PEER_REFUSED : KVX_ERR_IO,
+                           "peer %s: push registration: %.600s", peer->address,
+                           reply + (refused ? strlen(REPLY_ERROR) : 0));
+    }
+    while (wait != NULL) {
+        struct peer_push_wait *next = wait->next;
+
+        if (wait->waiting) { /* not cancelled while an earlier one's ready ran */
+            wait->waiting = false;
+            wait->ready(wait, status, status == KVX_OK ? peer->link.push_handle : NULL);
+        }
+        wait = next;
+    }
+}
+
+kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t size,
+                              struct peer_push_wait *wait, const uint8_t **handle_p)
+{
     struct peer_link *link = &peer->link;
-    uint64_t deadline      = clock_ms() + core->timeout_ms;
-    kvx_status_t status    = KVX_OK;
-    uint64_t id;
 
     if (link->push_registered) {
         *handle_p = link->push_handle;
         return KVX_OK;
     }
-    status =
-        peer_request_send(peer, VERB_PUSH_REGISTER, metadata, size, push_answer_take, link, &id);
-    free(link->push_answer);
-    link->push_answer      = NULL;
-    link->push_registering = status == KVX_OK;
-    /* The proof comes to our main worker, which forwards it (peers_forward_proof); the answer
-     * comes on the kept socket, whose other replies are recorded as in the loop's phase 2. */
-    while (status == KVX_OK && link->push_answer == NULL) {
-        uint64_t now = clock_ms();
+    if (peer->push_register_id == 0) {
+        kvx_status_t status = peer_request_send(peer, VERB_PUSH_REGISTER, metadata, size,
+                                                push_answer_take, peer, &peer->push_register_id);
 
-        if (peer_is_down(peer))
-            status =
-                error_set(peer->down_status, "peer %s went down: %s", peer->address, peer->down);
-        else if (now >= deadline)
-            status = error_set(KVX_ERR_PEER_TIMEOUT,
-                               "peer %s: push registration not answered within %" PRIu32 " ms",
-                               peer->address, core->timeout_ms);
-        if (status != KVX_OK) {
-            peer_request_forget(peer, id);
+        if (status != KVX_OK)
+            return status;
+        link->push_registering = true;
+    }
+    wait->next         = peer->push_waiters;
+    wait->waiting      = true;
+    peer->push_waiters = wait;
+    return KVX_INPROGRESS;
+}
+
+void peer_push_wait_cancel(kvx_peer_t *peer, struct peer_push_wait *wait)
+{
+    for (struct peer_push_wait **at = &peer->push_waiters; *at != NULL; at = &(*at)->next) {
+        if (*at == wait) {
+            *at = wait->next;
             break;
         }
-        /* bounded, as the loop's turn is: a peer keeping our worker busy cannot hold us */
-        for (int round = 0; round < PEER_PROGRESS_ROUNDS && transport_progress(core->transport) > 0;
-             round++)
-            ;
-        if (peer_serve(peer) == 0)
-            sidechan_client_wait(link->client, 1);
     }
-    if (status == KVX_OK && !handle_parse(link->push_answer, link->push_handle)) {
-        bool refused = strncmp(link->push_answer, REPLY_ERROR, strlen(REPLY_ERROR)) == 0;
-
-        status = error_set(refused ? KVX_ERR_PEER_REFUSED : KVX_ERR_IO,
-                           "peer %s: push registration: %.600s", peer->address,
-                           link->push_answer + (refused ? strlen(REPLY_ERROR) : 0));
+    wait->waiting = false; /* also when push_answer_take holds the list: it skips this one */
+    /* nobody waits for it now: a later push registers afresh */
+    if (peer->push_waiters == NULL && peer->push_register_id != 0) {
+        peer_request_forget(peer, peer->push_register_id);
+        peer->push_register_id      = 0;
+        peer->link.push_registering = false;
     }
-    free(link->push_answer);
-    link->push_answer      = NULL;
-    link->push_registering = false;
-    if (status != KVX_OK)
-        return status;
-    link->push_registered = true;
-    *handle_p             = link->push_handle;
-    return KVX_OK;
 }
 
 void peer_push_forget(kvx_peer_t *peer)

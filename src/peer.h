@@ -73,13 +73,26 @@ void peers_push_answer(struct core *core, const void *data, size_t size);
 kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
                             uint64_t bytes, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p);
 
-/* The handle of our push writer on the peer: registers `metadata` (ours, push mode) on the
- * kept socket the first time, which blocks up to the timeout: the peer's writer sends a nonce
- * to our main worker, peers_forward_proof returns it, and the peer answers with the handle.
- * Later calls return the same handle until peer_push_forget or a reconnect. */
+/* A transfer's leg waiting for our push writer's registration with a peer. */
+struct peer_push_wait {
+    struct peer_push_wait *next;
+    bool waiting; /* on its peer's list */
+    /* From the side-channel phase: the handle (status KVX_OK) or why there is none. */
+    void (*ready)(struct peer_push_wait *wait, kvx_status_t status, const uint8_t *handle);
+};
+
+/* The handle of our push writer on the peer. Registered: *handle_p at once (KVX_OK). Not yet:
+ * registers `metadata` (ours, push mode) on the kept socket, or joins the registration under
+ * way, and returns KVX_INPROGRESS; the loop then carries it (the peer's writer sends a nonce
+ * to our main worker, peers_forward_proof returns it, the peer answers with the handle) and
+ * calls wait->ready once, never inside this call. The waiter's own deadline bounds it: it
+ * leaves with peer_push_wait_cancel. Later calls return the same handle until
+ * peer_push_forget or a reconnect. */
 struct push_proof;
 kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t size,
-                              const uint8_t **handle_p);
+                              struct peer_push_wait *wait, const uint8_t **handle_p);
+/* `wait` gives up (its transfer ended); the last to leave drops the registration under way. */
+void peer_push_wait_cancel(kvx_peer_t *peer, struct peer_push_wait *wait);
 void peer_push_forget(kvx_peer_t *peer);
 
 /* A writer's proof arrived on our main worker (from anyone): returned only to the peer of its

@@ -33,6 +33,7 @@ struct xfer_leg {
     struct transport_op *op; /* pull: its gets */
     uint64_t reply_id;       /* the push or done awaiting its answer; 0: none */
     uint64_t bytes;          /* pull: read from this peer (its done says so) */
+    struct peer_push_wait wait; /* push: waiting for our writer's registration with the peer */
 };
 
 struct kvx_xfer {
@@ -305,6 +306,8 @@ static void xfer_finish(kvx_xfer_t *x, kvx_status_t status)
         if (leg->reply_id != 0)
             peer_request_forget(leg->peer, leg->reply_id);
         leg->reply_id = 0;
+        if (leg->wait.waiting)
+            peer_push_wait_cancel(leg->peer, &leg->wait);
         peer_touch(leg->peer);
         if (status == KVX_OK)
             peer_unwant(leg->peer, x->request_id); /* here: no more heartbeats for it */
@@ -503,14 +506,14 @@ static kvx_status_t xfer_legs_find(kvx_xfer_t *x, kvx_peer_t *const *peers, size
                              "%s: the request needs remote rank %" PRIu32
                              ", which is not among the %zu peers",
                              x->push ? "write" : "read", rank, num_peers);
-        x->legs[x->num_legs++] = (struct xfer_leg){x, peer, NULL, 0, 0};
+        x->legs[x->num_legs++] = (struct xfer_leg){.xfer = x, .peer = peer};
     }
     x->num_reads = x->num_legs;
     for (size_t i = 0; i < notifies; i++) {
         kvx_peer_t *peer = peer_of_rank(peers, num_peers, kvx_peer_plan_notify_rank(plan, i));
 
         if (peer != NULL)
-            x->legs[x->num_legs++] = (struct xfer_leg){x, peer, NULL, 0, 0};
+            x->legs[x->num_legs++] = (struct xfer_leg){.xfer = x, .peer = peer};
     }
     return KVX_OK;
 }
@@ -878,6 +881,42 @@ static void push_reply(void *arg, const char *reply, size_t size)
         xfer_settle(x);
 }
 
+/* Asks the leg's prefill rank to write the transfer's blocks through our writer `handle`. */
+static kvx_status_t push_leg_send(struct xfer_leg *leg, const uint8_t *handle)
+{
+    kvx_xfer_t *x         = leg->xfer;
+    kvx_request_t request = {x->groups, x->num_groups,
+                             x->has_remote ? x->groups + x->num_groups : NULL,
+                             x->num_remote_groups, x->has_token ? &x->token : NULL};
+    void *body            = NULL;
+    size_t size           = 0;
+    kvx_status_t status   = push_request_encode(x->request_id, handle, x->set->core->timeout_ms,
+                                                &request, &body, &size);
+
+    /* the prefill writes as long as we wait */
+    if (status == KVX_OK)
+        status = peer_push_send(leg->peer, body, size, push_reply, leg, &leg->reply_id);
+    free(body);
+    return status;
+}
+
+/* The leg's first push to its peer registered our writer there (from the side-channel phase):
+ * its request goes now, or the transfer fails with why it cannot. */
+static void push_leg_registered(struct peer_push_wait *wait, kvx_status_t status,
+                                const uint8_t *handle)
+{
+    struct xfer_leg *leg = (struct xfer_leg *)((char *)wait - offsetof(struct xfer_leg, wait));
+    kvx_xfer_t *x        = leg->xfer;
+    char what[700];
+
+    KVX_ASSERT(x->status == KVX_INPROGRESS); /* an ended one left the peer's waiters */
+    if (status == KVX_OK && (status = push_leg_send(leg, handle)) == KVX_OK)
+        return;
+    snprintf(what, sizeof(what), "%s", kvx_errmsg());
+    xfer_fail(x, status, "write %" PRIu64 " by remote rank %" PRIu32 ": %s", x->request_id,
+              peer_rank(leg->peer), what);
+}
+
 kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t metadata_size,
                             kvx_peer_t *const *peers, size_t num_peers, uint64_t request_id,
                             const kvx_request_t *request, kvx_xfer_cb_t callback, void *arg,
@@ -886,37 +925,37 @@ kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t m
     struct core *core  = set->core;
     struct conn *first = NULL;
     kvx_xfer_t *x      = xfer_get(set, true, request_id, callback, arg);
-    void *body         = NULL;
-    size_t size        = 0;
     kvx_status_t status;
 
     if (x == NULL)
         return error_no_memory("a transfer");
     /* Our own plan says which prefill ranks hold our blocks, and checks the request first. */
     status = xfer_prepare(x, peers, num_peers, request, &first);
-    /* Each rank writes through the writer we registered with it (the first push registers). */
+    for (size_t r = 0; r < x->num_legs; r++)
+        x->legs[r].wait = (struct peer_push_wait){.ready = push_leg_registered};
+    if (status == KVX_OK)
+        status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
+    x->start = clock_seconds();
+    /* Each rank writes through the writer we registered with it. The first push to a rank
+     * registers, a state the loop carries under this transfer's deadline (push_leg_registered):
+     * nothing here waits for the peer. */
     for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++) {
+        struct xfer_leg *leg = &x->legs[r];
         const uint8_t *handle;
 
-        status = peer_push_handle(x->legs[r].peer, metadata, metadata_size, &handle);
+        status = peer_push_handle(leg->peer, metadata, metadata_size, &leg->wait, &handle);
         if (status == KVX_OK)
-            status = push_request_encode(request_id, handle, core->timeout_ms, request, &body,
-                                         &size); /* the prefill writes as long as we wait */
-        if (status == KVX_OK && r == 0)
-            status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
-        if (r == 0)
-            x->start = clock_seconds();
-        if (status == KVX_OK)
-            status = peer_push_send(x->legs[r].peer, body, size, push_reply,
-                                       &x->legs[r], &x->legs[r].reply_id);
-        free(body);
-        body = NULL;
+            status = push_leg_send(leg, handle);
+        else if (status == KVX_INPROGRESS)
+            status = KVX_OK;
     }
     if (status != KVX_OK) {
         /* Ranks asked already may write anyway: they answer to nothing now. */
         for (size_t r = 0; r < x->num_reads; r++) {
             if (x->legs[r].reply_id != 0)
                 peer_request_forget(x->legs[r].peer, x->legs[r].reply_id);
+            if (x->legs[r].wait.waiting)
+                peer_push_wait_cancel(x->legs[r].peer, &x->legs[r].wait);
         }
         loop_timer_stop(&core->loop, &x->deadline);
         xfer_recycle(x);

@@ -867,11 +867,11 @@ static void restarted_prefill_at_the_same_address_is_noticed(void **state)
     prefill_kill(&second);
 }
 
-/* Issue 22 finding 6, reconnect before progress: a restart noticed outside the loop (the push
- * registration's wait inside kvx_write_post reads the new instance's heartbeat answer) leaves
- * the peer down and queued for the failed-peers phase; kvx_peer_reconnect before any progress
- * once put it back among the peers while still queued, and the next turn failed the new read
- * with the stale reason, closed its new connection and crashed progressing it. */
+/* Issue 22 finding 6, reconnect after a restart found by a first push: the push registration
+ * once waited inside kvx_write_post, read the new instance's heartbeat answer there and left the
+ * peer down outside the loop, and kvx_peer_reconnect before any progress crashed the next turn.
+ * Since issue 23 the registration is a state the loop carries: the post returns at once, the
+ * loop finds the restart and fails the push with it, and a reconnect serves again. */
 static void a_peer_down_outside_the_loop_and_reconnected_at_once_serves(void **state)
 {
     uint64_t ids[]        = {5, 6, 9};
@@ -898,12 +898,13 @@ static void a_peer_down_outside_the_loop_and_reconnected_at_once_serves(void **s
     prefill_start_spare(&second);
     /* queued before the registration, so the new instance answers it first */
     assert_int_equal(kvx_heartbeat(agent, &peer, 1, NULL, NULL, 0), KVX_OK);
-    assert_int_equal(kvx_write_post(agent, &peer, 1, 2, &request, NULL, NULL, &xfer),
-                     KVX_ERR_PEER_DOWN);
-    assert_non_null(strstr(kvx_errmsg(), "restarted: instance "));
+    assert_int_equal(kvx_write_post(agent, &peer, 1, 2, &request, NULL, NULL, &xfer), KVX_OK);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_DOWN);
+    assert_non_null(strstr(kvx_xfer_error(xfer), "restarted: instance "));
+    kvx_xfer_destroy(xfer);
     assert_non_null(kvx_peer_down_reason(peer));
 
-    assert_int_equal(kvx_peer_reconnect(peer), KVX_OK); /* no progress in between */
+    assert_int_equal(kvx_peer_reconnect(peer), KVX_OK);
     assert_null(kvx_peer_down_reason(peer));
     read_verified(agent, peer, 3, ids, 3);
     progress_for(agent, 20);
@@ -911,10 +912,41 @@ static void a_peer_down_outside_the_loop_and_reconnected_at_once_serves(void **s
     kvx_agent_stats(agent, &stats, sizeof(stats));
     assert_int_equal(stats.peers_dead, 1);
     assert_int_equal(stats.transfers, 2);
-    assert_int_equal(stats.transfers_failed, 0);
+    assert_int_equal(stats.transfers_failed, 1);
     peer_destroy(peer);
     agent_destroy(agent);
     prefill_kill(&second);
+}
+
+/* Issue 23: the first push to a prefill registers our writer in the loop, never inside
+ * kvx_write_post (it waited there up to the timeout): with the prefill stopped the post returns
+ * at once; continued, the registration and the push complete and the bytes verify. */
+static void first_push_posts_while_the_prefill_is_stopped(void **state)
+{
+    uint64_t ids[]        = {5, 6, 9};
+    kvx_group_ids_t group = {ids, 3};
+    kvx_request_t request = {&group, 1, NULL, 0, NULL};
+    kvx_xfer_t *xfer      = NULL;
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+
+    (void)state;
+    config = (struct prefill_config){.page = PAGE, .blocks = SMALL_BLOCKS};
+    prefill_start(&p);
+    agent = agent_create_tracked(PAGE, SMALL_BLOCKS, (kvx_agent_params_t){0});
+    peer  = connect_tracked(agent, p.address);
+    prefill_stop(&p);
+    assert_int_equal(kvx_write_post(agent, &peer, 1, 2, &request, NULL, NULL, &xfer), KVX_OK);
+    assert_int_equal(kvx_xfer_status(xfer), KVX_INPROGRESS);
+    prefill_continue(&p);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
+    for (size_t k = 0; k < 3; k++)
+        assert_true(block_matches(agent, ids[k]));
+    kvx_xfer_destroy(xfer);
+    peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
 }
 
 /* Issue 22 finding 6, two ready pulls and one failing: pulls whose gets all completed wait in
@@ -1530,6 +1562,9 @@ static void stuck_push_never_blocks_other_decode_processes(void **state)
     assert_int_equal(write(stuck.in, address, sizeof(address)), sizeof(address));
     assert_int_equal(write(other.in, address, sizeof(address)), sizeof(address));
 
+    /* A first push registers the stuck one's writer, in its loop (issue 23); the stalled push
+     * after it needs no progress of its own to be asked for. */
+    assert_true(decode_command(&stuck, agent, 'w'));
     assert_true(decode_command(&stuck, agent, 'p'));
     do {
         kvx_agent_progress(agent, 5);
@@ -1846,6 +1881,7 @@ int main(int argc, char **argv)
                                   leftovers_clean),
         cmocka_unit_test_teardown(a_peer_down_outside_the_loop_and_reconnected_at_once_serves,
                                   leftovers_clean),
+        cmocka_unit_test_teardown(first_push_posts_while_the_prefill_is_stopped, leftovers_clean),
         cmocka_unit_test_teardown(ready_pulls_of_a_peer_gone_down_in_the_same_phase_fail_with_it,
                                   leftovers_clean),
         cmocka_unit_test_teardown(idle_peer_is_dropped_after_its_ttl, leftovers_clean),
