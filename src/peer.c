@@ -41,7 +41,6 @@ struct peer_link {
     struct conn *conn;
     struct sidechan_client *client;
     uint64_t instance;
-    bool push_registering; /* a registration awaits its proof and answer */
     bool push_registered;  /* push_handle names our writer on the peer */
     uint8_t push_handle[PUSH_HANDLE_LEN];
 };
@@ -140,8 +139,7 @@ static void link_close(struct core *core, struct peer_link *link)
         sidechan_client_destroy(link->client);
         link->client = NULL;
     }
-    link->push_registering = false;
-    link->push_registered  = false;
+    link->push_registered = false;
     if (link->conn != NULL) {
         loop_unwatch_fd(&core->loop, transport_conn_event_fd(link->conn->transport));
         conn_close(link->conn);
@@ -730,7 +728,7 @@ void peers_forward_proof(struct core *core, const struct push_proof *proof)
 {
     /* only a peer we are registering with gets it back, on its own authenticated socket */
     for (kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
-        if (peer->link.push_registering && peer->link.instance == proof->instance)
+        if (peer->push_register_id != 0 && peer->link.instance == proof->instance)
             sidechan_client_send(peer->link.client, VERB_PUSH_PROOF, 0, proof->nonce,
                                  sizeof(proof->nonce));
     }
@@ -763,9 +761,8 @@ static void push_answer_take(void *arg, const char *reply, size_t size)
     kvx_status_t status         = KVX_OK;
 
     (void)size;
-    peer->push_register_id      = 0;
-    peer->link.push_registering = false;
-    peer->push_waiters          = NULL;
+    peer->push_register_id = 0;
+    peer->push_waiters     = NULL;
     if (handle_parse(reply, peer->link.push_handle)) {
         peer->link.push_registered = true;
     } else {
@@ -801,7 +798,6 @@ kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t siz
 
         if (status != KVX_OK)
             return status;
-        link->push_registering = true;
     }
     wait->next         = peer->push_waiters;
     wait->waiting      = true;
@@ -821,8 +817,7 @@ void peer_push_wait_cancel(kvx_peer_t *peer, struct peer_push_wait *wait)
     /* nobody waits for it now: a later push registers afresh */
     if (peer->push_waiters == NULL && peer->push_register_id != 0) {
         peer_request_forget(peer, peer->push_register_id);
-        peer->push_register_id      = 0;
-        peer->link.push_registering = false;
+        peer->push_register_id = 0;
     }
 }
 
