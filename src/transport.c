@@ -832,6 +832,7 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
 {
     struct transport_conn *conn = op->conn;
     size_t inline_left          = TRANSPORT_COPY_INLINE; /* bytes this post may still copy */
+    struct am_reads reads       = {0};                   /* served reads gathered */
     ucp_request_param_t param   = {
           .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
           .cb.send      = op_completed,
@@ -870,9 +871,12 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
         if (conn->storages[rs].served) { /* the peer's kvx checks and serves it */
             uint64_t offset = remote - targets->remote_bases[rs];
 
-            status = put ? am_write_post(op, rs, offset, local, p->len)
-                         : am_read_post(op, rs, offset, local, p->len,
-                                        targets->local_mems[ls] == KVX_MEM_VRAM);
+            if (put)
+                status = am_write_post(op, rs, offset, local, p->len);
+            else if (targets->local_mems[ls] == KVX_MEM_VRAM) /* received by rendezvous */
+                status = am_read_post(op, rs, offset, local, p->len, true);
+            else
+                status = am_reads_add(op, &reads, rs, offset, local, p->len);
             if (status != KVX_OK)
                 return status;
             continue;
@@ -883,7 +887,7 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
         if (status != KVX_OK)
             return status;
     }
-    return KVX_OK;
+    return am_reads_flush(op, &reads);
 }
 
 kvx_status_t transport_flush_post(struct transport_op *op)

@@ -4,7 +4,10 @@
  * transport hands peers grants instead of keys, and serves their requests itself:
  *
  *   read     requester -> owner   header: read token, cookie, storage, offset, length
- *   data     owner -> requester   header: cookie, status; then the bytes (eager or rendezvous)
+ *   reads    requester -> owner   header: read token, cookie, count; then count ranges
+ *                                 (storage, offset, length): small reads, one message
+ *   data     owner -> requester   header: cookie, status; then the bytes (eager or rendezvous),
+ *                                 a vectored read's ranges one after the other
  *   write    writer -> owner      header: write token, cookie, storage, offset; then the bytes
  *   written  owner -> writer      header: cookie, status, once the bytes are in memory
  *
@@ -21,7 +24,7 @@
 #include <string.h>
 
 /* Ids of the protocol's messages, above the ones kvx's files set (TRANSPORT_AM_IDS). */
-enum { AM_READ = 24, AM_DATA, AM_WRITE, AM_WRITTEN };
+enum { AM_READ = 24, AM_DATA, AM_WRITE, AM_WRITTEN, AM_READV };
 
 #define AM_FLAG_RENDEZVOUS 1u /* the destination is device memory: never eager */
 /* Requests a connection has out at once; more wait for answers to come. Honest requesters stay
@@ -51,6 +54,13 @@ struct am_write_header {
     uint32_t flags;
 };
 
+struct am_readv_header {
+    uint8_t token[TRANSPORT_TOKEN_SIZE];
+    uint64_t cookie;
+    uint32_t count; /* ranges, 2 to AM_READV_MAX, in the message's data */
+    uint32_t flags; /* none yet: the answer is the transport's choice, host memory only */
+};
+
 struct am_answer_header {
     uint64_t cookie;
     uint32_t status;
@@ -77,12 +87,18 @@ struct am_request {
     bool waiting;
     unsigned id;
     const void *data;
+    size_t data_length;
     uint32_t send_flags;
     struct am_request *next_waiting;
     union {
         struct am_read_header read;
         struct am_write_header write;
+        struct am_readv_header readv;
     } header;
+    /* A vectored read's: where each range's bytes go, and the ranges asked for (its data). */
+    uint32_t num_iov;
+    ucp_dt_iov_t *iov;
+    struct am_range ranges[];
 };
 
 /* The owner's side of one message: an answer being sent, or a write's bytes being received
@@ -97,6 +113,9 @@ struct am_reply {
     void *dest;
     uint64_t length;
     struct am_reply *next_queued;
+    /* A vectored read's answer: the ranges of our storages it sends, in order. */
+    uint32_t num_iov;
+    ucp_dt_iov_t iov[];
 };
 
 void am_record_link(struct am_record *r, struct am_record **list)
@@ -141,7 +160,7 @@ static bool token_equal(const uint8_t *a, const uint8_t *b)
 
 /* The storage `index` of this transport if it serves peers at all (a keyed one hands out no
  * grant: its tokens are zeros nobody was given) and [offset, offset + length) lies inside. */
-static struct transport_mem *granted(struct transport *t, uint32_t index, uint64_t offset,
+static struct transport_mem *granted(const struct transport *t, uint32_t index, uint64_t offset,
                                      uint64_t length)
 {
     struct transport_mem *mem = t->served && index < t->num_mems ? t->mems[index] : NULL;
@@ -180,8 +199,15 @@ static void reply_send(struct am_reply *r, unsigned id, const void *data, uint64
         .user_data = r,
         .flags     = rendezvous ? UCP_AM_SEND_FLAG_RNDV : 0,
     };
-    ucs_status_ptr_t sp =
-        ucp_am_send_nbx(r->ep, id, &r->header, sizeof(r->header), data, length, &param);
+    ucs_status_ptr_t sp;
+
+    if (r->num_iov > 0 && r->header.status == AM_STATUS_OK) { /* a vectored read's ranges */
+        param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        param.datatype = ucp_dt_make_iov();
+        data           = r->iov;
+        length         = r->num_iov;
+    }
+    sp = ucp_am_send_nbx(r->ep, id, &r->header, sizeof(r->header), data, length, &param);
 
     if (sp == NULL || UCS_PTR_IS_ERR(sp))
         reply_free(r);
@@ -219,9 +245,13 @@ void am_writes_receive(struct transport *t)
     }
 }
 
-static struct am_reply *reply_create(struct transport *t, ucp_ep_h ep, uint64_t cookie)
+/* A reply record, with room for `num_iov` ranges of a vectored read. */
+static struct am_reply *reply_create(struct transport *t, ucp_ep_h ep, uint64_t cookie,
+                                     uint32_t num_iov)
 {
-    struct am_reply *r = t->serving < AM_MAX_SERVING ? calloc(1, sizeof(*r)) : NULL;
+    struct am_reply *r = t->serving < AM_MAX_SERVING
+                             ? calloc(1, sizeof(*r) + num_iov * sizeof(r->iov[0]))
+                             : NULL;
 
     if (r == NULL) {
         t->counters.refused++;
@@ -252,7 +282,7 @@ static ucs_status_t read_served(void *arg, const void *header, size_t header_len
         return UCS_OK;
     }
     memcpy(&h, header, sizeof(h));
-    if ((r = reply_create(t, param->reply_ep, h.cookie)) == NULL)
+    if ((r = reply_create(t, param->reply_ep, h.cookie, 0)) == NULL)
         return UCS_OK; /* the requester's deadline answers for us */
     mem = granted(t, h.storage, h.offset, h.length);
     /* Who may write may read, as with a UCX key mapped for writes (MEM_PROT_WRITE); both
@@ -268,6 +298,59 @@ static ucs_status_t read_served(void *arg, const void *header, size_t header_len
     t->counters.reads++;
     reply_send(r, AM_DATA, (char *)mem->address + h.offset, h.length,
                (h.flags & AM_FLAG_RENDEZVOUS) != 0);
+    return UCS_OK;
+}
+
+bool am_ranges_granted(const struct transport *t, const void *data, size_t length, uint32_t count,
+                       ucp_dt_iov_t *iov)
+{
+    const struct transport_mem *mem;
+    struct am_range range;
+
+    if (count < 2 || count > AM_READV_MAX || length != count * sizeof(range))
+        return false;
+    for (uint32_t i = 0; i < count; i++) {
+        memcpy(&range, (const char *)data + i * sizeof(range), sizeof(range));
+        mem = granted(t, range.storage, range.offset, range.length);
+        if (mem == NULL || range.length == 0 || range.reserved != 0 || mem->device)
+            return false;
+        iov[i] = (ucp_dt_iov_t){(char *)mem->address + range.offset, range.length};
+    }
+    return true;
+}
+
+/* A vectored read: its ranges' bytes in one answer, or one refusal for all of them. The
+ * ranges come as the message's data, so they must have come with it (eager, not rendezvous). */
+static ucs_status_t readv_served(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param)
+{
+    struct transport *t = arg;
+    struct am_readv_header h;
+    struct am_reply *r;
+    bool reader;
+    bool writer;
+
+    if (header_length != sizeof(h) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        t->counters.refused++;
+        return UCS_OK;
+    }
+    memcpy(&h, header, sizeof(h));
+    if (h.count > AM_READV_MAX || (r = reply_create(t, param->reply_ep, h.cookie, h.count)) == NULL) {
+        t->counters.refused += h.count > AM_READV_MAX;
+        return UCS_OK; /* a count no kvx sends; or no room: the requester's deadline answers */
+    }
+    r->num_iov = h.count;
+    reader     = token_equal(h.token, t->read_token); /* both compared, as read_served does */
+    writer     = token_equal(h.token, t->write_token);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || h.flags != 0 || !(reader || writer) ||
+        !am_ranges_granted(t, data, length, h.count, r->iov)) {
+        t->counters.refused++;
+        r->header.status = AM_STATUS_REFUSED;
+        reply_send(r, AM_DATA, NULL, 0, false);
+        return UCS_OK;
+    }
+    t->counters.reads += h.count;
+    reply_send(r, AM_DATA, NULL, 0, false);
     return UCS_OK;
 }
 
@@ -299,7 +382,7 @@ static ucs_status_t write_served(void *arg, const void *header, size_t header_le
         return rendezvous ? UCS_ERR_REJECTED : UCS_OK;
     }
     memcpy(&h, header, sizeof(h));
-    if ((r = reply_create(t, param->reply_ep, h.cookie)) == NULL)
+    if ((r = reply_create(t, param->reply_ep, h.cookie, 0)) == NULL)
         return rendezvous ? UCS_ERR_NO_RESOURCE : UCS_OK;
     mem = granted(t, h.storage, h.offset, length);
     /* Device memory takes no memcpy: its writer must send it by rendezvous. */
@@ -342,6 +425,8 @@ kvx_status_t am_serve_set(struct transport *t)
 {
     kvx_status_t status = handler_set(t->worker, AM_READ, read_served, t);
 
+    if (status == KVX_OK)
+        status = handler_set(t->worker, AM_READV, readv_served, t);
     return status == KVX_OK ? handler_set(t->worker, AM_WRITE, write_served, t) : status;
 }
 
@@ -418,7 +503,12 @@ static ucs_status_t data_arrived(void *arg, const void *header, size_t header_le
         return UCS_OK;
     }
     if (!rendezvous) {
-        memcpy(req->local, data, length);
+        size_t at = 0;
+
+        for (uint32_t i = 0; i < req->num_iov; at += req->iov[i++].length)
+            memcpy(req->iov[i].buffer, (const char *)data + at, req->iov[i].length);
+        if (req->num_iov == 0)
+            memcpy(req->local, data, length);
         request_end(req, UCS_OK);
         request_free_if_done(req);
         return UCS_OK;
@@ -446,7 +536,13 @@ void am_receives_start(struct transport_conn *conn)
         ucs_status_ptr_t sp;
 
         queued = req->next_receive;
-        sp     = ucp_am_recv_data_nbx(conn->worker, req->desc, req->local, req->length, &recv);
+        if (req->num_iov > 0) { /* straight into each range's place */
+            recv.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+            recv.datatype = ucp_dt_make_iov();
+        }
+        sp = ucp_am_recv_data_nbx(conn->worker, req->desc,
+                                  req->num_iov > 0 ? (void *)req->iov : req->local,
+                                  req->num_iov > 0 ? req->num_iov : req->length, &recv);
         if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
             req->receiving = false;
             request_end(req, sp == NULL ? UCS_OK : UCS_PTR_STATUS(sp));
@@ -495,9 +591,10 @@ static void request_sent(void *request, ucs_status_t status, void *user_data)
     request_free_if_done(req);
 }
 
-/* A request record with a free cookie, linked to its connection. */
+/* A request record with a free cookie, linked to its connection; with room for `num_iov`
+ * ranges of a vectored read. */
 static kvx_status_t request_create(struct transport_op *op, uint32_t storage, void *local,
-                                   uint64_t length, struct am_request **req_p)
+                                   uint64_t length, uint32_t num_iov, struct am_request **req_p)
 {
     struct transport_conn *conn = op->conn;
     struct am_request *req;
@@ -522,8 +619,11 @@ static kvx_status_t request_create(struct transport_op *op, uint32_t storage, vo
         }
         conn->num_cookies = n;
     }
-    if ((req = calloc(1, sizeof(*req))) == NULL)
+    req = calloc(1, sizeof(*req) + num_iov * (sizeof(req->ranges[0]) + sizeof(req->iov[0])));
+    if (req == NULL)
         return error_no_memory("a request");
+    req->num_iov = num_iov;
+    req->iov     = (ucp_dt_iov_t *)(req->ranges + num_iov);
     req->op                     = op;
     req->conn                   = conn;
     req->local                  = local;
@@ -547,9 +647,11 @@ static ucs_status_ptr_t request_send_now(struct am_request *req)
         .user_data = req,
         .flags     = UCP_AM_SEND_FLAG_REPLY | req->send_flags,
     };
-    size_t header_length = req->write ? sizeof(req->header.write) : sizeof(req->header.read);
+    size_t header_length = req->write         ? sizeof(req->header.write)
+                           : req->num_iov > 0 ? sizeof(req->header.readv)
+                                              : sizeof(req->header.read);
     ucs_status_ptr_t sp  = ucp_am_send_nbx(req->conn->ep, req->id, &req->header, header_length,
-                                           req->data, req->write ? req->length : 0, &param);
+                                           req->data, req->data_length, &param);
 
     req->waiting = false;
     req->conn->in_flight++;
@@ -560,14 +662,15 @@ static ucs_status_ptr_t request_send_now(struct am_request *req)
 /* Counts the request in its op and sends it, or queues it behind the connection's window;
  * undoes it if UCX refused. */
 static kvx_status_t request_send(struct am_request *req, unsigned id, const void *data,
-                                 uint32_t flags)
+                                 size_t data_length, uint32_t flags)
 {
     struct transport_conn *conn = req->conn;
     ucs_status_ptr_t sp;
 
-    req->id         = id;
-    req->data       = data;
-    req->send_flags = flags;
+    req->id          = id;
+    req->data        = data;
+    req->data_length = data_length;
+    req->send_flags  = flags;
     transport_op_posted_one(req->op);
     if (conn->in_flight >= AM_WINDOW || conn->waiting != NULL) {
         req->waiting       = true;
@@ -606,7 +709,7 @@ kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t of
                           uint64_t len, bool local_device)
 {
     struct am_request *req;
-    kvx_status_t status = request_create(op, storage, local, len, &req);
+    kvx_status_t status = request_create(op, storage, local, len, 0, &req);
 
     if (status != KVX_OK)
         return status;
@@ -619,14 +722,65 @@ kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t of
         .flags   = local_device ? AM_FLAG_RENDEZVOUS : 0,
     };
     memcpy(req->header.read.token, op->conn->storages[storage].token, TRANSPORT_TOKEN_SIZE);
-    return request_send(req, AM_READ, NULL, UCP_AM_SEND_FLAG_EAGER);
+    return request_send(req, AM_READ, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+}
+
+kvx_status_t am_reads_flush(struct transport_op *op, struct am_reads *reads)
+{
+    uint32_t count = reads->count;
+    struct am_request *req;
+    kvx_status_t status;
+
+    reads->count = 0;
+    reads->bytes = 0;
+    if (count <= 1)
+        return count == 0 ? KVX_OK
+                          : am_read_post(op, reads->ranges[0].storage, reads->ranges[0].offset,
+                                         reads->locals[0], reads->ranges[0].length, false);
+    status = request_create(op, reads->ranges[0].storage, NULL, 0, count, &req);
+    if (status != KVX_OK)
+        return status;
+    for (uint32_t i = 0; i < count; i++) {
+        req->ranges[i] = reads->ranges[i];
+        req->iov[i]    = (ucp_dt_iov_t){reads->locals[i], reads->ranges[i].length};
+        req->length += reads->ranges[i].length;
+    }
+    req->header.readv = (struct am_readv_header){.cookie = req->cookie, .count = count};
+    memcpy(req->header.readv.token, op->conn->storages[reads->ranges[0].storage].token,
+           TRANSPORT_TOKEN_SIZE);
+    return request_send(req, AM_READV, req->ranges, count * sizeof(req->ranges[0]),
+                        UCP_AM_SEND_FLAG_EAGER);
+}
+
+kvx_status_t am_reads_add(struct transport_op *op, struct am_reads *reads, uint32_t storage,
+                          uint64_t offset, void *local, uint64_t len)
+{
+    const struct conn_storage *storages = op->conn->storages;
+    kvx_status_t status;
+
+    /* Device memory of the owner's is read alone: its answer may not be a copy. */
+    if (len > AM_READV_RANGE || len == 0 || storage >= op->conn->num_rkeys ||
+        storages[storage].device)
+        return am_read_post(op, storage, offset, local, len, false);
+    /* One message carries one token: a storage granted by another starts the next. */
+    if (reads->count == AM_READV_MAX || reads->bytes + len > AM_READV_BYTES ||
+        (reads->count > 0 && memcmp(storages[reads->ranges[0].storage].token,
+                                    storages[storage].token, TRANSPORT_TOKEN_SIZE) != 0)) {
+        if ((status = am_reads_flush(op, reads)) != KVX_OK)
+            return status;
+    }
+    reads->ranges[reads->count] =
+        (struct am_range){.storage = storage, .offset = offset, .length = len};
+    reads->locals[reads->count++] = local;
+    reads->bytes += len;
+    return KVX_OK;
 }
 
 kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t offset,
                            const void *local, uint64_t len)
 {
     struct am_request *req;
-    kvx_status_t status = request_create(op, storage, (void *)(uintptr_t)local, len, &req);
+    kvx_status_t status = request_create(op, storage, (void *)(uintptr_t)local, len, 0, &req);
     bool device;
 
     if (status != KVX_OK)
@@ -639,5 +793,5 @@ kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t o
         .storage = storage,
     };
     memcpy(req->header.write.token, op->conn->storages[storage].token, TRANSPORT_TOKEN_SIZE);
-    return request_send(req, AM_WRITE, local, device ? UCP_AM_SEND_FLAG_RNDV : 0);
+    return request_send(req, AM_WRITE, local, len, device ? UCP_AM_SEND_FLAG_RNDV : 0);
 }

@@ -210,6 +210,38 @@ void am_record_unlink(struct am_record *r);
  * and writes, a connection's receives their answers). */
 kvx_status_t am_serve_set(struct transport *t);
 kvx_status_t am_conn_set(struct transport_conn *conn);
+/* One range of a vectored read, as it travels: which bytes of the owner's storage. */
+struct am_range {
+    uint32_t storage;
+    uint32_t reserved; /* zero */
+    uint64_t offset;
+    uint64_t length;
+};
+
+/* Small reads of one post on one connection, gathered into one message: a request and an
+ * answer per read cost more than the bytes of a 4 KiB block over TCP. A read larger than
+ * AM_READV_RANGE goes alone, as one message of AM_READV_MAX ranges or AM_READV_BYTES would. */
+#define AM_READV_MAX   64
+#define AM_READV_RANGE ((uint64_t)64 << 10)
+#define AM_READV_BYTES ((uint64_t)256 << 10)
+struct am_reads {
+    uint32_t count;
+    uint64_t bytes;
+    struct am_range ranges[AM_READV_MAX];
+    void *locals[AM_READV_MAX];
+};
+
+/* Adds a read of `len` bytes of the peer's storage `storage` at `offset` into host memory at
+ * `local` to `reads` (empty: zeroed), sending what was gathered first when it is full. */
+kvx_status_t am_reads_add(struct transport_op *op, struct am_reads *reads, uint32_t storage,
+                          uint64_t offset, void *local, uint64_t len);
+/* Sends what `reads` gathered (one range: as a plain read) and empties it. */
+kvx_status_t am_reads_flush(struct transport_op *op, struct am_reads *reads);
+/* The owner's check of a vectored read: whether `length` bytes of `data` are `count` ranges
+ * (2 to AM_READV_MAX), each non-empty and inside one of the storages `t` serves; if so, fills
+ * iov[count] with where their bytes are. Never trusts the bytes: a fuzz target's. */
+bool am_ranges_granted(const struct transport *t, const void *data, size_t length, uint32_t count,
+                       ucp_dt_iov_t *iov);
 /* Posts one read or write of `len` bytes between `local` and the peer's storage `storage` at
  * `offset`, completed in `op` when the peer answered. */
 kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t offset, void *local,
