@@ -817,6 +817,12 @@ typedef struct kvx_agent_stats {
     uint64_t push_messages_refused;  /* prefill side: push request messages refused: no
                                         registered writer of their handle, malformed, or past
                                         the requests waiting to start */
+    /* dones on the data plane (issue 23) */
+    uint64_t dones_by_message; /* prefill side: dones that came as messages with a connection's
+                                  done handle and were judged there */
+    uint64_t dones_resent;     /* decode side: dones sent as messages that the prefill sent
+                                  back to the side channel (before their hold, or an unknown
+                                  handle) */
 } kvx_agent_stats_t;
 
 /* What a field of kvx_agent_stats_t is, for the outputs that list every one (Prometheus,

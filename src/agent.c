@@ -7,6 +7,7 @@
 
 #include "checksum_serve.h"
 #include "clock.h"
+#include "done_handles.h"
 #include "done_serve.h"
 #include "error.h"
 #include "gate.h"
@@ -372,6 +373,29 @@ static void serve_done(void *arg, const struct sidechan_request *request)
     done_serve(&agent->core, agent->side, request);
 }
 
+static void serve_done_handle(void *arg, const struct sidechan_request *request)
+{
+    kvx_agent_t *agent = arg;
+
+    done_serve_handle(&agent->core, agent->side, request);
+}
+
+/* A done as a message on the main worker (done_handles.h): from anyone; judged as its
+ * handle's connection's. */
+static void agent_on_done_message(void *arg, const void *data, size_t size,
+                                  const struct transport_msg_from *from)
+{
+    done_serve_message(arg, data, size, from);
+}
+
+/* The answer to a done we sent as a message, on a connection's worker. */
+static void agent_on_done_answer(void *arg, const void *data, size_t size,
+                                 const struct transport_msg_from *from)
+{
+    (void)from;
+    peers_done_answer(arg, data, size);
+}
+
 static void serve_push(void *arg, const struct sidechan_request *request)
 {
     push_serve(((kvx_agent_t *)arg)->pushes, request);
@@ -400,6 +424,7 @@ static const struct sidechan_verb agent_verbs[] = {
     {VERB_METADATA, false, serve_metadata},
     {VERB_HEARTBEAT, true, serve_heartbeat},
     {VERB_DONE, true, serve_done},
+    {VERB_DONE_HANDLE, true, serve_done_handle},
     {VERB_PUSH_REGISTER, true, serve_push_register},
     {VERB_PUSH_PROOF, true, serve_push_proof},
     {VERB_PUSH, true, serve_push},
@@ -439,6 +464,8 @@ static void agent_free(kvx_agent_t *agent)
 
     push_server_destroy(agent->pushes);
     dones_drop(core);
+    done_handles_free(core->done_handles);
+    core->done_handles = NULL;
     xfer_set_destroy(agent->xfers);
     checksum_jobs_destroy(core->checksums); /* after the transfers, whose verifications add */
     agent_queue_drop(agent);
@@ -544,9 +571,12 @@ static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
     if (status == KVX_OK)
         status = push_server_create(core, agent->side, agent->push_transports, agent->max_pushes,
                                     agent->max_push_ms, &agent->pushes);
-    if (status == KVX_OK) /* pushes on the data plane come to the main worker only */
+    if (status == KVX_OK) /* pushes and dones on the data plane come to the main worker only */
         status = transport_msg_set_handler(core->transport, CORE_AM_PUSH_REQUEST, false,
                                            push_serve_message, agent->pushes);
+    if (status == KVX_OK)
+        status = transport_msg_set_handler(core->transport, CORE_AM_DONE, false,
+                                           agent_on_done_message, core);
     if (status == KVX_OK && strncmp(listen, "0.0.0.0:", 8) == 0)
         loop_log(&core->loop, "side channel: listening on every interface (%s)",
                  agent->listen_address);
@@ -584,6 +614,9 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
      * channel: a prefill agent older than that drops them (docs/agent.md, "Write"). */
     core->push_side_channel = getenv("KVX_PUSH_REQUESTS") != NULL &&
                               strcmp(getenv("KVX_PUSH_REQUESTS"), "side-channel") == 0;
+    /* Dones too (docs/agent.md, "Read"), for the same reason and for measuring both ways. */
+    core->done_side_channel =
+        getenv("KVX_DONES") != NULL && strcmp(getenv("KVX_DONES"), "side-channel") == 0;
     core->heartbeat_ms = (mask & KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS) ? params->heartbeat_ms
                                                                      : KVX_DEFAULT_HEARTBEAT_MS;
     core->peer_ttl_ms  = (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms
@@ -691,6 +724,8 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
                                            agent)) != KVX_OK ||
         (status = transport_msg_set_handler(core->transport, CORE_AM_PUSH_ANSWER, true,
                                             agent_on_push_answer, agent)) != KVX_OK ||
+        (status = transport_msg_set_handler(core->transport, CORE_AM_DONE_ANSWER, true,
+                                            agent_on_done_answer, core)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PULL, &agent->metadata,
                                       &agent->metadata_size)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PUSH, &agent->push_metadata,

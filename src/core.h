@@ -17,6 +17,11 @@
  * writer (or, refused for its handle, back to the requester's connection). */
 #define CORE_AM_PUSH_REQUEST 3
 #define CORE_AM_PUSH_ANSWER  4
+/* A done on the data plane (done_handles.h), decode side to the prefill's main worker, framed
+ * as a push request is (push_request.h) with the handle and the done as its body, and its
+ * answer, framed as a push's with the done handle in the writer handle's place. */
+#define CORE_AM_DONE        5
+#define CORE_AM_DONE_ANSWER 6
 
 /* Side-channel verbs (sidechan.h frames them), all behind the gate (gate.h). */
 #define VERB_METADATA      "kvx-metadata 3"
@@ -26,12 +31,15 @@
 #define VERB_PUSH_PROOF    "kvx-push-proof 3"    /* body: the proof its worker received */
 #define VERB_PUSH          "kvx-push 3"          /* body: a push request (push_request.h) */
 #define VERB_CHECKSUM      "kvx-checksum 3"      /* body: ranges to hash (checksum.h) */
+#define VERB_DONE_HANDLE   "kvx-done-handle 1"   /* no body; answered REPLY_DONE_HANDLE */
 #define REPLY_PUSHED       "kvx-done"
 #define REPLY_REGISTERED   "kvx-registered" /* then " " and the writer's proof id, 16 hex */
+#define REPLY_DONE_HANDLE  "kvx-done-handle" /* then " " and the handle, 32 hex */
 #define REPLY_ERROR        "kvx-error "     /* then the message */
 
 struct xfer_set;
 struct hold_table;
+struct done_handles;
 struct checksum_jobs;
 
 struct core {
@@ -39,6 +47,7 @@ struct core {
     struct xfer_set *xfers;  /* the agent's transfers (xfer.c) */
     struct hold_table *holds; /* prefill side: the requests held (hold.c; the agent's) */
     struct early_list early;  /* prefill side: dones and pushes waiting for their hold */
+    struct done_handles *done_handles; /* prefill side: for dones as messages (done_handles.h) */
     struct checksum_jobs *checksums; /* our memory being hashed, either side (checksum_serve.h) */
     struct loop_limit dones_refused_log;  /* prefill side: refused dones logged (done_serve.c) */
     struct loop_limit tokens_refused_log; /* prefill side: heartbeats' wrong tokens (agent.c) */
@@ -56,6 +65,7 @@ struct core {
     uint32_t peer_ttl_ms;
     uint32_t verify_one_in; /* decode side: verify every Nth transfer posted; 0: none */
     bool push_side_channel; /* decode side: push requests on the side channel, not messages */
+    bool done_side_channel; /* decode side: dones on the side channel, not messages */
     uint64_t instance;      /* random per agent: a restart at the same address answers another */
     const char *engine_id;
     struct auth_keys keys; /* the side channel's, or insecure */

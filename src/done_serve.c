@@ -1,17 +1,24 @@
 /* done_serve.c: answering dones on the prefill side. A done is counted (or refused) by the
  * hold table and answered at once; one that carries a token for a request neither held nor
  * remembered as ended came before its hold and waits for it (early.h), with a timer of its
- * own on the agent's clock. Nothing here releases a hold other than through the table. */
+ * own on the agent's clock. Nothing here releases a hold other than through the table.
+ * A done that came as a message on the data plane is answered the same way, to its sender
+ * at once; one that would wait (early), or whose handle is not known, is answered "resend it
+ * on the side channel", whose connection a parked done answers later. */
 #include "done_serve.h"
 
 #include "clock.h"
+#include "done_handles.h"
 #include "hold.h"
 #include "notify.h"
+#include "push_request.h"
+#include "transport.h"
 
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A done waiting for its hold. */
 struct parked_done {
@@ -24,41 +31,41 @@ struct parked_done {
     struct loop_timer deadline;
 };
 
+/* The answer's text into text[DONE_ANSWER_SIZE]; its length. */
+#define DONE_ANSWER_SIZE (DONE_REASON_SIZE + 32)
+
 static void answer(struct sidechan_server *side, const struct sidechan_origin *origin, bool counted,
                    const char *what)
 {
-    char text[DONE_REASON_SIZE + 32];
+    char text[DONE_ANSWER_SIZE];
     size_t length = done_answer_format(text, sizeof(text), counted, what);
 
     sidechan_reply(side, origin, text, length);
 }
 
-/* Counts the done in the hold table, for the rank it names over the connection it came by
- * (hold.h: a rank is bound to one connection, a connection to one rank), and answers what it
- * did. A done without a token for a request not held now (kvx fetch against kvx serve
- * without holds, whose request ids are labels that may repeat) involves no hold and is
- * answered "nothing held"; with a token, one for a request not held is refused by what the
- * ring knows of it. */
-static void done_apply(struct core *core, struct sidechan_server *side,
-                       const struct sidechan_origin *origin, uint64_t request_id, uint32_t rank,
-                       const kvx_token_t *token)
+/* Counts the done in the hold table, for the rank it names over the connection `conn` it came
+ * by (hold.h: a rank is bound to one connection, a connection to one rank), and writes the
+ * answer that says what it did into text[DONE_ANSWER_SIZE]; returns its length. A done
+ * without a token for a request not held now (kvx fetch against kvx serve without holds,
+ * whose request ids are labels that may repeat) involves no hold and is answered "nothing
+ * held"; with a token, one for a request not held is refused by what the ring knows of it. */
+static size_t done_judge(struct core *core, uint64_t conn, uint64_t request_id, uint32_t rank,
+                         const kvx_token_t *token, char *text)
 {
-    enum hold_done done =
-        hold_table_done(core->holds, request_id, rank, sidechan_origin_key(origin), token);
+    enum hold_done done = hold_table_done(core->holds, request_id, rank, conn, token);
     char reason[DONE_REASON_SIZE];
 
     if (done == HOLD_DONE_COUNTED || done == HOLD_DONE_RELEASED) {
         loop_info(&core->loop, "request %" PRIu64 ": done of rank %" PRIu32 " counted%s",
                   request_id, rank, done == HOLD_DONE_RELEASED ? ", the last one" : "");
-        answer(side, origin, true, done == HOLD_DONE_RELEASED ? "released" : "counted");
-        return;
+        return done_answer_format(text, DONE_ANSWER_SIZE, true,
+                                  done == HOLD_DONE_RELEASED ? "released" : "counted");
     }
     if ((done == HOLD_DONE_UNKNOWN || done == HOLD_DONE_ENDED || done == HOLD_DONE_EXPIRED) &&
         !hold_token_given(token)) {
         loop_info(&core->loop, "request %" PRIu64 ": done of rank %" PRIu32 ": nothing held",
                   request_id, rank);
-        answer(side, origin, true, "nothing held");
-        return;
+        return done_answer_format(text, DONE_ANSWER_SIZE, true, "nothing held");
     }
     if (done == HOLD_DONE_UNKNOWN)
         snprintf(reason, sizeof(reason), "no such request: not held within %" PRIu32 " ms",
@@ -70,7 +77,19 @@ static void done_apply(struct core *core, struct sidechan_server *side,
     /* always logged, as the decode side is told: a peer may repeat it at will, so limited */
     loop_log_limited(&core->loop, &core->dones_refused_log, clock_ms(), "refused dones",
                      "request %" PRIu64 ": done refused: %s", request_id, reason);
-    answer(side, origin, false, reason);
+    return done_answer_format(text, DONE_ANSWER_SIZE, false, reason);
+}
+
+/* Judges a done that came on the side channel and answers it there. */
+static void done_apply(struct core *core, struct sidechan_server *side,
+                       const struct sidechan_origin *origin, uint64_t request_id, uint32_t rank,
+                       const kvx_token_t *token)
+{
+    char text[DONE_ANSWER_SIZE];
+    size_t length =
+        done_judge(core, sidechan_origin_key(origin), request_id, rank, token, text);
+
+    sidechan_reply(side, origin, text, length);
 }
 
 static void parked_free(struct parked_done *p)
@@ -128,36 +147,123 @@ static void done_park(struct core *core, struct sidechan_server *side,
     answer(side, &request->origin, false, reason);
 }
 
-void done_serve(struct core *core, struct sidechan_server *side,
-                const struct sidechan_request *request)
-{
+/* A done's fields. */
+struct done_fields {
     uint64_t request_id;
     uint32_t rank;
     kvx_token_t token;
     uint64_t bytes;
     bool bytes_stated;
+};
+
+/* Parses a done, or writes the answer that refuses malformed bytes (its length in
+ * *refused_p). */
+static bool done_read(struct core *core, const void *body, size_t size, struct done_fields *d,
+                      char *text, size_t *refused_p)
+{
     char reason[DONE_REASON_SIZE];
 
-    if (!notify_done_parse(request->body, request->body_size, &request_id, &rank, &token, &bytes,
-                           &bytes_stated)) {
+    if (!notify_done_parse(body, size, &d->request_id, &d->rank, &d->token, &d->bytes,
+                           &d->bytes_stated)) {
         core->stats.notifications_dropped++;
-        snprintf(reason, sizeof(reason), "malformed done: %zu bytes", request->body_size);
+        snprintf(reason, sizeof(reason), "malformed done: %zu bytes", size);
         loop_log_limited(&core->loop, &core->dones_refused_log, clock_ms(), "refused dones",
                          "a done refused: %s", reason);
-        answer(side, &request->origin, false, reason);
+        *refused_p = done_answer_format(text, DONE_ANSWER_SIZE, false, reason);
+        return false;
+    }
+    return true;
+}
+
+/* Counts a done taken (a resent one counts where it is taken). The read is over whatever the
+ * hold says of it: its bytes were served (an older decode agent's done says nothing of them,
+ * and counts nothing here). */
+static void done_count(struct core *core, const struct done_fields *d)
+{
+    core->stats.notifications++;
+    if (d->bytes_stated && d->bytes > 0) {
+        core->stats.served_transfers++;
+        core->stats.served_bytes += d->bytes;
+    }
+}
+
+/* Whether the done came before its hold, and must wait for it (early.h). */
+static bool done_early(struct core *core, const struct done_fields *d)
+{
+    return hold_token_given(&d->token) && hold_table_state(core->holds, d->request_id) == HOLD_NONE;
+}
+
+void done_serve(struct core *core, struct sidechan_server *side,
+                const struct sidechan_request *request)
+{
+    struct done_fields d;
+    char text[DONE_ANSWER_SIZE];
+    size_t refused;
+
+    if (!done_read(core, request->body, request->body_size, &d, text, &refused)) {
+        sidechan_reply(side, &request->origin, text, refused);
         return;
     }
-    core->stats.notifications++;
-    /* The read is over whatever the hold says of it: its bytes were served (an older decode
-     * agent's done says nothing of them, and counts nothing here). */
-    if (bytes_stated && bytes > 0) {
-        core->stats.served_transfers++;
-        core->stats.served_bytes += bytes;
-    }
-    if (hold_token_given(&token) && hold_table_state(core->holds, request_id) == HOLD_NONE)
-        done_park(core, side, request, request_id, rank, &token);
+    done_count(core, &d);
+    if (done_early(core, &d))
+        done_park(core, side, request, d.request_id, d.rank, &d.token);
     else
-        done_apply(core, side, &request->origin, request_id, rank, &token);
+        done_apply(core, side, &request->origin, d.request_id, d.rank, &d.token);
+}
+
+void done_serve_handle(struct core *core, struct sidechan_server *side,
+                       const struct sidechan_request *request)
+{
+    uint8_t handle[DONE_HANDLE_LEN];
+    char text[sizeof(REPLY_DONE_HANDLE) + 2 * DONE_HANDLE_LEN + 1];
+    size_t n;
+
+    if (done_handle_issue(&core->done_handles, sidechan_origin_key(&request->origin), handle) !=
+        KVX_OK) {
+        n = (size_t)snprintf(text, sizeof(text), "%s%s", REPLY_ERROR, "no done handle");
+        sidechan_reply(side, &request->origin, text, n);
+        return;
+    }
+    n = (size_t)snprintf(text, sizeof(text), "%s ", REPLY_DONE_HANDLE);
+    for (size_t i = 0; i < DONE_HANDLE_LEN; i++)
+        n += (size_t)snprintf(text + n, sizeof(text) - n, "%02x", handle[i]);
+    sidechan_reply(side, &request->origin, text, n);
+}
+
+void done_serve_message(struct core *core, const void *data, size_t size,
+                        const struct transport_msg_from *from)
+{
+    struct push_am_answer answer = {0};
+    uint8_t framed[PUSH_AM_MAX];
+    char text[DONE_ANSWER_SIZE];
+    struct done_fields d;
+    const void *body;
+    size_t body_size;
+    uint64_t conn;
+
+    /* Not one of ours, or no handle to answer with: dropped, its sender's deadline answers. */
+    if (!push_am_request_parse(data, size, &answer.id, &body, &body_size) ||
+        body_size <= DONE_HANDLE_LEN) {
+        core->stats.notifications_dropped++;
+        return;
+    }
+    memcpy(answer.handle, body, DONE_HANDLE_LEN);
+    if (!done_handle_conn(core->done_handles, answer.handle, &conn)) {
+        answer.text_size = strlen(DONE_ANSWER_RESEND); /* evicted, or never ours */
+        memcpy(text, DONE_ANSWER_RESEND, answer.text_size);
+    } else if (done_read(core, (const uint8_t *)body + DONE_HANDLE_LEN,
+                         body_size - DONE_HANDLE_LEN, &d, text, &answer.text_size)) {
+        if (done_early(core, &d)) { /* parked on the side channel, whose answer can wait */
+            answer.text_size = strlen(DONE_ANSWER_RESEND);
+            memcpy(text, DONE_ANSWER_RESEND, answer.text_size);
+        } else {
+            done_count(core, &d);
+            core->stats.dones_by_message++;
+            answer.text_size = done_judge(core, conn, d.request_id, d.rank, &d.token, text);
+        }
+    }
+    answer.text = text;
+    transport_msg_reply(from, CORE_AM_DONE_ANSWER, framed, push_am_answer_frame(&answer, framed));
 }
 
 void dones_drop(struct core *core)

@@ -12,6 +12,18 @@
 void done_serve(struct core *core, struct sidechan_server *side,
                 const struct sidechan_request *request);
 
+/* VERB_DONE_HANDLE: the connection's handle for dones on the data plane (done_handles.h),
+ * answered REPLY_DONE_HANDLE and 32 hex digits. */
+void done_serve_handle(struct core *core, struct sidechan_server *side,
+                       const struct sidechan_request *request);
+
+/* A done that came as a message (CORE_AM_DONE) on the main worker: judged as one from the
+ * handle's connection and answered to its sender at once (CORE_AM_DONE_ANSWER), or answered
+ * DONE_ANSWER_RESEND when it must wait for its hold or its handle is unknown. */
+struct transport_msg_from;
+void done_serve_message(struct core *core, const void *data, size_t size,
+                        const struct transport_msg_from *from);
+
 /* Frees every parked done without answering (the agent is going). */
 void dones_drop(struct core *core);
 

@@ -26,6 +26,9 @@
 #define DONE_ANSWER_COUNTED "kvx-counted"
 #define DONE_ANSWER_REFUSED "kvx-error"
 #define DONE_REASON_SIZE    256
+/* A done sent as a message that the prefill will not judge there (it came before its hold,
+ * or with a handle it does not know): send it again on the side channel. */
+#define DONE_ANSWER_RESEND "kvx-resend-on-side-channel"
 
 /* An error answer to any request is "kvx-error MESSAGE" (REPLY_ERROR); one that asks the
  * requester to act, not only to report, carries a code first: "kvx-error [CODE] MESSAGE".

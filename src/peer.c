@@ -5,6 +5,7 @@
 #include "peer.h"
 
 #include "clock.h"
+#include "done_handles.h"
 #include "error.h"
 #include "invariant.h"
 #include "notify.h"
@@ -31,7 +32,7 @@ struct pending {
     uint64_t id;
     peer_reply_cb_t on_reply;
     void *arg;
-    bool push;    /* a push request: its answer may come on the data plane */
+    bool by_message; /* sent as a message: its answer may come on the data plane */
     char *answer; /* that answer, kept for the side-channel phase (peers_serve) */
     size_t answer_size;
 };
@@ -43,6 +44,9 @@ struct peer_link {
     uint64_t instance;
     bool push_registered;  /* push_handle names our writer on the peer */
     uint8_t push_handle[PUSH_HANDLE_LEN];
+    bool done_handle_asked; /* VERB_DONE_HANDLE sent on this link */
+    bool done_handle_set;   /* done_handle is the peer's for our dones (done_handles.h) */
+    uint8_t done_handle[DONE_HANDLE_LEN];
 };
 
 struct kvx_peer {
@@ -437,31 +441,46 @@ kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *b
     return KVX_OK;
 }
 
+/* Sends `body` framed as a data-plane request (push_request.h) as message `am_id` on our
+ * connection to the peer's main worker, pending as a side-channel request is; false when it
+ * does not fit one message (nothing sent). */
+static bool message_send(kvx_peer_t *peer, unsigned am_id, const void *body, size_t size,
+                         peer_reply_cb_t on_reply, void *arg, uint64_t *id_p,
+                         kvx_status_t *status_p)
+{
+    uint8_t message[PUSH_AM_MAX];
+    uint64_t id   = peer->next_id + 1;
+    size_t framed = push_am_request_frame(id, body, size, message);
+    kvx_status_t status;
+
+    if (framed == 0)
+        return false;
+    status = pending_room(peer);
+    if (status == KVX_OK &&
+        (status = transport_msg_send(peer->link.conn->transport, am_id, message, framed)) !=
+            KVX_OK)
+        status = error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
+    *status_p = status;
+    if (status != KVX_OK)
+        return true;
+    peer->next_id                      = id;
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, NULL, 0};
+    peer->last_used_ms                 = clock_ms();
+    *id_p                              = id;
+    return true;
+}
+
 kvx_status_t peer_push_send(kvx_peer_t *peer, const void *body, size_t size,
                             peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
 {
-    uint8_t message[PUSH_AM_MAX];
-    uint64_t id = peer->next_id + 1;
-    size_t framed;
     kvx_status_t status;
 
     /* the side channel for a prefill agent that does not take messages (an older kvx) */
     if (peer->core->push_side_channel || peer_is_down(peer) || peer->link.conn == NULL ||
         !peer->link.conn->metadata->push_messages ||
-        (framed = push_am_request_frame(id, body, size, message)) == 0)
+        !message_send(peer, CORE_AM_PUSH_REQUEST, body, size, on_reply, arg, id_p, &status))
         return peer_request_send(peer, VERB_PUSH, body, size, on_reply, arg, id_p);
-    status = pending_room(peer);
-    if (status == KVX_OK &&
-        (status = transport_msg_send(peer->link.conn->transport, CORE_AM_PUSH_REQUEST, message,
-                                     framed)) != KVX_OK)
-        status = error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
-    if (status != KVX_OK)
-        return status;
-    peer->next_id                      = id;
-    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, NULL, 0};
-    peer->last_used_ms                 = clock_ms();
-    *id_p                              = id;
-    return KVX_OK;
+    return status;
 }
 
 /* Removes pending request `id`; false when there was none. The caller frees taken->answer. */
@@ -507,7 +526,10 @@ static size_t answers_deliver(kvx_peer_t *peer)
     return taken;
 }
 
-void peers_push_answer(struct core *core, const void *data, size_t size)
+/* Keeps an answer that came as a message for the pending request it names, of the peer whose
+ * push handle (or done handle, `done`) it carries: only that prefill knows the handle, so
+ * anything else changes nothing. */
+static void answer_keep(struct core *core, const void *data, size_t size, bool done)
 {
     struct push_am_answer answer;
 
@@ -515,15 +537,18 @@ void peers_push_answer(struct core *core, const void *data, size_t size)
         core->stats.notifications_dropped++;
         return;
     }
-    /* Only the prefill we registered with knows the handle: anything else changes nothing. */
     for (kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
-        if (!peer->link.push_registered ||
-            !auth_equal(peer->link.push_handle, answer.handle, PUSH_HANDLE_LEN))
+        const struct peer_link *link = &peer->link;
+
+        if (done ? !link->done_handle_set ||
+                       !auth_equal(link->done_handle, answer.handle, DONE_HANDLE_LEN)
+                 : !link->push_registered ||
+                       !auth_equal(link->push_handle, answer.handle, PUSH_HANDLE_LEN))
             continue;
         for (size_t i = 0; i < peer->num_pending; i++) {
             struct pending *p = &peer->pending[i];
 
-            if (p->id != answer.id || !p->push || p->answer != NULL)
+            if (p->id != answer.id || !p->by_message || p->answer != NULL)
                 continue;
             if ((p->answer = malloc(answer.text_size + 1)) == NULL)
                 return; /* its deadline answers for it */
@@ -535,6 +560,16 @@ void peers_push_answer(struct core *core, const void *data, size_t size)
         }
     }
     core->stats.notifications_dropped++;
+}
+
+void peers_push_answer(struct core *core, const void *data, size_t size)
+{
+    answer_keep(core, data, size, false);
+}
+
+void peers_done_answer(struct core *core, const void *data, size_t size)
+{
+    answer_keep(core, data, size, true);
 }
 
 /* Takes the replies waiting on one peer's socket; false when it went down meanwhile. */
@@ -708,11 +743,45 @@ kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
     return status;
 }
 
+_Static_assert(PUSH_HANDLE_LEN == 16 && DONE_HANDLE_LEN == 16, "handles are parsed alike");
+
+/* "PREFIX HEX" (REPLY_REGISTERED, REPLY_DONE_HANDLE): the 16-byte handle; false for anything
+ * else. */
+static bool handle_parse(const char *answer, const char *prefix, uint8_t handle[16])
+{
+    size_t n = strlen(prefix);
+
+    if (strncmp(answer, prefix, n) != 0 || answer[n] != ' ' || strlen(answer + n + 1) != 2 * 16)
+        return false;
+    for (size_t i = 0; i < 16; i++) {
+        unsigned byte;
+
+        if (sscanf(answer + n + 1 + 2 * i, "%2x", &byte) != 1)
+            return false;
+        handle[i] = (uint8_t)byte;
+    }
+    return true;
+}
+
+/* The answer to VERB_DONE_HANDLE: our dones to the peer go as messages from now on. */
+static void done_handle_reply(void *arg, const char *reply, size_t size)
+{
+    kvx_peer_t *peer = arg;
+
+    (void)size;
+    peer->link.done_handle_set = handle_parse(reply, REPLY_DONE_HANDLE, peer->link.done_handle);
+}
+
 kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
-                            uint64_t bytes, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
+                            uint64_t bytes, bool side_channel, peer_reply_cb_t on_reply, void *arg,
+                            uint64_t *id_p)
 {
     struct notify_read note = notify_done_read(request_id, peer->core->tp_rank, token, bytes);
     const struct conn *conn = peer_conn(peer);
+    struct peer_link *link  = &peer->link;
+    uint8_t body[DONE_HANDLE_LEN + sizeof(note)];
+    kvx_status_t status;
+    uint64_t id;
 
     if (peer_is_down(peer) || conn == NULL)
         return error_set(peer->down_status, "peer %s is down (%s)", peer->address, peer->down);
@@ -720,6 +789,20 @@ kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_tok
         note.done = notify_done(request_id, peer->core->tp_rank, token);
         return peer_request_send(peer, VERB_DONE, &note.done, sizeof(note.done), on_reply, arg,
                                  id_p);
+    }
+    /* On the data plane once the peer gave this link a handle; the first done asks for it. */
+    if (!side_channel && !peer->core->done_side_channel && conn->metadata->done_messages) {
+        if (link->done_handle_set) {
+            memcpy(body, link->done_handle, DONE_HANDLE_LEN);
+            memcpy(body + DONE_HANDLE_LEN, &note, sizeof(note));
+            if (message_send(peer, CORE_AM_DONE, body, sizeof(body), on_reply, arg, id_p,
+                             &status))
+                return status;
+        } else if (!link->done_handle_asked &&
+                   peer_request_send(peer, VERB_DONE_HANDLE, NULL, 0, done_handle_reply, peer,
+                                     &id) == KVX_OK) {
+            link->done_handle_asked = true; /* asked once a link: without it, the side channel */
+        }
     }
     return peer_request_send(peer, VERB_DONE, &note, sizeof(note), on_reply, arg, id_p);
 }
@@ -734,24 +817,6 @@ void peers_forward_proof(struct core *core, const struct push_proof *proof)
     }
 }
 
-/* "kvx-registered HEX": the handle; false for anything else. */
-static bool handle_parse(const char *answer, uint8_t handle[PUSH_HANDLE_LEN])
-{
-    size_t n = strlen(REPLY_REGISTERED);
-
-    if (strncmp(answer, REPLY_REGISTERED, n) != 0 || answer[n] != ' ' ||
-        strlen(answer + n + 1) != 2 * PUSH_HANDLE_LEN)
-        return false;
-    for (size_t i = 0; i < PUSH_HANDLE_LEN; i++) {
-        unsigned byte;
-
-        if (sscanf(answer + n + 1 + 2 * i, "%2x", &byte) != 1)
-            return false;
-        handle[i] = (uint8_t)byte;
-    }
-    return true;
-}
-
 /* The registration's answer (from the side-channel phase): the handle, or why not, to every
  * leg waiting for it. */
 static void push_answer_take(void *arg, const char *reply, size_t size)
@@ -763,7 +828,7 @@ static void push_answer_take(void *arg, const char *reply, size_t size)
     (void)size;
     peer->push_register_id = 0;
     peer->push_waiters     = NULL;
-    if (handle_parse(reply, peer->link.push_handle)) {
+    if (handle_parse(reply, REPLY_REGISTERED, peer->link.push_handle)) {
         peer->link.push_registered = true;
     } else {
         bool refused = strncmp(reply, REPLY_ERROR, strlen(REPLY_ERROR)) == 0;

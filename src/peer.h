@@ -66,12 +66,20 @@ kvx_status_t peer_push_send(kvx_peer_t *peer, const void *body, size_t size,
  * notifications_dropped and changes nothing. Only records: called inside UCX progress. */
 void peers_push_answer(struct core *core, const void *data, size_t size);
 
+/* The answer to a done sent as a message (CORE_AM_DONE_ANSWER), as peers_push_answer keeps a
+ * push's, for the peer whose done handle it carries. */
+void peers_done_answer(struct core *core, const void *data, size_t size);
+
 /* The `done` of `request_id` with its hold token (NULL: none) and the bytes read from the
- * peer for it (sent where the peer's metadata states it reads them: docs/wire.md), on the kept
- * socket as a request: `on_reply` gets the peer's answer (notify.h, done_answer_parse); *id_p
- * identifies it for peer_request_forget. */
+ * peer for it (sent where the peer's metadata states it reads them: docs/wire.md), as a
+ * request: `on_reply` gets the peer's answer (notify.h, done_answer_parse, or
+ * DONE_ANSWER_RESEND: send it again with `side_channel`); *id_p identifies it for
+ * peer_request_forget. A message on the data plane where the peer takes them and gave this
+ * connection a done handle (done_handles.h; the first done asks for one), unless
+ * `side_channel`; else on the kept socket. */
 kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
-                            uint64_t bytes, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p);
+                            uint64_t bytes, bool side_channel, peer_reply_cb_t on_reply, void *arg,
+                            uint64_t *id_p);
 
 /* A transfer's leg waiting for our push writer's registration with a peer. */
 struct peer_push_wait {

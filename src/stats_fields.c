@@ -90,6 +90,12 @@ static const kvx_stat_field_t stats_fields[] = {
             "Push requests that came as data-plane messages with a registered writer's handle."),
     COUNTER(push_messages_refused, "push_messages_refused_total",
             "Push request messages refused: unknown handle, malformed, or past the queue."),
+    COUNTER(dones_by_message, "dones_by_message_total",
+            "Dones that came as data-plane messages with a connection's done handle (prefill "
+            "side)."),
+    COUNTER(dones_resent, "dones_resent_total",
+            "Dones sent as messages that the prefill sent back to the side channel: before "
+            "their hold, or an unknown handle (decode side)."),
 };
 
 const kvx_stat_field_t *kvx_agent_stats_fields(size_t *count_p)

@@ -104,6 +104,7 @@ static kvx_status_t body_fill(const kvx_regions_t *t, const kvx_metadata_params_
     md->block_size = t->block_size;
     md->done_version = WIRE_DONE_VERSION;
     md->push_messages = true;
+    md->done_messages = true;
     for (size_t s = 0; s < t->num_storages; s++) {
         kvx__registration__init(&regs[s]);
         regs[s].storage = text_bytes(t->storage_names[s]);

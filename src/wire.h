@@ -30,6 +30,8 @@ struct kvx_metadata {
     bool tcp_segments_stated; /* false: an older kvx that sent none; UCX's defaults assumed */
     uint32_t done_version;    /* the newest done it reads (notify.h); 2 for an older kvx */
     bool push_messages;       /* takes push requests as data-plane messages; false: older kvx */
+    bool done_messages;       /* takes dones as data-plane messages (done_handles.h); false:
+                                 an older kvx */
     kvx_regions_t *regions;   /* the peer's table; storage names are the registrations' */
     char **differences;       /* of the last kvx_metadata_validate, at most KVX_MAX_DIFFERENCES */
     size_t num_differences;   /* found, possibly more than kept */

@@ -410,6 +410,7 @@ kvx_status_t kvx_metadata_unpack(const void *buf, size_t size, const kvx_regions
     /* any number: the sender uses the lower of it and its own; absent is an older kvx's 2 */
     md->done_version = body->done_version != 0 ? body->done_version : 2;
     md->push_messages = body->push_messages;
+    md->done_messages = body->done_messages;
     if ((status = name_copy(&body->engine_id, "engine_id", true, &md->engine_id)) != KVX_OK ||
         (status = name_copy(&body->agent_name, "agent_name", true, &md->agent_name)) != KVX_OK ||
         (status = blob_copy(&body->transport_address, "transport_address", &md->transport_address,

@@ -782,6 +782,25 @@ static void pull_complete(kvx_xfer_t *x)
     xfer_settle(x);
 }
 
+static void done_reply(void *arg, const char *reply, size_t size);
+
+/* Sends leg's done (on the side channel only: `side_channel`); false when it could not be
+ * sent, which ended the transfer. */
+static bool done_send(kvx_xfer_t *x, struct xfer_leg *leg, bool side_channel)
+{
+    kvx_status_t status = peer_send_done(leg->peer, x->request_id, x->has_token ? &x->token : NULL,
+                                         leg->bytes, side_channel, done_reply, leg, &leg->reply_id);
+    char what[300];
+
+    if (status == KVX_OK)
+        return true;
+    snprintf(what, sizeof(what), "%s", kvx_errmsg());
+    x->set->core->stats.notifications_failed++;
+    xfer_end(x, status, "read %" PRIu64 ": remote rank %" PRIu32 ": its done: %s", x->request_id,
+             peer_rank(leg->peer), what);
+    return false;
+}
+
 /* A prefill rank's answer to our done: counted (the hold was alive for us, or there was
  * none and we gave no token), or refused, which fails the read: the bytes we have may be
  * another request's (the blocks were released and perhaps reused), or not ours to take. */
@@ -794,6 +813,11 @@ static void done_reply(void *arg, const char *reply, size_t size)
 
     KVX_ASSERT(x->status == KVX_INPROGRESS && leg->reply_id != 0); /* a finished one forgot it */
     leg->reply_id = 0;
+    if (size == strlen(DONE_ANSWER_RESEND) && memcmp(reply, DONE_ANSWER_RESEND, size) == 0) {
+        x->set->core->stats.dones_resent++; /* it waits for its hold there, or a new handle */
+        done_send(x, leg, true);
+        return;
+    }
     if (!done_answer_parse(reply, size, &counted, reason)) {
         xfer_end(x, KVX_ERR_IO,
                  "read %" PRIu64 ": remote rank %" PRIu32
@@ -819,24 +843,11 @@ static void done_reply(void *arg, const char *reply, size_t size)
  * held for us. notifications_failed counts it. */
 static void pull_notify(kvx_xfer_t *x)
 {
-    const kvx_token_t *token = x->has_token ? &x->token : NULL;
-
     x->answering = true;
     x->ops_left  = x->num_legs;
     for (size_t i = 0; i < x->num_legs; i++) {
-        struct xfer_leg *leg = &x->legs[i];
-        kvx_status_t status  = peer_send_done(leg->peer, x->request_id, token, leg->bytes,
-                                              done_reply, leg, &leg->reply_id);
-
-        if (status != KVX_OK) {
-            char what[300];
-
-            snprintf(what, sizeof(what), "%s", kvx_errmsg());
-            x->set->core->stats.notifications_failed++;
-            xfer_end(x, status, "read %" PRIu64 ": remote rank %" PRIu32 ": its done: %s",
-                     x->request_id, peer_rank(leg->peer), what);
+        if (!done_send(x, &x->legs[i], false))
             return;
-        }
     }
     if (x->ops_left == 0)
         xfer_finish(x, KVX_OK);

@@ -2,8 +2,9 @@
  * loopback: a transfer succeeds only when the prefill side's hold was alive for it. A done
  * with a wrong token, a reference read twice, a stale one (lease expired) and a done past the
  * parking deadline fail their reads with KVX_ERR_PEER_REFUSED and change no hold; a done that
- * comes before its hold waits for it; a push with the token is its rank's done, and one with a
- * wrong token writes nothing. The prefill process takes commands, among them moving its clock,
+ * comes before its hold waits for it; dones travel as messages on the data plane once the
+ * connection has a handle, and mean the same; a push with the token is its rank's done, and
+ * one with a wrong token writes nothing. The prefill process takes commands, among them moving its clock,
  * so no wall-clock window decides anything. */
 #include "clock.h"
 #include "prefill.h"
@@ -431,6 +432,47 @@ static void parked_dones_end_at_their_deadlines(void **state)
     assert_true(block_matches(s->agent, 9));
 }
 
+/* Once the connection has a done handle (its first done asks for one, and goes on the side
+ * channel), dones travel as messages on the data plane and mean what they meant there:
+ * counted, releasing the hold, refused when read twice. One that comes before its hold is sent
+ * back to the side channel, where it waits for the hold. */
+static void dones_travel_as_messages_once_the_connection_has_a_handle(void **state)
+{
+    struct session *s       = *state;
+    kvx_token_t token       = token_new();
+    uint64_t block          = 12;
+    struct callback_log log = {0};
+    kvx_xfer_t *xfer;
+    struct report r;
+
+    assert_int_equal(transfer(s, false, 20, 10, NULL), KVX_OK); /* nothing held: asks */
+    assert_int_equal(command(s, 's', NULL, 0).stats.dones_by_message, 0);
+    hold(s, 21, 11, &token);
+    block_clear(s->agent, 11);
+    assert_int_equal(transfer(s, false, 21, 11, &token), KVX_OK);
+    assert_true(block_matches(s->agent, 11));
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.dones_by_message, 1);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.last_release, 21);
+    assert_int_equal(transfer(s, false, 21, 11, &token), KVX_ERR_PEER_REFUSED);
+    assert_string_equal(kvx_errmsg(), "read 21: remote rank 0: hold released already: the "
+                                      "blocks may have been reused");
+    assert_int_equal(command(s, 's', NULL, 0).stats.dones_by_message, 2);
+
+    block_clear(s->agent, block);
+    xfer = read_post(s, 22, &block, &token, &log);
+    r    = early_wait(s, 1);
+    assert_int_equal(r.stats.dones_early, 1);
+    assert_int_equal(r.stats.dones_by_message, 2); /* sent back, not judged as a message */
+    assert_int_equal(decode_stats(s).dones_resent, 1);
+    r = hold(s, 22, block, &token);
+    assert_int_equal(r.stats.released, 2);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
+    assert_true(block_matches(s->agent, block));
+    kvx_xfer_destroy(xfer);
+}
+
 /* A push with the request's token is its rank's done: the hold is released (one callback)
  * after the writes; a second push of the same reference is refused. */
 static void a_push_with_its_token_releases_the_hold(void **state)
@@ -518,6 +560,8 @@ int main(void)
                                         session_teardown),
         cmocka_unit_test_setup_teardown(parked_dones_end_at_their_deadlines, session_setup,
                                         session_teardown),
+        cmocka_unit_test_setup_teardown(dones_travel_as_messages_once_the_connection_has_a_handle,
+                                        session_setup, session_teardown),
         cmocka_unit_test_setup_teardown(a_push_with_its_token_releases_the_hold, session_setup,
                                         session_teardown),
         cmocka_unit_test_setup_teardown(a_push_with_a_wrong_token_writes_nothing, session_setup,

@@ -269,6 +269,7 @@ enum peer_field {
     SEG_RX,
     DONE_VERSION, /* AgentMetadata.done_version */
     PUSH_MESSAGES, /* AgentMetadata.push_messages */
+    DONE_MESSAGES, /* AgentMetadata.done_messages */
     LOCAL_TP,     /* not sent: the local side's validation setting */
     LOCAL_BLOCK_SIZE
 };
@@ -447,6 +448,7 @@ static uint8_t *peer_encode(const kvx_regions_t *t, const kvx_metadata_params_t 
     }
     pb_uint(&body, 14, pick(&p, DONE_VERSION, 0, WIRE_DONE_VERSION));
     pb_uint(&body, 15, pick(&p, PUSH_MESSAGES, 0, 1));
+    pb_uint(&body, 16, pick(&p, DONE_MESSAGES, 0, 1));
 
     pb_uint(&env, 1, pick(&p, ENV_VERSION, 0, KVX_WIRE_VERSION));
     pb_bytes(&env, 2, hash[0], pick(&p, ENV_HASH_LEN, 0, KVX_COMPAT_HASH_LEN), false);
@@ -639,23 +641,27 @@ static void a_peer_states_the_done_version_it_reads(void **state)
     kvx_regions_destroy(local);
 }
 
-/* A prefill agent states that it takes push requests as data-plane messages (issue 23); an
- * older kvx states nothing, and its decode peers send them on the side channel. */
+/* A prefill agent states that it takes push requests and dones as data-plane messages
+ * (issue 23); an older kvx states nothing, and its decode peers send them on the side
+ * channel. */
 static void a_peer_states_whether_it_takes_push_messages(void **state)
 {
     kvx_regions_t *local                = table_load(ROUND_TRIP_LAYOUT);
-    const struct peer_change older[]    = {{PUSH_MESSAGES, 0, 0}};
-    const struct peer_change *changes[] = {NULL, older};
-    const bool expected[]               = {true, false};
+    const struct peer_change no_push[]  = {{PUSH_MESSAGES, 0, 0}};
+    const struct peer_change no_done[]  = {{DONE_MESSAGES, 0, 0}};
+    const struct peer_change *changes[] = {NULL, no_push, no_done};
+    const bool push[]                   = {true, false, true};
+    const bool done[]                   = {true, true, false};
     size_t size;
     kvx_metadata_t *md;
 
     (void)state;
-    for (size_t k = 0; k < 2; k++) {
+    for (size_t k = 0; k < 3; k++) {
         uint8_t *bytes = peer_encode(local, NULL, changes[k], changes[k] != NULL, &size);
 
         md = unpack_ok("push messages", bytes, size, local, KVX_MODE_PULL);
-        assert_int_equal(md->push_messages, expected[k]);
+        assert_int_equal(md->push_messages, push[k]);
+        assert_int_equal(md->done_messages, done[k]);
         kvx_metadata_destroy(md);
         free(bytes);
     }
