@@ -1,7 +1,9 @@
 /* fuzz_notify.c: libFuzzer target for the small messages agents exchange (notify.c): the
- * done notification and its answer, a heartbeat's id list and its answer, and an error
- * answer's code, each parsed from the same bytes.
+ * done notification and its answer, a heartbeat's id list and its answer, an error answer's
+ * code, and the done handle a done message carries (done_handles.c: found only when it is one
+ * the table issued), each parsed from the same bytes.
  * What parses must re-encode to the same bytes; aborts on a broken invariant. */
+#include "done_handles.h"
 #include "fuzz_invariant.h"
 #include "notify.h"
 
@@ -24,6 +26,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t bytes;
     bool bytes_stated;
 
+    if (size >= DONE_HANDLE_LEN) { /* two connections' handles, then the input's first bytes */
+        static struct done_handles *handles;
+        static uint8_t issued[2][DONE_HANDLE_LEN];
+        uint64_t conn = 0;
+
+        if (handles == NULL && (done_handle_issue(&handles, 7, issued[0]) != KVX_OK ||
+                                done_handle_issue(&handles, 9, issued[1]) != KVX_OK))
+            fuzz_fail("no done handles");
+        if (done_handle_conn(handles, data, &conn))
+            invariant((conn == 7 && memcmp(data, issued[0], DONE_HANDLE_LEN) == 0) ||
+                          (conn == 9 && memcmp(data, issued[1], DONE_HANDLE_LEN) == 0),
+                      "a done handle names the connection it was issued to, and only that");
+        invariant(done_handle_conn(handles, issued[1], &conn) && conn == 9,
+                  "an issued handle stays known");
+    }
     if (notify_done_parse(data, size, &request_id, &rank, &token, &bytes, &bytes_stated)) {
         struct notify_read n = notify_done_read(request_id, rank, &token, bytes);
 
