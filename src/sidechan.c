@@ -351,13 +351,21 @@ static void *handshake_monitor(void *zmq, void *socket)
     return pair;
 }
 
+/* Connections a fetch's peer may close before answering, each retried by ZeroMQ, before
+ * the fetch calls that a refusal: a peer that refuses our mechanism may close before its
+ * greeting says why (no handshake event then), and retries take ZeroMQ's reconnect interval
+ * (100 ms); an honest peer closes a handshake only after its own bound (seconds). */
+#define FETCH_CLOSES_REFUSED 3
+
 /* The failure the next monitor event reports, as an error; KVX_OK when it reports none (or
  * none waits). A TCP connection made sets *connected_p. A connect retried before any was
  * made means the first one failed: refused (nothing listens at that port) or unreachable,
  * which ZeroMQ would retry forever; once connected, a retry follows a connection the peer
- * closed, which the handshake's events explain or the deadline ends, as before. The message
- * does not name the peer: the caller's does (link_open wraps every step's). */
-static kvx_status_t monitor_failure(void *monitor, bool curve, bool *connected_p)
+ * closed, which the handshake's events explain, or FETCH_CLOSES_REFUSED of them in a row, or
+ * the deadline ends. The message does not name the peer: the caller's does (link_open wraps
+ * every step's). */
+static kvx_status_t monitor_failure(void *monitor, bool curve, bool *connected_p,
+                                    unsigned *closed_p)
 {
     uint8_t head[6];
     uint16_t event;
@@ -373,9 +381,10 @@ static kvx_status_t monitor_failure(void *monitor, bool curve, bool *connected_p
     memcpy(&event, head, sizeof(event));
     if (event == ZMQ_EVENT_CONNECTED)
         *connected_p = true;
-    if (event == ZMQ_EVENT_CONNECTED || (event == ZMQ_EVENT_CONNECT_RETRIED && *connected_p))
+    if (event == ZMQ_EVENT_CONNECTED ||
+        (event == ZMQ_EVENT_CONNECT_RETRIED && *connected_p && ++*closed_p < FETCH_CLOSES_REFUSED))
         return KVX_OK;
-    if (event == ZMQ_EVENT_CONNECT_RETRIED)
+    if (event == ZMQ_EVENT_CONNECT_RETRIED && !*connected_p)
         return error_set(KVX_ERR_PEER_DOWN,
                          "side channel: connection refused: is kvx serve (or the prefill "
                          "agent) running there?");
@@ -398,6 +407,7 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
 {
     uint64_t deadline = clock_ms() + timeout_ms;
     bool connected    = false; /* a TCP connection was made (the monitor said so) */
+    unsigned closed   = 0;     /* connections the peer closed since */
     void *socket;
     void *monitor       = NULL;
     kvx_status_t status = dealer_open(zmq, address, keys, 1, max_reply, &socket);
@@ -430,7 +440,7 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
         if (zmq_poll(items, 2, (long)(deadline - now)) <= 0)
             continue;
         if ((items[1].revents & ZMQ_POLLIN) &&
-            (status = monitor_failure(monitor, keys->curve, &connected)) != KVX_OK)
+            (status = monitor_failure(monitor, keys->curve, &connected, &closed)) != KVX_OK)
             break;
         if (!reply_receive(socket, &id, &body, &size))
             continue;
