@@ -44,9 +44,19 @@ def test_push_equals_one_instance(llama):
              "a push counts as the pushing rank's done: P releases every hold")
 
 
+def not_loaded(engine, n=10):
+    """The engine's last `n` "KV not loaded" lines: why its loads failed, for a failure's text."""
+    lines = [line for line in engine.log_text().splitlines() if "KV not loaded" in line]
+    return "\n".join(lines[-n:]) or "(none logged)"
+
+
 def test_other_weights_change_the_output(llama):
     """The negative control: the KV really moved (a 1-token prompt is recomputed by D)."""
+    before = llama["d"].kvx_stats()
     out = llama["d"].generate(PROMPTS, params=prefill(llama["p_other"]))
+    failed = delta(llama["d"].kvx_stats(), before, "transfers_failed")
+    assert failed == 0, "%d of D's loads failed, so D recomputed them:\n%s" % (
+        failed, not_loaded(llama["d"]))
     for n, tokens, ref in zip(LENGTHS, out["tokens"], llama["ref"]):
         if n > 1:
             assert tokens != ref, "prompt of %d tokens: D ignored P's KV" % n
