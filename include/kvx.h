@@ -821,8 +821,10 @@ typedef struct kvx_agent_stats {
     uint64_t dones_by_message; /* prefill side: dones that came as messages with a connection's
                                   done handle and were judged there */
     uint64_t dones_resent;     /* decode side: dones sent as messages that the prefill sent
-                                  back to the side channel (before their hold, or an unknown
-                                  handle) */
+                                  back (before their hold, an unknown handle, or sent with a
+                                  read whose answer was not out yet) */
+    uint64_t dones_with_reads; /* prefill side: of dones_by_message, those that came with their
+                                  read (one message for a small pull: one round trip) */
 } kvx_agent_stats_t;
 
 /* What a field of kvx_agent_stats_t is, for the outputs that list every one (Prometheus,

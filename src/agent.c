@@ -385,7 +385,14 @@ static void serve_done_handle(void *arg, const struct sidechan_request *request)
 static void agent_on_done_message(void *arg, const void *data, size_t size,
                                   const struct transport_msg_from *from)
 {
-    done_serve_message(arg, data, size, from);
+    done_serve_message(arg, data, size, false, true, from);
+}
+
+/* A done attached to a served read (transport_set_read_hook), after the read's answer. */
+static void agent_on_read_done(void *arg, const void *data, size_t size, bool sent,
+                               const struct transport_msg_from *from)
+{
+    done_serve_message(arg, data, size, true, sent, from);
 }
 
 /* The answer to a done we sent as a message, on a connection's worker. */
@@ -577,6 +584,8 @@ static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
     if (status == KVX_OK)
         status = transport_msg_set_handler(core->transport, CORE_AM_DONE, false,
                                            agent_on_done_message, core);
+    if (status == KVX_OK)
+        transport_set_read_hook(core->transport, agent_on_read_done, core);
     if (status == KVX_OK && strncmp(listen, "0.0.0.0:", 8) == 0)
         loop_log(&core->loop, "side channel: listening on every interface (%s)",
                  agent->listen_address);

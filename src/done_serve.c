@@ -230,8 +230,8 @@ void done_serve_handle(struct core *core, struct sidechan_server *side,
     sidechan_reply(side, &request->origin, text, n);
 }
 
-void done_serve_message(struct core *core, const void *data, size_t size,
-                        const struct transport_msg_from *from)
+void done_serve_message(struct core *core, const void *data, size_t size, bool with_read,
+                        bool sent, const struct transport_msg_from *from)
 {
     struct push_am_answer answer = {0};
     uint8_t framed[PUSH_AM_MAX];
@@ -248,8 +248,10 @@ void done_serve_message(struct core *core, const void *data, size_t size,
         return;
     }
     memcpy(answer.handle, body, DONE_HANDLE_LEN);
-    if (!done_handle_conn(core->done_handles, answer.handle, &conn)) {
-        answer.text_size = strlen(DONE_ANSWER_RESEND); /* evicted, or never ours */
+    /* Evicted or never ours; or with a read whose bytes had not left our memory yet, so the
+     * hold must outlive them: sent back, to come again once the bytes are there. */
+    if (!sent || !done_handle_conn(core->done_handles, answer.handle, &conn)) {
+        answer.text_size = strlen(DONE_ANSWER_RESEND);
         memcpy(text, DONE_ANSWER_RESEND, answer.text_size);
     } else if (done_read(core, (const uint8_t *)body + DONE_HANDLE_LEN,
                          body_size - DONE_HANDLE_LEN, &d, text, &answer.text_size)) {
@@ -259,6 +261,7 @@ void done_serve_message(struct core *core, const void *data, size_t size,
         } else {
             done_count(core, &d);
             core->stats.dones_by_message++;
+            core->stats.dones_with_reads += with_read;
             answer.text_size = done_judge(core, conn, d.request_id, d.rank, &d.token, text);
         }
     }

@@ -17,12 +17,14 @@ void done_serve(struct core *core, struct sidechan_server *side,
 void done_serve_handle(struct core *core, struct sidechan_server *side,
                        const struct sidechan_request *request);
 
-/* A done that came as a message (CORE_AM_DONE) on the main worker: judged as one from the
- * handle's connection and answered to its sender at once (CORE_AM_DONE_ANSWER), or answered
- * DONE_ANSWER_RESEND when it must wait for its hold or its handle is unknown. */
+/* A done that came as a message (CORE_AM_DONE) on the main worker, or attached to the one
+ * served read message of its leg (`with_read`: transport_set_read_hook): judged as one from
+ * the handle's connection and answered to its sender at once (CORE_AM_DONE_ANSWER), or
+ * answered DONE_ANSWER_RESEND when it must wait for its hold, its handle is unknown, or the
+ * read's bytes had not left our memory yet (not `sent`: the hold must outlive them). */
 struct transport_msg_from;
-void done_serve_message(struct core *core, const void *data, size_t size,
-                        const struct transport_msg_from *from);
+void done_serve_message(struct core *core, const void *data, size_t size, bool with_read,
+                        bool sent, const struct transport_msg_from *from);
 
 /* Frees every parked done without answering (the agent is going). */
 void dones_drop(struct core *core);

@@ -763,6 +763,35 @@ static bool handle_parse(const char *answer, const char *prefix, uint8_t handle[
     return true;
 }
 
+bool peer_done_frame(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
+                     uint64_t bytes, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p,
+                     uint8_t *out, size_t capacity, size_t *size_p)
+{
+    struct notify_read note = notify_done_read(request_id, peer->core->tp_rank, token, bytes);
+    const struct conn *conn = peer_conn(peer);
+    uint8_t body[DONE_HANDLE_LEN + sizeof(note)];
+    uint8_t message[PUSH_AM_MAX];
+    uint64_t id = peer->next_id + 1;
+    size_t framed;
+
+    if (peer_is_down(peer) || conn == NULL || peer->core->done_side_channel ||
+        !conn->metadata->done_messages || conn->metadata->done_version < NOTIFY_VERSION_READ ||
+        !peer->link.done_handle_set || pending_room(peer) != KVX_OK)
+        return false;
+    memcpy(body, peer->link.done_handle, DONE_HANDLE_LEN);
+    memcpy(body + DONE_HANDLE_LEN, &note, sizeof(note));
+    framed = push_am_request_frame(id, body, sizeof(body), message);
+    if (framed == 0 || framed > capacity)
+        return false;
+    memcpy(out, message, framed);
+    peer->next_id                      = id;
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, NULL, 0};
+    peer->last_used_ms                 = clock_ms();
+    *id_p                              = id;
+    *size_p                            = framed;
+    return true;
+}
+
 /* The answer to VERB_DONE_HANDLE: our dones to the peer go as messages from now on. */
 static void done_handle_reply(void *arg, const char *reply, size_t size)
 {

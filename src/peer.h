@@ -81,6 +81,14 @@ kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_tok
                             uint64_t bytes, bool side_channel, peer_reply_cb_t on_reply, void *arg,
                             uint64_t *id_p);
 
+/* The done peer_send_done would send as a message, framed into out[capacity] (*size_p bytes)
+ * for the caller to send with its read (transport_op_attach), and pending as if sent: *id_p
+ * names it for peer_request_forget, which the caller calls if it did not go. False, nothing
+ * pending, where the peer takes no done messages or gave no handle yet. */
+bool peer_done_frame(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
+                     uint64_t bytes, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p,
+                     uint8_t *out, size_t capacity, size_t *size_p);
+
 /* A transfer's leg waiting for our push writer's registration with a peer. */
 struct peer_push_wait {
     struct peer_push_wait *next;

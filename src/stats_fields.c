@@ -94,8 +94,11 @@ static const kvx_stat_field_t stats_fields[] = {
             "Dones that came as data-plane messages with a connection's done handle (prefill "
             "side)."),
     COUNTER(dones_resent, "dones_resent_total",
-            "Dones sent as messages that the prefill sent back to the side channel: before "
-            "their hold, or an unknown handle (decode side)."),
+            "Dones sent as messages that the prefill sent back: before their hold, an unknown "
+            "handle, or with a read whose answer was not out yet (decode side)."),
+    COUNTER(dones_with_reads, "dones_with_reads_total",
+            "Dones judged as they came with their read, one message for a small pull (prefill "
+            "side)."),
 };
 
 const kvx_stat_field_t *kvx_agent_stats_fields(size_t *count_p)

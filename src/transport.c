@@ -827,6 +827,51 @@ static kvx_status_t op_count(struct transport_op *op, ucs_status_ptr_t sp, const
     return KVX_OK;
 }
 
+void transport_op_attach(struct transport_op *op, const void *data, size_t size)
+{
+    KVX_ASSERT(size <= TRANSPORT_ATTACH_MAX);
+    memcpy(op->attach, data, size);
+    op->attach_size = size;
+}
+
+bool transport_op_attached(const struct transport_op *op)
+{
+    return op->attached;
+}
+
+/* Gathers the reads of `pairs` into `reads` when all of them can travel as one served read
+ * message (transport_op_attach): every storage served by the peer's kvx (not mapped here, not
+ * its device memory), host memory here, and one read of any size or up to AM_READV_MAX small
+ * ones under one token. False when they cannot (reads holds some of them then). */
+static bool reads_one_message(const struct transport_op *op, const kvx_pair_t *pairs, size_t count,
+                              const struct transport_targets *targets, struct am_reads *reads)
+{
+    const struct transport_conn *conn = op->conn;
+    uint64_t bytes                    = 0;
+
+    if (count == 0 || count > AM_READV_MAX || targets->mirrored)
+        return false;
+    for (size_t i = 0; i < count; i++) {
+        const kvx_pair_t *p = &pairs[i];
+        uint32_t rs         = p->remote_storage;
+
+        if (rs >= conn->num_rkeys || !conn->storages[rs].served || conn->mapped[rs] != 0 ||
+            conn->storages[rs].device || targets->local_mems[p->local_storage] == KVX_MEM_VRAM ||
+            (count > 1 && (p->len == 0 || p->len > AM_READV_RANGE ||
+                           memcmp(conn->storages[rs].token,
+                                  conn->storages[pairs[0].remote_storage].token,
+                                  TRANSPORT_TOKEN_SIZE) != 0)))
+            return false;
+        bytes += p->len;
+        reads->ranges[i] =
+            (struct am_range){.storage = rs, .offset = p->remote_offset, .length = p->len};
+        reads->locals[i] = (char *)targets->local_bases[p->local_storage] + p->local_offset;
+    }
+    reads->count = (uint32_t)count;
+    reads->bytes = bytes;
+    return count == 1 || bytes <= AM_READV_BYTES;
+}
+
 kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pair_t *pairs,
                                 size_t count, const struct transport_targets *targets)
 {
@@ -839,6 +884,9 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
           .user_data    = op,
     };
 
+    if (op->attach_size > 0 && !put && reads_one_message(op, pairs, count, targets, &reads))
+        return am_reads_post_attached(op, &reads);
+    reads = (struct am_reads){0};
     for (size_t i = 0; i < count; i++) {
         const kvx_pair_t *p = &pairs[i];
         uint32_t ls         = targets->mirrored ? p->remote_storage : p->local_storage;

@@ -154,6 +154,14 @@ struct transport_targets {
 kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pair_t *pairs,
                                 size_t count, const struct transport_targets *targets);
 
+/* Bytes (at most TRANSPORT_ATTACH_MAX, copied) that the next transport_rma_post of reads sends
+ * with them when every one of them is served by the peer's kvx and they travel as one message
+ * (transport_am.c): the peer's owner hook (transport_set_read_hook) gets them after it served
+ * that message. Whether they went: transport_op_attached, after the post. */
+#define TRANSPORT_ATTACH_MAX 128
+void transport_op_attach(struct transport_op *op, const void *data, size_t size);
+bool transport_op_attached(const struct transport_op *op);
+
 /* Posts a flush of the connection's endpoint, counted in `op`: puts posted before it are
  * complete at the target when it completes, which is what lets a notification follow. Posts
  * nothing where every storage of the peer is served (its writes complete on its answer). */
@@ -186,6 +194,14 @@ kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
 struct transport_msg_from;
 typedef void (*transport_msg_handler_t)(void *arg, const void *data, size_t size,
                                         const struct transport_msg_from *from);
+
+/* Set on the main worker's owner: `hook` gets the bytes a peer attached to a read message
+ * (transport_op_attach) once the read was served, with `sent` true only when its answer, the
+ * bytes of our memory it read included, had left our memory when the hook runs (UCX sent it
+ * at once), and `from` to answer the peer (transport_msg_reply). Runs inside progress. */
+typedef void (*transport_read_hook_t)(void *arg, const void *data, size_t size, bool sent,
+                                      const struct transport_msg_from *from);
+void transport_set_read_hook(struct transport *t, transport_read_hook_t hook, void *arg);
 /* On the main worker, and with `conns` on the workers of connections made later too (set it
  * before connecting). */
 kvx_status_t transport_msg_set_handler(struct transport *t, unsigned id, bool conns,

@@ -3,9 +3,11 @@
  * target serves any address with any key (docs/security.md "The data plane"), so such a
  * transport hands peers grants instead of keys, and serves their requests itself:
  *
- *   read     requester -> owner   header: read token, cookie, storage, offset, length
+ *   read     requester -> owner   header: read token, cookie, storage, offset, length; then
+ *                                 the attachment, if any
  *   reads    requester -> owner   header: read token, cookie, count; then count ranges
- *                                 (storage, offset, length): small reads, one message
+ *                                 (storage, offset, length): small reads, one message; then
+ *                                 the attachment, if any
  *   data     owner -> requester   header: cookie, status; then the bytes (eager or rendezvous),
  *                                 a vectored read's ranges one after the other
  *   write    writer -> owner      header: write token, cookie, storage, offset; then the bytes
@@ -15,6 +17,8 @@
  * storages before it touches memory; anything else is answered "refused" and counted. The
  * requester matches an answer to its request by the cookie (index and generation, so an
  * answer to a request that ended finds nothing) and takes exactly the length it asked for.
+ * An attachment (transport_op_attach: a done, for kvx) goes to the owner's read hook once the
+ * answer was sent, saying whether its bytes had left the owner's memory by then.
  * Large messages go by UCX's rendezvous, which moves them with the fastest lane it has (a CMA
  * or RDMA get of the sender's own buffer). */
 #include "error.h"
@@ -95,10 +99,12 @@ struct am_request {
         struct am_write_header write;
         struct am_readv_header readv;
     } header;
-    /* A vectored read's: where each range's bytes go, and the ranges asked for (its data). */
+    /* A vectored read's: where each range's bytes go, and the ranges asked for (its data,
+     * followed by the attachment); a single read's data is its attachment (`more`). */
     uint32_t num_iov;
-    ucp_dt_iov_t *iov;
-    struct am_range ranges[];
+    struct am_range *ranges;
+    uint8_t *more;
+    ucp_dt_iov_t iov[];
 };
 
 /* The owner's side of one message: an answer being sent, or a write's bytes being received
@@ -189,7 +195,8 @@ static void reply_sent(void *request, ucs_status_t status, void *user_data)
 /* Sends an answer (and, for a read, the bytes) at once, from the handler or completion that
  * made it: the requester's endpoint is UCX's, valid during that callback, and may be gone
  * after it (a requester that died). The record goes when UCX is done with it. */
-static void reply_send(struct am_reply *r, unsigned id, const void *data, uint64_t length,
+/* Returns whether UCX sent it at once: the bytes of our memory it carries were copied out. */
+static bool reply_send(struct am_reply *r, unsigned id, const void *data, uint64_t length,
                        bool rendezvous)
 {
     ucp_request_param_t param = {
@@ -211,6 +218,23 @@ static void reply_send(struct am_reply *r, unsigned id, const void *data, uint64
 
     if (sp == NULL || UCS_PTR_IS_ERR(sp))
         reply_free(r);
+    return sp == NULL;
+}
+
+/* Hands a read's attachment to the read hook, `sent` as the reply's send said. */
+static void attachment_give(struct transport *t, const void *data, size_t size, bool sent,
+                            const ucp_am_recv_param_t *param)
+{
+    struct transport_msg_from from = {t, param->reply_ep};
+
+    if (size > 0 && t->read_hook != NULL)
+        t->read_hook(t->read_hook_arg, data, size, sent, &from);
+}
+
+void transport_set_read_hook(struct transport *t, transport_read_hook_t hook, void *arg)
+{
+    t->read_hook     = hook;
+    t->read_hook_arg = arg;
 }
 
 static void written_received(void *request, ucs_status_t status, size_t length, void *user_data);
@@ -275,8 +299,8 @@ static ucs_status_t read_served(void *arg, const void *header, size_t header_len
     bool reader;
     bool writer;
 
-    (void)data;
-    if (header_length != sizeof(h) || length != 0 ||
+    if (header_length != sizeof(h) || length > TRANSPORT_ATTACH_MAX ||
+        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
         !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         t->counters.refused++; /* not kvx's: nothing to answer to */
         return UCS_OK;
@@ -293,11 +317,14 @@ static ucs_status_t read_served(void *arg, const void *header, size_t header_len
         t->counters.refused++;
         r->header.status = AM_STATUS_REFUSED;
         reply_send(r, AM_DATA, NULL, 0, false);
+        attachment_give(t, data, length, false, param);
         return UCS_OK;
     }
     t->counters.reads++;
-    reply_send(r, AM_DATA, (char *)mem->address + h.offset, h.length,
-               (h.flags & AM_FLAG_RENDEZVOUS) != 0);
+    attachment_give(t, data, length,
+                    reply_send(r, AM_DATA, (char *)mem->address + h.offset, h.length,
+                               (h.flags & AM_FLAG_RENDEZVOUS) != 0),
+                    param);
     return UCS_OK;
 }
 
@@ -327,6 +354,7 @@ static ucs_status_t readv_served(void *arg, const void *header, size_t header_le
     struct transport *t = arg;
     struct am_readv_header h;
     struct am_reply *r;
+    size_t ranges; /* bytes of the message's data that are ranges; the attachment follows */
     bool reader;
     bool writer;
 
@@ -335,22 +363,26 @@ static ucs_status_t readv_served(void *arg, const void *header, size_t header_le
         return UCS_OK;
     }
     memcpy(&h, header, sizeof(h));
-    if (h.count > AM_READV_MAX || (r = reply_create(t, param->reply_ep, h.cookie, h.count)) == NULL) {
-        t->counters.refused += h.count > AM_READV_MAX;
-        return UCS_OK; /* a count no kvx sends; or no room: the requester's deadline answers */
+    ranges = (size_t)h.count * sizeof(struct am_range);
+    if (h.count > AM_READV_MAX || length < ranges || length - ranges > TRANSPORT_ATTACH_MAX ||
+        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        (r = reply_create(t, param->reply_ep, h.cookie, h.count)) == NULL) {
+        t->counters.refused++;
+        return UCS_OK; /* not kvx's; or no room: the requester's deadline answers */
     }
     r->num_iov = h.count;
     reader     = token_equal(h.token, t->read_token); /* both compared, as read_served does */
     writer     = token_equal(h.token, t->write_token);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || h.flags != 0 || !(reader || writer) ||
-        !am_ranges_granted(t, data, length, h.count, r->iov)) {
+    if (h.flags != 0 || !(reader || writer) || !am_ranges_granted(t, data, ranges, h.count, r->iov)) {
         t->counters.refused++;
         r->header.status = AM_STATUS_REFUSED;
         reply_send(r, AM_DATA, NULL, 0, false);
+        attachment_give(t, (char *)data + ranges, length - ranges, false, param);
         return UCS_OK;
     }
     t->counters.reads += h.count;
-    reply_send(r, AM_DATA, NULL, 0, false);
+    attachment_give(t, (char *)data + ranges, length - ranges,
+                    reply_send(r, AM_DATA, NULL, 0, false), param);
     return UCS_OK;
 }
 
@@ -592,9 +624,10 @@ static void request_sent(void *request, ucs_status_t status, void *user_data)
 }
 
 /* A request record with a free cookie, linked to its connection; with room for `num_iov`
- * ranges of a vectored read. */
+ * ranges of a vectored read and `more` bytes after them (an attachment). */
 static kvx_status_t request_create(struct transport_op *op, uint32_t storage, void *local,
-                                   uint64_t length, uint32_t num_iov, struct am_request **req_p)
+                                   uint64_t length, uint32_t num_iov, size_t more,
+                                   struct am_request **req_p)
 {
     struct transport_conn *conn = op->conn;
     struct am_request *req;
@@ -619,11 +652,13 @@ static kvx_status_t request_create(struct transport_op *op, uint32_t storage, vo
         }
         conn->num_cookies = n;
     }
-    req = calloc(1, sizeof(*req) + num_iov * (sizeof(req->ranges[0]) + sizeof(req->iov[0])));
+    req = calloc(1, sizeof(*req) + num_iov * (sizeof(req->ranges[0]) + sizeof(req->iov[0])) +
+                        more);
     if (req == NULL)
         return error_no_memory("a request");
     req->num_iov = num_iov;
-    req->iov     = (ucp_dt_iov_t *)(req->ranges + num_iov);
+    req->ranges  = (struct am_range *)(req->iov + num_iov); /* iov's 16 bytes keep them aligned */
+    req->more    = (uint8_t *)(req->ranges + num_iov);
     req->op                     = op;
     req->conn                   = conn;
     req->local                  = local;
@@ -705,11 +740,13 @@ void am_waiting_send(struct transport_conn *conn)
     }
 }
 
-kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t offset, void *local,
-                          uint64_t len, bool local_device)
+/* One read, with op's attachment when `attach`. */
+static kvx_status_t read_one(struct transport_op *op, uint32_t storage, uint64_t offset,
+                             void *local, uint64_t len, bool local_device, bool attach)
 {
+    size_t more = attach ? op->attach_size : 0;
     struct am_request *req;
-    kvx_status_t status = request_create(op, storage, local, len, 0, &req);
+    kvx_status_t status = request_create(op, storage, local, len, 0, more, &req);
 
     if (status != KVX_OK)
         return status;
@@ -722,12 +759,22 @@ kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t of
         .flags   = local_device ? AM_FLAG_RENDEZVOUS : 0,
     };
     memcpy(req->header.read.token, op->conn->storages[storage].token, TRANSPORT_TOKEN_SIZE);
-    return request_send(req, AM_READ, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    memcpy(req->more, op->attach, more);
+    return request_send(req, AM_READ, req->more, more, UCP_AM_SEND_FLAG_EAGER);
 }
 
-kvx_status_t am_reads_flush(struct transport_op *op, struct am_reads *reads)
+kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t offset, void *local,
+                          uint64_t len, bool local_device)
+{
+    return read_one(op, storage, offset, local, len, local_device, false);
+}
+
+/* Sends what `reads` gathered (one range: as a plain read), with op's attachment when
+ * `attach`, and empties it. */
+static kvx_status_t reads_send(struct transport_op *op, struct am_reads *reads, bool attach)
 {
     uint32_t count = reads->count;
+    size_t more    = attach ? op->attach_size : 0;
     struct am_request *req;
     kvx_status_t status;
 
@@ -735,9 +782,9 @@ kvx_status_t am_reads_flush(struct transport_op *op, struct am_reads *reads)
     reads->bytes = 0;
     if (count <= 1)
         return count == 0 ? KVX_OK
-                          : am_read_post(op, reads->ranges[0].storage, reads->ranges[0].offset,
-                                         reads->locals[0], reads->ranges[0].length, false);
-    status = request_create(op, reads->ranges[0].storage, NULL, 0, count, &req);
+                          : read_one(op, reads->ranges[0].storage, reads->ranges[0].offset,
+                                     reads->locals[0], reads->ranges[0].length, false, attach);
+    status = request_create(op, reads->ranges[0].storage, NULL, 0, count, more, &req);
     if (status != KVX_OK)
         return status;
     for (uint32_t i = 0; i < count; i++) {
@@ -745,11 +792,25 @@ kvx_status_t am_reads_flush(struct transport_op *op, struct am_reads *reads)
         req->iov[i]    = (ucp_dt_iov_t){reads->locals[i], reads->ranges[i].length};
         req->length += reads->ranges[i].length;
     }
+    memcpy(req->more, op->attach, more); /* right after the ranges: one buffer */
     req->header.readv = (struct am_readv_header){.cookie = req->cookie, .count = count};
     memcpy(req->header.readv.token, op->conn->storages[reads->ranges[0].storage].token,
            TRANSPORT_TOKEN_SIZE);
-    return request_send(req, AM_READV, req->ranges, count * sizeof(req->ranges[0]),
+    return request_send(req, AM_READV, req->ranges, count * sizeof(req->ranges[0]) + more,
                         UCP_AM_SEND_FLAG_EAGER);
+}
+
+kvx_status_t am_reads_flush(struct transport_op *op, struct am_reads *reads)
+{
+    return reads_send(op, reads, false);
+}
+
+kvx_status_t am_reads_post_attached(struct transport_op *op, struct am_reads *reads)
+{
+    kvx_status_t status = reads_send(op, reads, true);
+
+    op->attached = status == KVX_OK;
+    return status;
 }
 
 kvx_status_t am_reads_add(struct transport_op *op, struct am_reads *reads, uint32_t storage,
@@ -780,7 +841,7 @@ kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t o
                            const void *local, uint64_t len)
 {
     struct am_request *req;
-    kvx_status_t status = request_create(op, storage, (void *)(uintptr_t)local, len, 0, &req);
+    kvx_status_t status = request_create(op, storage, (void *)(uintptr_t)local, len, 0, 0, &req);
     bool device;
 
     if (status != KVX_OK)

@@ -15,11 +15,6 @@ struct msg_out {
     uint8_t bytes[];
 };
 
-struct transport_msg_from {
-    struct transport *t;
-    ucp_ep_h ep; /* the sender's, as UCX gave it; NULL: no way back */
-};
-
 static void msg_sent(void *request, ucs_status_t status, void *user_data)
 {
     struct msg_out *m = user_data;

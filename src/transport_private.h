@@ -92,6 +92,8 @@ struct transport {
     struct am_record *replies; /* the main worker's: answers and writes being received */
     size_t serving;            /* of those */
     struct am_reply *queued;   /* writes to receive once progress returned */
+    transport_read_hook_t read_hook; /* a served read's attachment (transport_set_read_hook) */
+    void *read_hook_arg;
     struct transport_data_counters counters;
     struct transport_segments tcp_segments; /* what UCX uses (transport_settings.c) */
     /* UCX's log (transport_log.c), all under its mutex */
@@ -183,6 +185,16 @@ struct transport_op {
     struct transport_op *copy_next; /* in t->copying while it has copies left */
     bool copying;
     uint8_t am[TRANSPORT_AM_MAX]; /* an active message's bytes, alive until it completes */
+    uint8_t attach[TRANSPORT_ATTACH_MAX]; /* transport_op_attach's bytes */
+    size_t attach_size;                   /* 0: none */
+    bool attached;                        /* they went with the post's one read message */
+};
+
+/* Who sent a message, for an answer (transport_msg.c; transport_am.c makes one for a read's
+ * attachment). */
+struct transport_msg_from {
+    struct transport *t;
+    ucp_ep_h ep; /* the sender's, as UCX gave it; NULL: no way back */
 };
 
 kvx_status_t transport_ucs_error(const char *what, ucs_status_t status);
@@ -246,6 +258,9 @@ bool am_ranges_granted(const struct transport *t, const void *data, size_t lengt
  * `offset`, completed in `op` when the peer answered. */
 kvx_status_t am_read_post(struct transport_op *op, uint32_t storage, uint64_t offset, void *local,
                           uint64_t len, bool local_device);
+/* Posts the reads of `pairs` as one message carrying op->attach (a single read of any size, or
+ * up to AM_READV_MAX small ones: am_reads_one_message says which posts qualify). */
+kvx_status_t am_reads_post_attached(struct transport_op *op, struct am_reads *reads);
 kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t offset,
                            const void *local, uint64_t len);
 /* Receives the writes the main worker's handler queued (after its progress returned). */

@@ -34,6 +34,12 @@ struct xfer_leg {
     uint64_t reply_id;       /* the push or done awaiting its answer; 0: none */
     uint64_t bytes;          /* pull: read from this peer (its done says so) */
     struct peer_push_wait wait; /* push: waiting for our writer's registration with the peer */
+    /* pull: its done went with its read (one message, transport_op_attach), and the answer
+     * that came before the data is kept here until the data is (pull_notify) */
+    bool attached;
+    bool answer_kept;
+    size_t answer_size;
+    char answer[DONE_REASON_SIZE + 32];
 };
 
 struct kvx_xfer {
@@ -576,6 +582,22 @@ static bool xfer_sampled(struct xfer_set *set)
     return n > 0 && set->posted++ % n == 0;
 }
 
+static void done_reply(void *arg, const char *reply, size_t size);
+
+/* Gives leg's done to its read, to go in the same message when the read is one served read
+ * message (transport_op_attach): the prefill judges it once the read's bytes left its memory,
+ * and a small pull takes one round trip instead of two. Pending as any done; the post says
+ * whether it went. */
+static void done_attach(kvx_xfer_t *x, struct xfer_leg *leg)
+{
+    uint8_t done[TRANSPORT_ATTACH_MAX];
+    size_t size;
+
+    if (peer_done_frame(leg->peer, x->request_id, x->has_token ? &x->token : NULL, leg->bytes,
+                        done_reply, leg, &leg->reply_id, done, sizeof(done), &size))
+        transport_op_attach(leg->op, done, size);
+}
+
 kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size_t num_peers,
                             uint64_t request_id, const kvx_request_t *request,
                             kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p)
@@ -591,7 +613,8 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
     status = xfer_prepare(x, peers, num_peers, request, &first);
     if (status == KVX_OK)
         status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
-    x->start = clock_seconds();
+    x->start         = clock_seconds();
+    x->verify_wanted = status == KVX_OK && xfer_sampled(set); /* its done follows the check */
     for (size_t r = 0; status == KVX_OK && r < x->num_reads; r++) {
         struct xfer_leg *leg             = &x->legs[r];
         struct conn *conn                = peer_conn(leg->peer);
@@ -605,8 +628,15 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
             leg->bytes += pairs[i].len;
         if (status == KVX_OK)
             status = transport_op_create(conn->transport, xfer_op_finished, x, &leg->op);
+        if (status == KVX_OK && !x->verify_wanted)
+            done_attach(x, leg);
         if (status == KVX_OK)
             status = transport_rma_post(leg->op, false, pairs, count, &targets);
+        if (leg->reply_id != 0 && (status != KVX_OK || !transport_op_attached(leg->op))) {
+            peer_request_forget(leg->peer, leg->reply_id); /* it did not go */
+            leg->reply_id = 0;
+        }
+        leg->attached = leg->reply_id != 0;
     }
     if (status != KVX_OK) {
         /* Some gets may be in flight: the peers read from close before x goes, and the
@@ -630,8 +660,7 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
         return error_set(status, "%s", what);
     }
     in_flight_link(x);
-    x->verify_wanted = xfer_sampled(set);
-    x->ops_left      = x->num_reads + 1; /* + 1: nothing moves on before every op is armed */
+    x->ops_left = x->num_reads + 1; /* + 1: nothing moves on before every op is armed */
     for (size_t r = 0; r < x->num_reads; r++)
         transport_op_arm(x->legs[r].op);
     xfer_op_finished(x, NULL);
@@ -782,8 +811,6 @@ static void pull_complete(kvx_xfer_t *x)
     xfer_settle(x);
 }
 
-static void done_reply(void *arg, const char *reply, size_t size);
-
 /* Sends leg's done (on the side channel only: `side_channel`); false when it could not be
  * sent, which ended the transfer. */
 static bool done_send(kvx_xfer_t *x, struct xfer_leg *leg, bool side_channel)
@@ -804,18 +831,38 @@ static bool done_send(kvx_xfer_t *x, struct xfer_leg *leg, bool side_channel)
 /* A prefill rank's answer to our done: counted (the hold was alive for us, or there was
  * none and we gave no token), or refused, which fails the read: the bytes we have may be
  * another request's (the blocks were released and perhaps reused), or not ours to take. */
+static void done_answer_apply(kvx_xfer_t *x, struct xfer_leg *leg, const char *reply,
+                              size_t size);
+
 static void done_reply(void *arg, const char *reply, size_t size)
 {
     struct xfer_leg *leg = arg;
     kvx_xfer_t *x        = leg->xfer;
-    char reason[DONE_REASON_SIZE];
-    bool counted = false;
 
     KVX_ASSERT(x->status == KVX_INPROGRESS && leg->reply_id != 0); /* a finished one forgot it */
     leg->reply_id = 0;
+    if (!x->answering) { /* a done that went with its read, answered before the data is here */
+        leg->answer_kept = true;
+        leg->answer_size = size < sizeof(leg->answer) ? size : sizeof(leg->answer);
+        memcpy(leg->answer, reply, leg->answer_size);
+        return;
+    }
+    done_answer_apply(x, leg, reply, size);
+}
+
+/* What the answer to leg's done says, once the data is here. */
+static void done_answer_apply(kvx_xfer_t *x, struct xfer_leg *leg, const char *reply,
+                              size_t size)
+{
+    char reason[DONE_REASON_SIZE];
+    bool counted = false;
+
     if (size == strlen(DONE_ANSWER_RESEND) && memcmp(reply, DONE_ANSWER_RESEND, size) == 0) {
-        x->set->core->stats.dones_resent++; /* it waits for its hold there, or a new handle */
-        done_send(x, leg, true);
+        /* One that went with its read comes again as a message now that the data is here;
+         * one that came as a message waits for its hold on the side channel, or a handle. */
+        x->set->core->stats.dones_resent++;
+        done_send(x, leg, !leg->attached);
+        leg->attached = false;
         return;
     }
     if (!done_answer_parse(reply, size, &counted, reason)) {
@@ -845,11 +892,19 @@ static void pull_notify(kvx_xfer_t *x)
 {
     x->answering = true;
     x->ops_left  = x->num_legs;
-    for (size_t i = 0; i < x->num_legs; i++) {
-        if (!done_send(x, &x->legs[i], false))
+    for (size_t i = 0; i < x->num_legs && x->status == KVX_INPROGRESS; i++) {
+        struct xfer_leg *leg = &x->legs[i];
+
+        if (leg->reply_id != 0) /* went with its read: its answer is still to come */
+            continue;
+        if (leg->answer_kept) {
+            leg->answer_kept = false;
+            done_answer_apply(x, leg, leg->answer, leg->answer_size);
+        } else if (!done_send(x, leg, false)) {
             return;
+        }
     }
-    if (x->ops_left == 0)
+    if (x->status == KVX_INPROGRESS && x->ops_left == 0)
         xfer_finish(x, KVX_OK);
 }
 

@@ -171,11 +171,16 @@ struct session {
     kvx_peer_t *peer;
 };
 
-static int session_setup(void **state)
+/* The decode agent's transports: NULL for the default (one host: reads are copies from the
+ * prefill's storage mapped here), or "tcp" (reads served by the prefill's kvx). */
+static int session_open(void **state, const char *transports)
 {
     struct session *s         = calloc(1, sizeof(*s));
-    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
-                                 .timeout_ms = TIMEOUT_MS};
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                                               (transports != NULL ? KVX_AGENT_PARAM_FIELD_TRANSPORTS
+                                                                   : 0),
+                                 .timeout_ms = TIMEOUT_MS,
+                                 .transports = transports};
     char listen[ADDRESS_SIZE];
     int go[2];
 
@@ -188,6 +193,16 @@ static int session_setup(void **state)
     assert_int_equal(kvx_agent_connect(s->agent, listen, &s->peer), KVX_OK);
     *state = s;
     return 0;
+}
+
+static int session_setup(void **state)
+{
+    return session_open(state, NULL);
+}
+
+static int session_setup_tcp(void **state)
+{
+    return session_open(state, "tcp");
 }
 
 static int session_teardown(void **state)
@@ -473,6 +488,61 @@ static void dones_travel_as_messages_once_the_connection_has_a_handle(void **sta
     kvx_xfer_destroy(xfer);
 }
 
+/* Reads the prefill serves (over tcp) take their done along once the connection has a handle:
+ * one message, judged once the read's answer left the prefill's memory, and answered as the
+ * side channel would: counted and released, or refused when read twice. One before its hold
+ * comes back twice (as a message once the data is here, then on the side channel, where it
+ * waits). Four blocks (one 16 KiB pair) complete too, whether UCX sent their answer at once
+ * or by rendezvous (then the done is sent back and comes again once the data is here). Every
+ * byte compared. */
+static void a_small_served_read_takes_its_done_along(void **state)
+{
+    struct session *s       = *state;
+    kvx_token_t token       = token_new();
+    uint64_t block          = 12;
+    uint64_t four[4]        = {0, 1, 2, 3};
+    kvx_group_ids_t group   = {four, 4};
+    kvx_request_t request   = {&group, 1, NULL, 0, &token};
+    struct callback_log log = {0};
+    kvx_xfer_t *xfer;
+    struct report r;
+
+    assert_int_equal(transfer(s, false, 30, 10, NULL), KVX_OK); /* asks for the handle */
+    hold(s, 31, 11, &token);
+    block_clear(s->agent, 11);
+    assert_int_equal(transfer(s, false, 31, 11, &token), KVX_OK);
+    assert_true(block_matches(s->agent, 11));
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.dones_with_reads, 1);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.last_release, 31);
+    assert_int_equal(transfer(s, false, 31, 11, &token), KVX_ERR_PEER_REFUSED);
+    assert_string_equal(kvx_errmsg(), "read 31: remote rank 0: hold released already: the "
+                                      "blocks may have been reused");
+    assert_int_equal(command(s, 's', NULL, 0).stats.dones_with_reads, 2);
+
+    block_clear(s->agent, block);
+    xfer = read_post(s, 32, &block, &token, &log);
+    r    = early_wait(s, 1);
+    assert_int_equal(r.stats.dones_early, 1);
+    assert_int_equal(r.stats.dones_with_reads, 2); /* sent back, not judged */
+    assert_int_equal(decode_stats(s).dones_resent, 2);
+    r = hold(s, 32, block, &token);
+    assert_int_equal(r.stats.released, 2);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
+    assert_true(block_matches(s->agent, block));
+    kvx_xfer_destroy(xfer);
+
+    for (int i = 0; i < 4; i++)
+        block_clear(s->agent, four[i]);
+    r = command(s, 'H', &(struct hold_command){33, 0, 1, token}, sizeof(struct hold_command));
+    assert_int_equal(r.stats.held, 1);
+    assert_int_equal(kvx_read(s->agent, &s->peer, 1, 33, &request, NULL), KVX_OK);
+    for (int i = 0; i < 4; i++)
+        assert_true(block_matches(s->agent, four[i]));
+    assert_int_equal(command(s, 's', NULL, 0).stats.released, 3);
+}
+
 /* A push with the request's token is its rank's done: the hold is released (one callback)
  * after the writes; a second push of the same reference is refused. */
 static void a_push_with_its_token_releases_the_hold(void **state)
@@ -562,6 +632,8 @@ int main(void)
                                         session_teardown),
         cmocka_unit_test_setup_teardown(dones_travel_as_messages_once_the_connection_has_a_handle,
                                         session_setup, session_teardown),
+        cmocka_unit_test_setup_teardown(a_small_served_read_takes_its_done_along,
+                                        session_setup_tcp, session_teardown),
         cmocka_unit_test_setup_teardown(a_push_with_its_token_releases_the_hold, session_setup,
                                         session_teardown),
         cmocka_unit_test_setup_teardown(a_push_with_a_wrong_token_writes_nothing, session_setup,
