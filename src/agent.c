@@ -55,11 +55,12 @@
 /* Bytes of our memory hashed in one turn, for checksum requests and our own verifications:
  * under a millisecond of XXH3 here. */
 #define AGENT_HASH_BYTES_PER_TURN  ((uint64_t)4 << 20)
-/* How long the loop keeps turning without sleeping while UCX operations of ours are in flight:
- * about the gap between the steps of a transfer that needs the peer (an emulated get's reply,
- * a flush), so such a transfer does not pay a wakeup (tens of microseconds here) per step.
- * With nothing of ours in flight (a push's answer, a heartbeat) it sleeps at once: spinning
- * then only takes the core from the threads that bring the answer (ZeroMQ's, the peer's). */
+/* How long the loop keeps turning without sleeping while UCX operations of ours are in flight,
+ * or a done we sent as a message awaits its answer: about the gap between the steps of a
+ * transfer that needs the peer (an emulated get's reply, a flush, a done's answer), so such a
+ * transfer does not pay a wakeup (tens of microseconds here) per step. With nothing of ours in
+ * flight (a push's answer, a heartbeat) it sleeps at once: spinning then only takes the core
+ * from the threads that bring the answer (ZeroMQ's, the peer's writer). */
 #define AGENT_SPIN_US 200
 /* The longest sleep while UCX operations of ours are in flight: UCX's wakeup descriptor
  * signals what arrives, not every local completion (a put or flush that finishes), so such a
@@ -1050,7 +1051,8 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
 
         if (events == 0 && agent->idle_since == 0)
             agent->idle_since = clock_seconds();
-        if (events > 0 || (transport_ops_pending(agent->core.transport) > 0 &&
+        if (events > 0 || ((transport_ops_pending(agent->core.transport) > 0 ||
+                            peers_awaiting_dones(&agent->core)) &&
                            clock_seconds() - agent->idle_since < AGENT_SPIN_US * 1e-6)) {
             if (events > 0)
                 agent->idle_since = 0;

@@ -33,6 +33,7 @@ struct pending {
     peer_reply_cb_t on_reply;
     void *arg;
     bool by_message; /* sent as a message: its answer may come on the data plane */
+    bool done;       /* a done sent as a message: the loop spins for its answer */
     char *answer; /* that answer, kept for the side-channel phase (peers_serve) */
     size_t answer_size;
 };
@@ -60,6 +61,7 @@ struct kvx_peer {
     struct pending *pending;
     size_t num_pending;
     size_t num_answered; /* pending requests whose answer came on the data plane */
+    size_t dones_awaited; /* pending dones sent as messages whose answer has not come */
     struct heartbeat_entry *wanted; /* requests heartbeats carry, with their tokens */
     size_t num_wanted;
     size_t wanted_capacity;
@@ -435,7 +437,7 @@ kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *b
         status = error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
     if (status != KVX_OK)
         return status;
-    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, false, NULL, 0};
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, false, false, NULL, 0};
     peer->last_used_ms                 = clock_ms();
     *id_p                              = id;
     return KVX_OK;
@@ -464,7 +466,7 @@ static bool message_send(kvx_peer_t *peer, unsigned am_id, const void *body, siz
     if (status != KVX_OK)
         return true;
     peer->next_id                      = id;
-    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, NULL, 0};
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, false, NULL, 0};
     peer->last_used_ms                 = clock_ms();
     *id_p                              = id;
     return true;
@@ -491,6 +493,7 @@ static bool pending_take(kvx_peer_t *peer, uint64_t id, struct pending *taken)
             *taken           = peer->pending[i];
             peer->pending[i] = peer->pending[--peer->num_pending]; /* order does not matter */
             peer->num_answered -= taken->answer != NULL;
+            peer->dones_awaited -= taken->done && taken->answer == NULL;
             return true;
         }
     }
@@ -556,6 +559,7 @@ static void answer_keep(struct core *core, const void *data, size_t size, bool d
             p->answer[answer.text_size] = '\0';
             p->answer_size              = answer.text_size;
             peer->num_answered++;
+            peer->dones_awaited -= p->done;
             return;
         }
     }
@@ -619,6 +623,15 @@ unsigned peers_progress(struct core *core)
             events++;
     }
     return events;
+}
+
+bool peers_awaiting_dones(const struct core *core)
+{
+    for (const kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
+        if (peer->dones_awaited > 0)
+            return true;
+    }
+    return false;
 }
 
 bool peers_busy(struct core *core)
@@ -785,7 +798,8 @@ bool peer_done_frame(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *t
         return false;
     memcpy(out, message, framed);
     peer->next_id                      = id;
-    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, NULL, 0};
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, true, NULL, 0};
+    peer->dones_awaited++;
     peer->last_used_ms                 = clock_ms();
     *id_p                              = id;
     *size_p                            = framed;
@@ -825,8 +839,13 @@ kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_tok
             memcpy(body, link->done_handle, DONE_HANDLE_LEN);
             memcpy(body + DONE_HANDLE_LEN, &note, sizeof(note));
             if (message_send(peer, CORE_AM_DONE, body, sizeof(body), on_reply, arg, id_p,
-                             &status))
+                             &status)) {
+                if (status == KVX_OK) { /* the loop spins for its answer */
+                    peer->pending[peer->num_pending - 1].done = true;
+                    peer->dones_awaited++;
+                }
                 return status;
+            }
         } else if (!link->done_handle_asked &&
                    peer_request_send(peer, VERB_DONE_HANDLE, NULL, 0, done_handle_reply, peer,
                                      &id) == KVX_OK) {
