@@ -289,6 +289,27 @@ static struct am_reply *reply_create(struct transport *t, ucp_ep_h ep, uint64_t 
     return r;
 }
 
+/* Whether `token` lets its holder read. Who may write may read, as with a UCX key mapped for
+ * writes (MEM_PROT_WRITE); both compared, so the time taken says nothing of which token was
+ * close. */
+static bool may_read(const struct transport *t, const uint8_t token[TRANSPORT_TOKEN_SIZE])
+{
+    bool reader = token_equal(token, t->read_token);
+    bool writer = token_equal(token, t->write_token);
+
+    return reader || writer;
+}
+
+/* Answers a read (single or vectored) "refused", counted; its attachment is sent back. */
+static void read_refuse(struct transport *t, struct am_reply *r, const void *attachment,
+                        size_t size, const ucp_am_recv_param_t *param)
+{
+    t->counters.refused++;
+    r->header.status = AM_STATUS_REFUSED;
+    reply_send(r, AM_DATA, NULL, 0, false);
+    attachment_give(t, attachment, size, false, param);
+}
+
 static ucs_status_t read_served(void *arg, const void *header, size_t header_length, void *data,
                                 size_t length, const ucp_am_recv_param_t *param)
 {
@@ -296,8 +317,6 @@ static ucs_status_t read_served(void *arg, const void *header, size_t header_len
     struct am_read_header h;
     struct transport_mem *mem;
     struct am_reply *r;
-    bool reader;
-    bool writer;
 
     if (header_length != sizeof(h) || length > TRANSPORT_ATTACH_MAX ||
         (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
@@ -309,15 +328,8 @@ static ucs_status_t read_served(void *arg, const void *header, size_t header_len
     if ((r = reply_create(t, param->reply_ep, h.cookie, 0)) == NULL)
         return UCS_OK; /* the requester's deadline answers for us */
     mem = granted(t, h.storage, h.offset, h.length);
-    /* Who may write may read, as with a UCX key mapped for writes (MEM_PROT_WRITE); both
-     * compared, so the time taken says nothing of which token was close. */
-    reader = token_equal(h.token, t->read_token);
-    writer = token_equal(h.token, t->write_token);
-    if (!(reader || writer) || mem == NULL) {
-        t->counters.refused++;
-        r->header.status = AM_STATUS_REFUSED;
-        reply_send(r, AM_DATA, NULL, 0, false);
-        attachment_give(t, data, length, false, param);
+    if (!may_read(t, h.token) || mem == NULL) {
+        read_refuse(t, r, data, length, param);
         return UCS_OK;
     }
     t->counters.reads++;
@@ -355,8 +367,6 @@ static ucs_status_t readv_served(void *arg, const void *header, size_t header_le
     struct am_readv_header h;
     struct am_reply *r;
     size_t ranges; /* bytes of the message's data that are ranges; the attachment follows */
-    bool reader;
-    bool writer;
 
     if (header_length != sizeof(h) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         t->counters.refused++;
@@ -365,19 +375,16 @@ static ucs_status_t readv_served(void *arg, const void *header, size_t header_le
     memcpy(&h, header, sizeof(h));
     ranges = (size_t)h.count * sizeof(struct am_range);
     if (h.count > AM_READV_MAX || length < ranges || length - ranges > TRANSPORT_ATTACH_MAX ||
-        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
-        (r = reply_create(t, param->reply_ep, h.cookie, h.count)) == NULL) {
-        t->counters.refused++;
-        return UCS_OK; /* not kvx's; or no room: the requester's deadline answers */
+        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        t->counters.refused++; /* not kvx's */
+        return UCS_OK;
     }
+    if ((r = reply_create(t, param->reply_ep, h.cookie, h.count)) == NULL)
+        return UCS_OK; /* no room (counted): the requester's deadline answers */
     r->num_iov = h.count;
-    reader     = token_equal(h.token, t->read_token); /* both compared, as read_served does */
-    writer     = token_equal(h.token, t->write_token);
-    if (h.flags != 0 || !(reader || writer) || !am_ranges_granted(t, data, ranges, h.count, r->iov)) {
-        t->counters.refused++;
-        r->header.status = AM_STATUS_REFUSED;
-        reply_send(r, AM_DATA, NULL, 0, false);
-        attachment_give(t, (char *)data + ranges, length - ranges, false, param);
+    if (h.flags != 0 || !may_read(t, h.token) ||
+        !am_ranges_granted(t, data, ranges, h.count, r->iov)) {
+        read_refuse(t, r, (char *)data + ranges, length - ranges, param);
         return UCS_OK;
     }
     t->counters.reads += h.count;

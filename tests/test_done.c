@@ -11,6 +11,7 @@
 #include "xfer_log.h"
 
 #include <setjmp.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -447,92 +448,88 @@ static void parked_dones_end_at_their_deadlines(void **state)
     assert_true(block_matches(s->agent, 9));
 }
 
-/* Once the connection has a done handle (its first done asks for one, and goes on the side
- * channel), dones travel as messages on the data plane and mean what they meant there:
- * counted, releasing the hold, refused when read twice. One that comes before its hold is sent
- * back to the side channel, where it waits for the hold. */
-static void dones_travel_as_messages_once_the_connection_has_a_handle(void **state)
+static uint64_t dones_by_message(const struct report *r)
 {
-    struct session *s       = *state;
+    return r->stats.dones_by_message;
+}
+
+static uint64_t dones_with_reads(const struct report *r)
+{
+    return r->stats.dones_with_reads;
+}
+
+/* Requests `id` to `id + 2` once the connection has a done handle (the first done, of a
+ * request not held, asks for it): a held request read, counted and released, and `judged`
+ * (the prefill's count of dones that went the new way) grows by one; read twice, refused, and
+ * it grows again; read before its hold, sent back `resends` times, parked on the side channel,
+ * and released at the hold, `judged` unchanged. Every byte compared. */
+static void dones_judged_the_new_way(struct session *s, uint64_t id,
+                                     uint64_t (*judged)(const struct report *), uint64_t resends)
+{
     kvx_token_t token       = token_new();
     uint64_t block          = 12;
     struct callback_log log = {0};
+    char refused[128];
     kvx_xfer_t *xfer;
     struct report r;
 
-    assert_int_equal(transfer(s, false, 20, 10, NULL), KVX_OK); /* nothing held: asks */
-    assert_int_equal(command(s, 's', NULL, 0).stats.dones_by_message, 0);
-    hold(s, 21, 11, &token);
+    assert_int_equal(transfer(s, false, id - 1, 10, NULL), KVX_OK); /* nothing held: asks */
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(judged(&r), 0);
+    hold(s, id, 11, &token);
     block_clear(s->agent, 11);
-    assert_int_equal(transfer(s, false, 21, 11, &token), KVX_OK);
+    assert_int_equal(transfer(s, false, id, 11, &token), KVX_OK);
     assert_true(block_matches(s->agent, 11));
     r = command(s, 's', NULL, 0);
-    assert_int_equal(r.stats.dones_by_message, 1);
+    assert_int_equal(judged(&r), 1);
     assert_int_equal(r.stats.released, 1);
-    assert_int_equal(r.last_release, 21);
-    assert_int_equal(transfer(s, false, 21, 11, &token), KVX_ERR_PEER_REFUSED);
-    assert_string_equal(kvx_errmsg(), "read 21: remote rank 0: hold released already: the "
-                                      "blocks may have been reused");
-    assert_int_equal(command(s, 's', NULL, 0).stats.dones_by_message, 2);
+    assert_int_equal(r.last_release, id);
+    assert_int_equal(transfer(s, false, id, 11, &token), KVX_ERR_PEER_REFUSED);
+    snprintf(refused, sizeof(refused),
+             "read %" PRIu64 ": remote rank 0: hold released already: the blocks may have been "
+             "reused",
+             id);
+    assert_string_equal(kvx_errmsg(), refused);
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(judged(&r), 2);
 
     block_clear(s->agent, block);
-    xfer = read_post(s, 22, &block, &token, &log);
+    xfer = read_post(s, id + 1, &block, &token, &log);
     r    = early_wait(s, 1);
     assert_int_equal(r.stats.dones_early, 1);
-    assert_int_equal(r.stats.dones_by_message, 2); /* sent back, not judged as a message */
-    assert_int_equal(decode_stats(s).dones_resent, 1);
-    r = hold(s, 22, block, &token);
+    assert_int_equal(judged(&r), 2); /* sent back, not judged */
+    assert_int_equal(decode_stats(s).dones_resent, resends);
+    r = hold(s, id + 1, block, &token);
     assert_int_equal(r.stats.released, 2);
     assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
     assert_true(block_matches(s->agent, block));
     kvx_xfer_destroy(xfer);
 }
 
+/* Once the connection has a done handle (its first done asks for one, and goes on the side
+ * channel), dones travel as messages on the data plane and mean what they meant there. One
+ * that comes before its hold is sent back once, to the side channel, where it waits. */
+static void dones_travel_as_messages_once_the_connection_has_a_handle(void **state)
+{
+    dones_judged_the_new_way(*state, 21, dones_by_message, 1);
+}
+
 /* Reads the prefill serves (over tcp) take their done along once the connection has a handle:
  * one message, judged once the read's answer left the prefill's memory, and answered as the
- * side channel would: counted and released, or refused when read twice. One before its hold
- * comes back twice (as a message once the data is here, then on the side channel, where it
- * waits). Four blocks (one 16 KiB pair) complete too, whether UCX sent their answer at once
- * or by rendezvous (then the done is sent back and comes again once the data is here). Every
- * byte compared. */
+ * side channel would. One before its hold comes back twice (as a message once the data is
+ * here, then on the side channel, where it waits). Four blocks (one 16 KiB pair) complete
+ * too, whether UCX sent their answer at once or by rendezvous (then the done is sent back and
+ * comes again once the data is here). Every byte compared. */
 static void a_small_served_read_takes_its_done_along(void **state)
 {
-    struct session *s       = *state;
-    kvx_token_t token       = token_new();
-    uint64_t block          = 12;
-    uint64_t four[4]        = {0, 1, 2, 3};
-    kvx_group_ids_t group   = {four, 4};
-    kvx_request_t request   = {&group, 1, NULL, 0, &token};
-    struct callback_log log = {0};
-    kvx_xfer_t *xfer;
+    struct session *s     = *state;
+    kvx_token_t token     = token_new();
+    uint64_t four[4]      = {0, 1, 2, 3};
+    kvx_group_ids_t group = {four, 4};
+    kvx_request_t request = {&group, 1, NULL, 0, &token};
     struct report r;
 
-    assert_int_equal(transfer(s, false, 30, 10, NULL), KVX_OK); /* asks for the handle */
-    hold(s, 31, 11, &token);
-    block_clear(s->agent, 11);
-    assert_int_equal(transfer(s, false, 31, 11, &token), KVX_OK);
-    assert_true(block_matches(s->agent, 11));
-    r = command(s, 's', NULL, 0);
-    assert_int_equal(r.stats.dones_with_reads, 1);
-    assert_int_equal(r.stats.released, 1);
-    assert_int_equal(r.last_release, 31);
-    assert_int_equal(transfer(s, false, 31, 11, &token), KVX_ERR_PEER_REFUSED);
-    assert_string_equal(kvx_errmsg(), "read 31: remote rank 0: hold released already: the "
-                                      "blocks may have been reused");
-    assert_int_equal(command(s, 's', NULL, 0).stats.dones_with_reads, 2);
-
-    block_clear(s->agent, block);
-    xfer = read_post(s, 32, &block, &token, &log);
-    r    = early_wait(s, 1);
-    assert_int_equal(r.stats.dones_early, 1);
-    assert_int_equal(r.stats.dones_with_reads, 2); /* sent back, not judged */
-    assert_int_equal(decode_stats(s).dones_resent, 2);
-    r = hold(s, 32, block, &token);
-    assert_int_equal(r.stats.released, 2);
-    assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
-    assert_true(block_matches(s->agent, block));
-    kvx_xfer_destroy(xfer);
-
+    dones_judged_the_new_way(s, 31, dones_with_reads, 2);
     for (int i = 0; i < 4; i++)
         block_clear(s->agent, four[i]);
     r = command(s, 'H', &(struct hold_command){33, 0, 1, token}, sizeof(struct hold_command));
