@@ -13,25 +13,18 @@
 set -u
 kvx=$1
 src=$2
-export UCX_NET_DEVICES=lo # never another interface
 ITERATIONS=${KVX_CTRLC_ITERATIONS:-50} # over tcp, the finding's list; the issue asks 50
 DEFAULT_ITERATIONS=${KVX_CTRLC_DEFAULT_ITERATIONS:-20} # over sm,cma,tcp, to keep under a minute
-tmp=$(mktemp -d)
+# shellcheck source=support/session.sh
+source "$src/tests/support/session.sh"
 serve_pid=
 fetch_pid=
 cleanup() {
   [[ -n $fetch_pid ]] && { kill -KILL "$fetch_pid"; } 2>/dev/null
   [[ -n $serve_pid ]] && { kill -CONT "$serve_pid"; kill -TERM "$serve_pid"; } 2>/dev/null
-  wait 2>/dev/null
-  rm -rf "$tmp"
+  session_cleanup
 }
 trap cleanup EXIT
-
-# shellcheck source=support/check.sh
-source "$src/tests/support/check.sh"
-
-"$kvx" auth-key "$tmp/auth.key" >/dev/null || { echo "kvx auth-key failed"; exit 1; }
-export KVX_AUTH_FILE=$tmp/auth.key
 
 # A Llama-style attn cache scaled to 64 blocks of 64 KiB a layer: 2 MiB a block id, 128 MiB
 # for '0:0-63', many times what the loopback socket buffers hold, and a pull long enough

@@ -6,25 +6,10 @@
 set -u
 kvx=$1
 src=$2
-export UCX_NET_DEVICES=lo # never another interface
-tmp=$(mktemp -d)
-servers=() # pids of the running servers, and their logs
-logs=()
+# shellcheck source=support/session.sh
+source "$src/tests/support/session.sh" # $tmp, $servers (their pids), one secret
+logs=()   # the servers' logs
 started=0 # servers started so far: each gets a log of its own
-cleanup() {
-  for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-# shellcheck source=support/check.sh
-source "$src/tests/support/check.sh"
-
-# Every kvx process of this test shares one secret, as a deployment would (kvx serve and
-# fetch read KVX_AUTH_FILE when --auth is not given).
-"$kvx" auth-key "$tmp/auth.key" >/dev/null || { echo "kvx auth-key failed"; exit 1; }
-export KVX_AUTH_FILE=$tmp/auth.key
 
 # serve LAYOUT [OPTIONS...]: starts P on a free port the kernel picks (never one in use) and
 # waits until it serves; sets $addr from its "serving ... on HOST:PORT:" line and $log. The

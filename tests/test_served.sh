@@ -9,21 +9,8 @@
 set -u
 kvx=$1
 src=$2
-export UCX_NET_DEVICES=lo # never another interface
-tmp=$(mktemp -d)
-servers=()
-cleanup() {
-  for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-# shellcheck source=support/check.sh
-source "$src/tests/support/check.sh"
-
-"$kvx" auth-key "$tmp/auth.key" >/dev/null || { echo "kvx auth-key failed"; exit 1; }
-export KVX_AUTH_FILE=$tmp/auth.key
+# shellcheck source=support/session.sh
+source "$src/tests/support/session.sh"
 layout=$src/layouts/examples/example1-packed-mla-slab.json
 token=00112233445566778899aabbccddeeff
 wrong=00112233445566778899aabbccddee00
