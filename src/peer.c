@@ -422,6 +422,17 @@ static kvx_status_t pending_room(kvx_peer_t *peer)
     return KVX_OK;
 }
 
+/* Request `id` sent (pending_room made room): its answer goes to `on_reply`. */
+static void pending_add(kvx_peer_t *peer, uint64_t id, peer_reply_cb_t on_reply, void *arg,
+                        bool by_message, bool done, uint64_t *id_p)
+{
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, by_message, done,
+                                                          NULL, 0};
+    peer->dones_awaited += done;
+    peer->last_used_ms = clock_ms();
+    *id_p              = id;
+}
+
 kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *body, size_t size,
                                peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
 {
@@ -437,17 +448,15 @@ kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *b
         status = error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
     if (status != KVX_OK)
         return status;
-    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, false, false, NULL, 0};
-    peer->last_used_ms                 = clock_ms();
-    *id_p                              = id;
+    pending_add(peer, id, on_reply, arg, false, false, id_p);
     return KVX_OK;
 }
 
 /* Sends `body` framed as a data-plane request (push_request.h) as message `am_id` on our
- * connection to the peer's main worker, pending as a side-channel request is; false when it
- * does not fit one message (nothing sent). */
+ * connection to the peer's main worker, pending as a side-channel request is (`done`: one the
+ * loop spins for); false when it does not fit one message (nothing sent). */
 static bool message_send(kvx_peer_t *peer, unsigned am_id, const void *body, size_t size,
-                         peer_reply_cb_t on_reply, void *arg, uint64_t *id_p,
+                         bool done, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p,
                          kvx_status_t *status_p)
 {
     uint8_t message[PUSH_AM_MAX];
@@ -463,12 +472,10 @@ static bool message_send(kvx_peer_t *peer, unsigned am_id, const void *body, siz
             KVX_OK)
         status = error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
     *status_p = status;
-    if (status != KVX_OK)
-        return true;
-    peer->next_id                      = id;
-    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, false, NULL, 0};
-    peer->last_used_ms                 = clock_ms();
-    *id_p                              = id;
+    if (status == KVX_OK) {
+        peer->next_id = id;
+        pending_add(peer, id, on_reply, arg, true, done, id_p);
+    }
     return true;
 }
 
@@ -480,7 +487,7 @@ kvx_status_t peer_push_send(kvx_peer_t *peer, const void *body, size_t size,
     /* the side channel for a prefill agent that does not take messages (an older kvx) */
     if (peer->core->push_side_channel || peer_is_down(peer) || peer->link.conn == NULL ||
         !peer->link.conn->metadata->push_messages ||
-        !message_send(peer, CORE_AM_PUSH_REQUEST, body, size, on_reply, arg, id_p, &status))
+        !message_send(peer, CORE_AM_PUSH_REQUEST, body, size, false, on_reply, arg, id_p, &status))
         return peer_request_send(peer, VERB_PUSH, body, size, on_reply, arg, id_p);
     return status;
 }
@@ -758,6 +765,9 @@ kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
 
 _Static_assert(PUSH_HANDLE_LEN == 16 && DONE_HANDLE_LEN == 16, "handles are parsed alike");
 
+/* A done message's body: the done handle, then a version-3 done (notify.h). */
+#define DONE_MESSAGE_BODY (DONE_HANDLE_LEN + sizeof(struct notify_read))
+
 /* "PREFIX HEX" (REPLY_REGISTERED, REPLY_DONE_HANDLE): the 16-byte handle; false for anything
  * else. */
 static bool handle_parse(const char *answer, const char *prefix, uint8_t handle[16])
@@ -776,33 +786,42 @@ static bool handle_parse(const char *answer, const char *prefix, uint8_t handle[
     return true;
 }
 
+/* A done message's body (the link's done handle, then a version-3 done) into `body`, where
+ * the peer takes dones as messages and gave this link a handle; false where it does not. */
+static bool done_message_body(kvx_peer_t *peer, uint64_t request_id,
+                              const kvx_token_t *token, uint64_t bytes,
+                              uint8_t body[DONE_MESSAGE_BODY])
+{
+    struct notify_read note = notify_done_read(request_id, peer->core->tp_rank, token, bytes);
+    const struct conn *conn = peer_conn(peer);
+
+    if (conn == NULL || peer->core->done_side_channel || !conn->metadata->done_messages ||
+        conn->metadata->done_version < NOTIFY_VERSION_READ || !peer->link.done_handle_set)
+        return false;
+    memcpy(body, peer->link.done_handle, DONE_HANDLE_LEN);
+    memcpy(body + DONE_HANDLE_LEN, &note, sizeof(note));
+    return true;
+}
+
 bool peer_done_frame(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
                      uint64_t bytes, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p,
                      uint8_t *out, size_t capacity, size_t *size_p)
 {
-    struct notify_read note = notify_done_read(request_id, peer->core->tp_rank, token, bytes);
-    const struct conn *conn = peer_conn(peer);
-    uint8_t body[DONE_HANDLE_LEN + sizeof(note)];
+    uint8_t body[DONE_MESSAGE_BODY];
     uint8_t message[PUSH_AM_MAX];
     uint64_t id = peer->next_id + 1;
     size_t framed;
 
-    if (peer_is_down(peer) || conn == NULL || peer->core->done_side_channel ||
-        !conn->metadata->done_messages || conn->metadata->done_version < NOTIFY_VERSION_READ ||
-        !peer->link.done_handle_set || pending_room(peer) != KVX_OK)
+    if (peer_is_down(peer) || !done_message_body(peer, request_id, token, bytes, body) ||
+        pending_room(peer) != KVX_OK)
         return false;
-    memcpy(body, peer->link.done_handle, DONE_HANDLE_LEN);
-    memcpy(body + DONE_HANDLE_LEN, &note, sizeof(note));
     framed = push_am_request_frame(id, body, sizeof(body), message);
     if (framed == 0 || framed > capacity)
         return false;
     memcpy(out, message, framed);
-    peer->next_id                      = id;
-    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, true, true, NULL, 0};
-    peer->dones_awaited++;
-    peer->last_used_ms                 = clock_ms();
-    *id_p                              = id;
-    *size_p                            = framed;
+    peer->next_id = id;
+    pending_add(peer, id, on_reply, arg, true, true, id_p);
+    *size_p = framed;
     return true;
 }
 
@@ -822,7 +841,7 @@ kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_tok
     struct notify_read note = notify_done_read(request_id, peer->core->tp_rank, token, bytes);
     const struct conn *conn = peer_conn(peer);
     struct peer_link *link  = &peer->link;
-    uint8_t body[DONE_HANDLE_LEN + sizeof(note)];
+    uint8_t body[DONE_MESSAGE_BODY];
     kvx_status_t status;
     uint64_t id;
 
@@ -835,17 +854,10 @@ kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_tok
     }
     /* On the data plane once the peer gave this link a handle; the first done asks for it. */
     if (!side_channel && !peer->core->done_side_channel && conn->metadata->done_messages) {
-        if (link->done_handle_set) {
-            memcpy(body, link->done_handle, DONE_HANDLE_LEN);
-            memcpy(body + DONE_HANDLE_LEN, &note, sizeof(note));
-            if (message_send(peer, CORE_AM_DONE, body, sizeof(body), on_reply, arg, id_p,
-                             &status)) {
-                if (status == KVX_OK) { /* the loop spins for its answer */
-                    peer->pending[peer->num_pending - 1].done = true;
-                    peer->dones_awaited++;
-                }
+        if (done_message_body(peer, request_id, token, bytes, body)) {
+            if (message_send(peer, CORE_AM_DONE, body, sizeof(body), true, on_reply, arg, id_p,
+                             &status))
                 return status;
-            }
         } else if (!link->done_handle_asked &&
                    peer_request_send(peer, VERB_DONE_HANDLE, NULL, 0, done_handle_reply, peer,
                                      &id) == KVX_OK) {
