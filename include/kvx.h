@@ -812,11 +812,11 @@ typedef struct kvx_agent_stats {
     uint64_t served_transfers; /* prefill side: dones that read bytes from it, counted or not */
     uint64_t served_bytes;     /* prefill side: the bytes those dones say were read */
     /* push requests on the data plane (issue 23) */
-    uint64_t pushes_by_message;      /* prefill side: push requests that came as messages on
-                                        the data plane with a registered writer's handle */
-    uint64_t push_messages_refused;  /* prefill side: push request messages refused: no
-                                        registered writer of their handle, malformed, or past
-                                        the requests waiting to start */
+    uint64_t pushes_by_message;     /* prefill side: push requests that came as messages on
+                                       the data plane with a registered writer's handle */
+    uint64_t push_messages_refused; /* prefill side: push request messages refused: no
+                                       registered writer of their handle, malformed, or past
+                                       the requests waiting to start */
     /* dones on the data plane (issue 23) */
     uint64_t dones_by_message; /* prefill side: dones that came as messages with a connection's
                                   done handle and were judged there */
@@ -825,6 +825,8 @@ typedef struct kvx_agent_stats {
                                   read whose answer was not out yet) */
     uint64_t dones_with_reads; /* prefill side: of dones_by_message, those that came with their
                                   read (one message for a small pull: one round trip) */
+    uint64_t pushes_as_reads;  /* decode side: pushes to prefills of this host carried as reads
+                                  (kvx_write_post; docs/agent.md "Write") */
 } kvx_agent_stats_t;
 
 /* What a field of kvx_agent_stats_t is, for the outputs that list every one (Prometheus,
@@ -1048,8 +1050,8 @@ KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size
  * into this agent's blocks (it plans from our side, puts, flushes, notifies us, and answers
  * on the side channel). kvx_write_post returns at once with a transfer handle, completed by
  * progress like a pull, the first push to a peer included (its writer's registration is
- * carried by progress under the transfer's deadline); kvx_write posts and waits. A rank's refusal fails it with
- * KVX_ERR_PEER_REFUSED and the writer's message, no answer within the deadline with
+ * carried by progress under the transfer's deadline); kvx_write posts and waits. A rank's refusal
+ * fails it with KVX_ERR_PEER_REFUSED and the writer's message, no answer within the deadline with
  * KVX_ERR_PEER_TIMEOUT. With request->token, each rank's push is that decode rank's done for
  * the prefill side's hold: checked before anything is written (a wrong token, a repeat or
  * an ended hold is refused), waiting for the hold when it is not made yet, and counted once
@@ -1057,7 +1059,14 @@ KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size
  * involved. A prefill rank writes for as long as this agent waits (its timeout_ms, sent
  * with each push), at most the prefill's max_push_ms, and stops sooner when its writer
  * completes nothing for the prefill's timeout_ms; blocks of a failed push may still change
- * until then. The pairs and stats are our own plan's, as for kvx_read. */
+ * until then. The pairs and stats are our own plan's, as for kvx_read.
+ * On one host (every peer reached over shared memory or CMA), a push goes as kvx_read_post
+ * does, with a read's guarantees: the prefill's writers take only TCP (docs/security.md),
+ * and our own read moves the same bytes over shared memory and sends the done a push would
+ * count. Its token is judged with its done, after the bytes were read (a refusal fails it,
+ * and the blocks may hold what was read), and a done before its hold waits for it as a
+ * read's does. Counted in pushes_as_reads; KVX_PUSH_ON_ONE_HOST=writers in the environment
+ * when the agent is made keeps every push on the writers. */
 KVX_API kvx_status_t kvx_write_post(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t num_peers,
                                     uint64_t request_id, const kvx_request_t *request,
                                     kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p);

@@ -37,7 +37,7 @@
 /* What one side-channel connection may make a listener hold (sidechan_limits): ZeroMQ drops
  * a peer that sends a message longer than max_message, and stops reading one that has this
  * many queued. */
-#define AGENT_RECV_HWM             8
+#define AGENT_RECV_HWM 8
 /* A connection must finish its handshake within this, and only this many may be in theirs at
  * once (at least 256, at least max_peers), this many of them from one address: strangers
  * hold handshakes, never the admitted peers' places (docs/security.md, "Bounded everything").
@@ -47,14 +47,14 @@
 #define AGENT_HANDSHAKE_MS          5000
 #define AGENT_MIN_HANDSHAKES        256
 #define AGENT_HANDSHAKES_PER_SOURCE 32
-#define AGENT_PROGRESS_ROUNDS      1024 /* main-worker progress rounds in one turn */
-#define AGENT_REQUESTS_PER_TURN    64   /* side-channel requests served in one turn */
+#define AGENT_PROGRESS_ROUNDS       1024 /* main-worker progress rounds in one turn */
+#define AGENT_REQUESTS_PER_TURN     64   /* side-channel requests served in one turn */
 /* Bytes of same-host copies (reads from a peer's storage mapped here) made in one turn: about
  * half a millisecond of memcpy here, so a large pull never holds a turn (docs/agent.md). */
-#define AGENT_COPY_BYTES_PER_TURN  ((size_t)4 << 20)
+#define AGENT_COPY_BYTES_PER_TURN ((size_t)4 << 20)
 /* Bytes of our memory hashed in one turn, for checksum requests and our own verifications:
  * under a millisecond of XXH3 here. */
-#define AGENT_HASH_BYTES_PER_TURN  ((uint64_t)4 << 20)
+#define AGENT_HASH_BYTES_PER_TURN ((uint64_t)4 << 20)
 /* How long the loop keeps turning without sleeping while UCX operations of ours are in flight,
  * or a done we sent as a message awaits its answer: about the gap between the steps of a
  * transfer that needs the peer (an emulated get's reply, a flush, a done's answer), so such a
@@ -627,10 +627,14 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
     /* Dones too (docs/agent.md, "Read"), for the same reason and for measuring both ways. */
     core->done_side_channel =
         getenv("KVX_DONES") != NULL && strcmp(getenv("KVX_DONES"), "side-channel") == 0;
+    /* Pushes to a prefill of this host go as reads (docs/agent.md, "Write") unless kept on the
+     * writers, for measuring both ways and for the tests of the writers themselves. */
+    core->push_writers_on_one_host = getenv("KVX_PUSH_ON_ONE_HOST") != NULL &&
+                                     strcmp(getenv("KVX_PUSH_ON_ONE_HOST"), "writers") == 0;
     core->heartbeat_ms = (mask & KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS) ? params->heartbeat_ms
                                                                      : KVX_DEFAULT_HEARTBEAT_MS;
-    core->peer_ttl_ms  = (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms
-                                                                    : KVX_DEFAULT_PEER_TTL_MS;
+    core->peer_ttl_ms =
+        (mask & KVX_AGENT_PARAM_FIELD_PEER_TTL_MS) ? params->peer_ttl_ms : KVX_DEFAULT_PEER_TTL_MS;
     agent->engine_id  = strdup((mask & KVX_AGENT_PARAM_FIELD_ENGINE_ID) && params->engine_id != NULL
                                    ? params->engine_id
                                    : "");
@@ -643,8 +647,8 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
                    : KVX_DEFAULT_PUSH_TRANSPORTS);
     agent->max_peers =
         (mask & KVX_AGENT_PARAM_FIELD_MAX_PEERS) ? params->max_peers : KVX_DEFAULT_MAX_PEERS;
-    agent->max_message = (mask & KVX_AGENT_PARAM_FIELD_MAX_MESSAGE) ? params->max_message
-                                                                    : KVX_DEFAULT_MAX_MESSAGE;
+    agent->max_message =
+        (mask & KVX_AGENT_PARAM_FIELD_MAX_MESSAGE) ? params->max_message : KVX_DEFAULT_MAX_MESSAGE;
     agent->max_pushes =
         (mask & KVX_AGENT_PARAM_FIELD_MAX_PUSHES) ? params->max_pushes : KVX_DEFAULT_MAX_PUSHES;
     agent->max_push_ms =
@@ -697,7 +701,8 @@ static kvx_status_t agent_transports_for_gpu(kvx_agent_t *agent, const kvx_agent
                                           KVX_DEFAULT_TRANSPORTS "," TRANSPORT_GPU_TLS);
     if (status == KVX_OK && gpu &&
         !((mask & KVX_AGENT_PARAM_FIELD_PUSH_TRANSPORTS) && params->push_transports != NULL))
-        status = agent_transports_replace(&agent->push_transports, KVX_DEFAULT_PUSH_TRANSPORTS ",cuda_copy");
+        status = agent_transports_replace(&agent->push_transports,
+                                          KVX_DEFAULT_PUSH_TRANSPORTS ",cuda_copy");
     agent->core.transports = agent->transports;
     return status;
 }

@@ -133,3 +133,28 @@ const char *conn_transports(struct conn *conn)
         transport_conn_describe(conn->transport, conn->transports, sizeof(conn->transports));
     return conn->transports;
 }
+
+bool conn_one_host(struct conn *conn)
+{
+    /* UCX's transports that reach only a process on the same host; "memcpy" is kvx's own
+     * mapped storages (transport_conn_describe). */
+    static const char *const one_host[] = {"posix", "sysv", "xpmem", "cma", "knem", "memcpy"};
+    char described[sizeof(conn->transports)];
+    char *save = NULL;
+
+    if (conn->one_host != CONN_HOST_UNKNOWN || conn->transport == NULL)
+        return conn->one_host == CONN_HOST_THIS;
+    /* Not conn_transports': before wire-up a TCP lane shows as such, and that description
+     * must not stay the peer's. */
+    transport_conn_describe(conn->transport, described, sizeof(described));
+    conn->one_host = CONN_HOST_OTHER;
+    for (char *lane = strtok_r(described, " ", &save); lane != NULL;
+         lane       = strtok_r(NULL, " ", &save)) {
+        lane[strcspn(lane, "(")] = '\0';
+        for (size_t i = 0; i < sizeof(one_host) / sizeof(one_host[0]); i++) {
+            if (strcmp(lane, one_host[i]) == 0)
+                conn->one_host = CONN_HOST_THIS;
+        }
+    }
+    return conn->one_host == CONN_HOST_THIS;
+}

@@ -18,6 +18,7 @@ struct conn {
     uint32_t tp_size;
     uint8_t table_digest[CONN_DIGEST_LEN]; /* equal digests: the same table, the same pairs */
     char transports[256];                  /* what UCX chose, once described */
+    enum { CONN_HOST_UNKNOWN, CONN_HOST_THIS, CONN_HOST_OTHER } one_host; /* conn_one_host */
 };
 
 /* Decodes and checks a peer's metadata for `mode` and connects to it. Pull (we read, the
@@ -34,5 +35,10 @@ void conn_close(struct conn *conn);
 
 /* The transports UCX really chose, described once the endpoint was wired up. */
 const char *conn_transports(struct conn *conn);
+
+/* Whether the peer is a process of this host: one of the connection's lanes is shared memory
+ * or cross-memory attach, or some of its storages are mapped here. UCX sets an endpoint's
+ * lanes when it is made (wire-up connects TCP's later), so this is decided once, then. */
+bool conn_one_host(struct conn *conn);
 
 #endif

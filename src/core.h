@@ -33,9 +33,9 @@
 #define VERB_CHECKSUM      "kvx-checksum 3"      /* body: ranges to hash (checksum.h) */
 #define VERB_DONE_HANDLE   "kvx-done-handle 1"   /* no body; answered REPLY_DONE_HANDLE */
 #define REPLY_PUSHED       "kvx-done"
-#define REPLY_REGISTERED   "kvx-registered" /* then " " and the writer's proof id, 16 hex */
+#define REPLY_REGISTERED   "kvx-registered"  /* then " " and the writer's proof id, 16 hex */
 #define REPLY_DONE_HANDLE  "kvx-done-handle" /* then " " and the handle, 32 hex */
-#define REPLY_ERROR        "kvx-error "     /* then the message */
+#define REPLY_ERROR        "kvx-error "      /* then the message */
 
 struct xfer_set;
 struct hold_table;
@@ -43,12 +43,12 @@ struct done_handles;
 struct checksum_jobs;
 
 struct core {
-    struct kvx_agent *agent; /* whose core this is */
-    struct xfer_set *xfers;  /* the agent's transfers (xfer.c) */
-    struct hold_table *holds; /* prefill side: the requests held (hold.c; the agent's) */
-    struct early_list early;  /* prefill side: dones and pushes waiting for their hold */
+    struct kvx_agent *agent;           /* whose core this is */
+    struct xfer_set *xfers;            /* the agent's transfers (xfer.c) */
+    struct hold_table *holds;          /* prefill side: the requests held (hold.c; the agent's) */
+    struct early_list early;           /* prefill side: dones and pushes waiting for their hold */
     struct done_handles *done_handles; /* prefill side: for dones as messages (done_handles.h) */
-    struct checksum_jobs *checksums; /* our memory being hashed, either side (checksum_serve.h) */
+    struct checksum_jobs *checksums;   /* our memory being hashed, either side (checksum_serve.h) */
     struct loop_limit dones_refused_log;  /* prefill side: refused dones logged (done_serve.c) */
     struct loop_limit tokens_refused_log; /* prefill side: heartbeats' wrong tokens (agent.c) */
     kvx_regions_t *regions;
@@ -66,7 +66,9 @@ struct core {
     uint32_t verify_one_in; /* decode side: verify every Nth transfer posted; 0: none */
     bool push_side_channel; /* decode side: push requests on the side channel, not messages */
     bool done_side_channel; /* decode side: dones on the side channel, not messages */
-    uint64_t instance;      /* random per agent: a restart at the same address answers another */
+    bool push_writers_on_one_host; /* decode side: pushes to prefills of this host go to their
+                                      writers, not as reads (xfer.c, push_as_read) */
+    uint64_t instance; /* random per agent: a restart at the same address answers another */
     const char *engine_id;
     struct auth_keys keys; /* the side channel's, or insecure */
     struct loop loop;

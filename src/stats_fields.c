@@ -99,6 +99,8 @@ static const kvx_stat_field_t stats_fields[] = {
     COUNTER(dones_with_reads, "dones_with_reads_total",
             "Dones judged as they came with their read, one message for a small pull (prefill "
             "side)."),
+    COUNTER(pushes_as_reads, "pushes_as_reads_total",
+            "Pushes to a prefill of this host carried as reads (decode side)."),
 };
 
 const kvx_stat_field_t *kvx_agent_stats_fields(size_t *count_p)

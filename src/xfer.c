@@ -30,9 +30,9 @@
 struct xfer_leg {
     struct kvx_xfer *xfer;
     kvx_peer_t *peer;
-    struct transport_op *op; /* pull: its gets */
-    uint64_t reply_id;       /* the push or done awaiting its answer; 0: none */
-    uint64_t bytes;          /* pull: read from this peer (its done says so) */
+    struct transport_op *op;    /* pull: its gets */
+    uint64_t reply_id;          /* the push or done awaiting its answer; 0: none */
+    uint64_t bytes;             /* pull: read from this peer (its done says so) */
     struct peer_push_wait wait; /* push: waiting for our writer's registration with the peer */
     /* pull: its done went with its read (one message, transport_op_attach), and the answer
      * that came before the data is kept here until the data is (pull_notify) */
@@ -45,6 +45,7 @@ struct xfer_leg {
 struct kvx_xfer {
     struct xfer_set *set;
     bool push;
+    bool as_write; /* a push carried as a read, on one host (xfer_push_post) */
     uint64_t request_id;
     struct xfer_leg *legs; /* the num_reads read from, then those only notified */
     size_t num_legs;
@@ -203,6 +204,12 @@ static kvx_xfer_t *xfer_get(struct xfer_set *set, bool push, uint64_t request_id
     return x;
 }
 
+/* What the caller asked for, in messages: a push carried as a read is still its write. */
+static const char *xfer_verb(const kvx_xfer_t *x)
+{
+    return x->push || x->as_write ? "write" : "read";
+}
+
 /* Back to the pool, or freed. */
 static void xfer_recycle(kvx_xfer_t *x)
 {
@@ -338,8 +345,7 @@ __attribute__((format(printf, 3, 4))) static void xfer_fail(kvx_xfer_t *x, kvx_s
     va_start(args, format);
     vsnprintf(x->error, sizeof(x->error), format, args);
     va_end(args);
-    snprintf(reason, sizeof(reason), "closed: %s %" PRIu64 " failed", x->push ? "write" : "read",
-             x->request_id);
+    snprintf(reason, sizeof(reason), "closed: %s %" PRIu64 " failed", xfer_verb(x), x->request_id);
     for (size_t i = 0; !x->push && i < x->num_reads; i++)
         peer_down(x->legs[i].peer, KVX_ERR_PEER_DOWN, reason, PEER_DEAD);
     xfer_finish(x, status);
@@ -364,15 +370,14 @@ size_t xfers_fail_down_peers(struct xfer_set *set)
         for (kvx_xfer_t *x = set->checking; x != NULL; x = x->checking_next) {
             if (verify_uses(x->verify, peer))
                 verify_fail(x->verify, peer_down_status(peer), "verify %s %" PRIu64 ": peer %s %s",
-                            x->push ? "write" : "read", x->request_id, peer_address(peer),
+                            xfer_verb(x), x->request_id, peer_address(peer),
                             kvx_peer_down_reason(peer));
         }
         for (kvx_xfer_t *x = set->in_flight, *next; x != NULL; x = next) {
             next = x->next; /* failing x unlinks only x */
             if (xfer_uses(x, peer))
-                xfer_fail(x, peer_down_status(peer), "%s %" PRIu64 ": peer %s %s",
-                          x->push ? "write" : "read", x->request_id, peer_address(peer),
-                          kvx_peer_down_reason(peer));
+                xfer_fail(x, peer_down_status(peer), "%s %" PRIu64 ": peer %s %s", xfer_verb(x),
+                          x->request_id, peer_address(peer), kvx_peer_down_reason(peer));
         }
         peer_close_conn(peer);
         taken++;
@@ -386,7 +391,7 @@ void xfers_cancel_peer(struct xfer_set *set, kvx_peer_t *peer)
         next = x->next;
         if (xfer_uses(x, peer))
             xfer_fail(x, KVX_ERR_CANCELED, "%s %" PRIu64 ": cancelled: peer %s closed",
-                      x->push ? "write" : "read", x->request_id, peer_address(peer));
+                      xfer_verb(x), x->request_id, peer_address(peer));
     }
     peer_down(peer, KVX_ERR_CANCELED, "closed by its caller", PEER_CLOSED);
     xfers_fail_down_peers(set);
@@ -405,13 +410,13 @@ static void xfer_deadline_fire(struct loop_timer *timer)
             verify_fail(x->verify, KVX_ERR_PEER_TIMEOUT,
                         "verify %s %" PRIu64 ": %zu of %zu segments not answered within %" PRIu32
                         " ms",
-                        x->push ? "write" : "read", x->request_id, verify_unanswered(x->verify),
+                        xfer_verb(x), x->request_id, verify_unanswered(x->verify),
                         verify_num_segments(x->verify), ms);
         else
             xfer_fail(x, KVX_ERR_PEER_TIMEOUT,
                       "%s %" PRIu64 ": verify: %zu of %zu segments not answered within %" PRIu32
                       " ms",
-                      x->push ? "write" : "read", x->request_id, verify_unanswered(x->verify),
+                      xfer_verb(x), x->request_id, verify_unanswered(x->verify),
                       verify_num_segments(x->verify), ms);
         return;
     }
@@ -427,15 +432,14 @@ static void xfer_deadline_fire(struct loop_timer *timer)
                   x->request_id, x->ops_left, x->num_reads, x->set->core->timeout_ms);
     else if (x->answering) /* every get completed: nothing of the peers' to stop */
         xfer_end(x, KVX_ERR_PEER_TIMEOUT,
-                 "read %" PRIu64
-                 ": %zu of %zu prefill ranks did not answer its done within %" PRIu32
+                 "%s %" PRIu64 ": %zu of %zu prefill ranks did not answer its done within %" PRIu32
                  " ms: the hold is not known to have been alive for it",
-                 x->request_id, x->ops_left, x->num_legs, ms);
+                 xfer_verb(x), x->request_id, x->ops_left, x->num_legs, ms);
     else
         xfer_fail(x, KVX_ERR_PEER_TIMEOUT,
-                  "read %" PRIu64 ": %zu of %zu operations still pending at the %" PRIu32
+                  "%s %" PRIu64 ": %zu of %zu operations still pending at the %" PRIu32
                   " ms deadline; the peers read from are closed",
-                  x->request_id, pending, posted, x->set->core->timeout_ms);
+                  xfer_verb(x), x->request_id, pending, posted, x->set->core->timeout_ms);
 }
 
 /* Copies the request's local ids, to report them if the transfer fails, and its remote ids,
@@ -511,7 +515,7 @@ static kvx_status_t xfer_legs_find(kvx_xfer_t *x, kvx_peer_t *const *peers, size
             return error_set(KVX_ERR_INVALID,
                              "%s: the request needs remote rank %" PRIu32
                              ", which is not among the %zu peers",
-                             x->push ? "write" : "read", rank, num_peers);
+                             xfer_verb(x), rank, num_peers);
         x->legs[x->num_legs++] = (struct xfer_leg){.xfer = x, .peer = peer};
     }
     x->num_reads = x->num_legs;
@@ -598,9 +602,10 @@ static void done_attach(kvx_xfer_t *x, struct xfer_leg *leg)
         transport_op_attach(leg->op, done, size);
 }
 
-kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size_t num_peers,
-                            uint64_t request_id, const kvx_request_t *request,
-                            kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p)
+/* Posts a read of `request`; `as_write`: it carries a push (xfer_push_post). */
+static kvx_status_t pull_post(struct xfer_set *set, bool as_write, kvx_peer_t *const *peers,
+                              size_t num_peers, uint64_t request_id, const kvx_request_t *request,
+                              kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p)
 {
     struct core *core  = set->core;
     double entered     = clock_seconds();
@@ -610,7 +615,8 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
 
     if (x == NULL)
         return error_no_memory("a transfer");
-    status = xfer_prepare(x, peers, num_peers, request, &first);
+    x->as_write = as_write;
+    status      = xfer_prepare(x, peers, num_peers, request, &first);
     if (status == KVX_OK)
         status = loop_timer_start(&core->loop, &x->deadline, clock_ms() + core->timeout_ms);
     x->start         = clock_seconds();
@@ -667,9 +673,18 @@ kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size
     for (size_t i = 0; i < x->num_legs; i++)
         peer_touch(x->legs[i].peer);
     histogram_add(&core->stats.post_us, (clock_seconds() - entered) * 1e6);
+    if (as_write)
+        core->stats.pushes_as_reads++;
     loop_wake(&core->loop);
     *xfer_p = x;
     return KVX_OK;
+}
+
+kvx_status_t xfer_pull_post(struct xfer_set *set, kvx_peer_t *const *peers, size_t num_peers,
+                            uint64_t request_id, const kvx_request_t *request,
+                            kvx_xfer_cb_t callback, void *arg, kvx_xfer_t **xfer_p)
+{
+    return pull_post(set, false, peers, num_peers, request_id, request, callback, arg, xfer_p);
 }
 
 /* Ends `x` with `status` and a message without taking its peers down: their transport did
@@ -694,7 +709,7 @@ static void xfer_after_verify(kvx_xfer_t *x)
     kvx_status_t status = verify_status(x->verify);
 
     if (status != KVX_OK)
-        xfer_end(x, status, "%s %" PRIu64 ": %s", x->push ? "write" : "read", x->request_id,
+        xfer_end(x, status, "%s %" PRIu64 ": %s", xfer_verb(x), x->request_id,
                  verify_error(x->verify));
     else if (x->push)
         xfer_finish(x, KVX_OK);
@@ -771,8 +786,7 @@ static void xfer_settle(kvx_xfer_t *x)
         kvx_status_t status = xfer_verify_begin(x);
 
         if (status != KVX_OK) {
-            xfer_end(x, status, "%s %" PRIu64 ": %s", x->push ? "write" : "read", x->request_id,
-                     kvx_errmsg());
+            xfer_end(x, status, "%s %" PRIu64 ": %s", xfer_verb(x), x->request_id, kvx_errmsg());
             return;
         }
         if (!verify_ended(x->verify))
@@ -805,7 +819,8 @@ static void pull_complete(kvx_xfer_t *x)
         conn_transports(peer_conn(x->legs[r].peer)); /* wired up by now: say what UCX chose */
     }
     if (status != KVX_OK) {
-        xfer_fail(x, KVX_ERR_PEER_DOWN, "read %" PRIu64 ": %s", x->request_id, kvx_errmsg());
+        xfer_fail(x, KVX_ERR_PEER_DOWN, "%s %" PRIu64 ": %s", xfer_verb(x), x->request_id,
+                  kvx_errmsg());
         return;
     }
     xfer_settle(x);
@@ -823,16 +838,15 @@ static bool done_send(kvx_xfer_t *x, struct xfer_leg *leg, bool side_channel)
         return true;
     snprintf(what, sizeof(what), "%s", kvx_errmsg());
     x->set->core->stats.notifications_failed++;
-    xfer_end(x, status, "read %" PRIu64 ": remote rank %" PRIu32 ": its done: %s", x->request_id,
-             peer_rank(leg->peer), what);
+    xfer_end(x, status, "%s %" PRIu64 ": remote rank %" PRIu32 ": its done: %s", xfer_verb(x),
+             x->request_id, peer_rank(leg->peer), what);
     return false;
 }
 
 /* A prefill rank's answer to our done: counted (the hold was alive for us, or there was
  * none and we gave no token), or refused, which fails the read: the bytes we have may be
  * another request's (the blocks were released and perhaps reused), or not ours to take. */
-static void done_answer_apply(kvx_xfer_t *x, struct xfer_leg *leg, const char *reply,
-                              size_t size);
+static void done_answer_apply(kvx_xfer_t *x, struct xfer_leg *leg, const char *reply, size_t size);
 
 static void done_reply(void *arg, const char *reply, size_t size)
 {
@@ -851,8 +865,7 @@ static void done_reply(void *arg, const char *reply, size_t size)
 }
 
 /* What the answer to leg's done says, once the data is here. */
-static void done_answer_apply(kvx_xfer_t *x, struct xfer_leg *leg, const char *reply,
-                              size_t size)
+static void done_answer_apply(kvx_xfer_t *x, struct xfer_leg *leg, const char *reply, size_t size)
 {
     char reason[DONE_REASON_SIZE];
     bool counted = false;
@@ -867,15 +880,15 @@ static void done_answer_apply(kvx_xfer_t *x, struct xfer_leg *leg, const char *r
     }
     if (!done_answer_parse(reply, size, &counted, reason)) {
         xfer_end(x, KVX_ERR_IO,
-                 "read %" PRIu64 ": remote rank %" PRIu32
+                 "%s %" PRIu64 ": remote rank %" PRIu32
                  ": a malformed answer to its done (%zu bytes)",
-                 x->request_id, peer_rank(leg->peer), size);
+                 xfer_verb(x), x->request_id, peer_rank(leg->peer), size);
         return;
     }
     if (!counted) {
         x->set->core->stats.dones_refused++;
-        xfer_end(x, KVX_ERR_PEER_REFUSED, "read %" PRIu64 ": remote rank %" PRIu32 ": %s",
-                 x->request_id, peer_rank(leg->peer), reason);
+        xfer_end(x, KVX_ERR_PEER_REFUSED, "%s %" PRIu64 ": remote rank %" PRIu32 ": %s",
+                 xfer_verb(x), x->request_id, peer_rank(leg->peer), reason);
         return;
     }
     if (--x->ops_left == 0)
@@ -952,8 +965,8 @@ static kvx_status_t push_leg_send(struct xfer_leg *leg, const uint8_t *handle)
 {
     kvx_xfer_t *x         = leg->xfer;
     kvx_request_t request = {x->groups, x->num_groups,
-                             x->has_remote ? x->groups + x->num_groups : NULL,
-                             x->num_remote_groups, x->has_token ? &x->token : NULL};
+                             x->has_remote ? x->groups + x->num_groups : NULL, x->num_remote_groups,
+                             x->has_token ? &x->token : NULL};
     void *body            = NULL;
     size_t size           = 0;
     kvx_status_t status   = push_request_encode(x->request_id, handle, x->set->core->timeout_ms,
@@ -983,6 +996,24 @@ static void push_leg_registered(struct peer_push_wait *wait, kvx_status_t status
               peer_rank(leg->peer), what);
 }
 
+/* Whether a push goes as a read: every prefill rank asked is a process of this host (and
+ * KVX_PUSH_ON_ONE_HOST=writers does not keep pushes to writers). A prefill grants reads to
+ * every authenticated peer; its push writers take only TCP, since a shared-memory or CMA lane
+ * writes where the registrant's keys point (docs/security.md). So on one host our read moves
+ * the same bytes over shared memory, and its done counts for our rank as the push would. */
+static bool push_as_read(const struct xfer_set *set, kvx_peer_t *const *peers, size_t num_peers)
+{
+    if (set->core->push_writers_on_one_host)
+        return false;
+    for (size_t i = 0; i < num_peers; i++) {
+        struct conn *conn = peer_conn(peers[i]);
+
+        if (conn == NULL || !conn_one_host(conn))
+            return false; /* a push to the writers says why it cannot go */
+    }
+    return true;
+}
+
 kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t metadata_size,
                             kvx_peer_t *const *peers, size_t num_peers, uint64_t request_id,
                             const kvx_request_t *request, kvx_xfer_cb_t callback, void *arg,
@@ -990,9 +1021,12 @@ kvx_status_t xfer_push_post(struct xfer_set *set, const void *metadata, size_t m
 {
     struct core *core  = set->core;
     struct conn *first = NULL;
-    kvx_xfer_t *x      = xfer_get(set, true, request_id, callback, arg);
+    kvx_xfer_t *x;
     kvx_status_t status;
 
+    if (push_as_read(set, peers, num_peers))
+        return pull_post(set, true, peers, num_peers, request_id, request, callback, arg, xfer_p);
+    x = xfer_get(set, true, request_id, callback, arg);
     if (x == NULL)
         return error_no_memory("a transfer");
     /* Our own plan says which prefill ranks hold our blocks, and checks the request first. */
@@ -1098,8 +1132,7 @@ void kvx_xfer_destroy(kvx_xfer_t *xfer)
         return;
     if (xfer->status == KVX_INPROGRESS) {
         xfer_fail(xfer, KVX_ERR_CANCELED, "%s %" PRIu64 ": cancelled; the peers %s are closed",
-                  xfer->push ? "write" : "read", xfer->request_id,
-                  xfer->push ? "asked" : "read from");
+                  xfer_verb(xfer), xfer->request_id, xfer->push ? "asked" : "read from");
         xfers_fail_down_peers(xfer->set); /* no get can write into our memory after this */
         loop_wake(&xfer->set->core->loop);
     }
@@ -1121,10 +1154,10 @@ kvx_status_t xfer_verify_post(kvx_xfer_t *xfer, bool *wait_p)
     }
     if (xfer->status != KVX_OK)
         return error_set(KVX_ERR_INVALID, "verify: %s %" PRIu64 " did not complete: %s",
-                         xfer->push ? "write" : "read", xfer->request_id, xfer->error);
+                         xfer_verb(xfer), xfer->request_id, xfer->error);
     if (xfer->verify != NULL && verify_started(xfer->verify) && !verify_ended(xfer->verify))
         return error_set(KVX_ERR_INVALID, "verify: %s %" PRIu64 " is being verified already",
-                         xfer->push ? "write" : "read", xfer->request_id);
+                         xfer_verb(xfer), xfer->request_id);
     status = xfer_verify_begin(xfer);
     if (status != KVX_OK)
         return status;

@@ -4,8 +4,9 @@
  * parking deadline fail their reads with KVX_ERR_PEER_REFUSED and change no hold; a done that
  * comes before its hold waits for it; dones travel as messages on the data plane once the
  * connection has a handle, and mean the same; a push with the token is its rank's done, and
- * one with a wrong token writes nothing. The prefill process takes commands, among them moving its clock,
- * so no wall-clock window decides anything. */
+ * one with a wrong token writes nothing; on one host a push goes as a read, with its done. The
+ * prefill process takes commands, among them moving its clock, so no wall-clock window decides
+ * anything. */
 #include "clock.h"
 #include "prefill.h"
 #include "xfer_log.h"
@@ -177,9 +178,9 @@ struct session {
 static int session_open(void **state, const char *transports)
 {
     struct session *s         = calloc(1, sizeof(*s));
-    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
-                                               (transports != NULL ? KVX_AGENT_PARAM_FIELD_TRANSPORTS
-                                                                   : 0),
+    kvx_agent_params_t params = {.field_mask =
+                                     KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                                     (transports != NULL ? KVX_AGENT_PARAM_FIELD_TRANSPORTS : 0),
                                  .timeout_ms = TIMEOUT_MS,
                                  .transports = transports};
     char listen[ADDRESS_SIZE];
@@ -204,6 +205,18 @@ static int session_setup(void **state)
 static int session_setup_tcp(void **state)
 {
     return session_open(state, "tcp");
+}
+
+/* Pushes to the prefill's writers, as across hosts: on one host they go as reads unless
+ * KVX_PUSH_ON_ONE_HOST=writers, which the agent reads when it is made. */
+static int session_setup_writers(void **state)
+{
+    int result;
+
+    setenv("KVX_PUSH_ON_ONE_HOST", "writers", 1);
+    result = session_open(state, NULL);
+    unsetenv("KVX_PUSH_ON_ONE_HOST");
+    return result;
 }
 
 static int session_teardown(void **state)
@@ -616,6 +629,49 @@ static void a_push_before_its_hold_waits_for_it(void **state)
     assert_int_equal(r.releases, 1);
 }
 
+/* On one host a push goes as a read of the prefill's blocks, with a read's done: counted,
+ * it releases the hold; refused (a repeat), it fails the push, after the bytes were read as a
+ * read's refusal does. Nothing goes to a writer. */
+static void a_push_on_one_host_goes_as_a_read(void **state)
+{
+    struct session *s = *state;
+    kvx_token_t token = token_new();
+    struct report r;
+
+    hold(s, 13, 13, &token);
+    block_clear(s->agent, 13);
+    assert_int_equal(transfer(s, true, 13, 13, &token), KVX_OK);
+    assert_true(block_matches(s->agent, 13));
+    assert_int_equal(decode_stats(s).pushes_as_reads, 1);
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.releases, 1);
+    assert_int_equal(r.last_release, 13);
+    assert_int_equal(r.stats.pushes_by_message + r.stats.pushes_serving, 0);
+    assert_int_equal(transfer(s, true, 13, 13, &token), KVX_ERR_PEER_REFUSED);
+    assert_non_null(strstr(kvx_errmsg(), "write 13"));
+    assert_non_null(strstr(kvx_errmsg(), "released already"));
+    assert_int_equal(decode_stats(s).pushes_as_reads, 2);
+    assert_int_equal(command(s, 's', NULL, 0).releases, 1);
+}
+
+/* Over TCP alone (as across hosts) a push goes to the prefill's writer. */
+static void a_push_over_tcp_goes_to_the_writer(void **state)
+{
+    struct session *s = *state;
+    kvx_token_t token = token_new();
+    struct report r;
+
+    hold(s, 14, 14, &token);
+    block_clear(s->agent, 14);
+    assert_int_equal(transfer(s, true, 14, 14, &token), KVX_OK);
+    assert_true(block_matches(s->agent, 14));
+    assert_int_equal(decode_stats(s).pushes_as_reads, 0);
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.releases, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -629,13 +685,17 @@ int main(void)
                                         session_teardown),
         cmocka_unit_test_setup_teardown(dones_travel_as_messages_once_the_connection_has_a_handle,
                                         session_setup, session_teardown),
-        cmocka_unit_test_setup_teardown(a_small_served_read_takes_its_done_along,
-                                        session_setup_tcp, session_teardown),
-        cmocka_unit_test_setup_teardown(a_push_with_its_token_releases_the_hold, session_setup,
+        cmocka_unit_test_setup_teardown(a_small_served_read_takes_its_done_along, session_setup_tcp,
                                         session_teardown),
-        cmocka_unit_test_setup_teardown(a_push_with_a_wrong_token_writes_nothing, session_setup,
+        cmocka_unit_test_setup_teardown(a_push_with_its_token_releases_the_hold,
+                                        session_setup_writers, session_teardown),
+        cmocka_unit_test_setup_teardown(a_push_with_a_wrong_token_writes_nothing,
+                                        session_setup_writers, session_teardown),
+        cmocka_unit_test_setup_teardown(a_push_before_its_hold_waits_for_it, session_setup_writers,
                                         session_teardown),
-        cmocka_unit_test_setup_teardown(a_push_before_its_hold_waits_for_it, session_setup,
+        cmocka_unit_test_setup_teardown(a_push_on_one_host_goes_as_a_read, session_setup,
+                                        session_teardown),
+        cmocka_unit_test_setup_teardown(a_push_over_tcp_goes_to_the_writer, session_setup_tcp,
                                         session_teardown),
     };
 

@@ -49,7 +49,9 @@ static const char usage_bench[] =
     "every get posted; pull only) and kvx_read_stats_t's first-post-to-last-completion time.\n"
     "Performance is measured here, never asserted; docs/performance.md has the method.\n"
     "\n"
-    "  --mode pull|push     D reads (kvx_read_post + wait), or P writes (kvx_write); pull\n"
+    "  --mode pull|push     D reads (kvx_read_post + wait), or P writes (kvx_write; on one\n"
+    "                       host D's read carries it unless KVX_PUSH_ON_ONE_HOST=writers);\n"
+    "                       default pull\n"
     "  --block-sizes LIST   bytes per block, suffixes K, M, G (powers of 1024)\n"
     "  --batch N            blocks per transfer; default 16\n"
     "  --iters N            timed transfers per point; default 100 (workload: 10)\n"
@@ -410,7 +412,7 @@ static void bench_footer_print(const struct bench_args *a)
            " post: the kvx_read_post call (plan\nand every get posted). xfer: first post to last"
            " completion (kvx_read_stats_t). All medians.\nNoisy machines move single runs:"
            " take the median of several.\n",
-           a->push ? "kvx_write: request on the side channel; P plans, puts, flushes, answers"
+           a->push ? "kvx_write: a request, P plans, puts, flushes, answers; on one host a read"
                    : "kvx_read_post + kvx_xfer_wait + kvx_xfer_destroy, what kvx_read does");
 }
 
