@@ -42,15 +42,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                       "a request message re-frames to its bytes");
         }
         if (push_am_answer_parse(data, size, &answer)) {
-            uint8_t again[PUSH_AM_MAX];
+            static uint8_t again[PUSH_AM_BYTES_SIZE];
 
             invariant(answer.text_size > 0 &&
                           (const uint8_t *)answer.text + answer.text_size == data + size,
                       "an answer's text lies inside it");
             for (size_t i = 0; i < answer.text_size; i++)
                 invariant(answer.text[i] >= 0x20 && answer.text[i] <= 0x7e, "printable text");
-            invariant(push_am_answer_frame(&answer, again) == size && memcmp(again, data, size) == 0,
-                      "an answer re-frames to its bytes");
+            if (answer.bytes == NULL) {
+                invariant(push_am_answer_frame(&answer, again) == size &&
+                              memcmp(again, data, size) == 0,
+                          "an answer re-frames to its bytes");
+            } else {
+                invariant(answer.bytes_size <= PUSH_BYTES_MAX &&
+                              answer.bytes + answer.bytes_size == (const uint8_t *)answer.text,
+                          "a bytes answer's bytes lie inside it, before its text");
+                memcpy(push_am_bytes_begin(&answer, answer.bytes_size, again), answer.bytes,
+                       answer.bytes_size);
+                invariant(push_am_bytes_end(answer.text, answer.text_size, answer.bytes_size,
+                                            again) == size &&
+                              memcmp(again, data, size) == 0,
+                          "a bytes answer re-frames to its bytes");
+            }
         }
     }
     if (push_request_decode(data, size, &req) != KVX_OK) {
@@ -58,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     invariant(req.num_groups >= 1 && req.num_groups <= PUSH_MAX_GROUPS, "group count in range");
-    if (req.has_token || req.deadline_ms != 0) { /* both re-encode: the push carries them on */
+    if (req.has_token || req.deadline_ms != 0 || req.bytes_max != 0) { /* re-encoded: carried on */
         kvx_group_ids_t *local = req.groups;
         kvx_request_t request  = {
              local, req.num_groups, req.has_remote ? req.groups + req.num_groups : NULL,
@@ -67,14 +80,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         void *buf   = NULL;
         size_t blen = 0;
 
-        invariant(push_request_encode(req.request_id, req.handle, req.deadline_ms, &request, &buf,
-                                      &blen) == KVX_OK,
+        invariant(push_request_encode(req.request_id, req.handle, req.deadline_ms, req.bytes_max,
+                                      &request, &buf, &blen) == KVX_OK,
                   "a decoded request encodes");
         invariant(push_request_decode(buf, blen, &back) == KVX_OK, "it decodes again");
         invariant(back.has_token == req.has_token &&
                       (!req.has_token || memcmp(&back.token, &req.token, sizeof(back.token)) == 0),
                   "its token survives a round trip");
         invariant(back.deadline_ms == req.deadline_ms, "its deadline survives a round trip");
+        invariant(back.bytes_max == req.bytes_max, "its bytes_max survives a round trip");
         push_request_free(&back);
         free(buf);
     }

@@ -827,6 +827,8 @@ typedef struct kvx_agent_stats {
                                   read (one message for a small pull: one round trip) */
     uint64_t pushes_as_reads;  /* decode side: pushes to prefills of this host carried as reads
                                   (kvx_write_post; docs/agent.md "Write") */
+    uint64_t pushes_with_bytes; /* prefill side: pushes answered with their bytes, one message
+                                   and no puts (a share of at most 64 KiB) */
 } kvx_agent_stats_t;
 
 /* What a field of kvx_agent_stats_t is, for the outputs that list every one (Prometheus,

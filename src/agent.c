@@ -56,11 +56,11 @@
  * under a millisecond of XXH3 here. */
 #define AGENT_HASH_BYTES_PER_TURN ((uint64_t)4 << 20)
 /* How long the loop keeps turning without sleeping while UCX operations of ours are in flight,
- * or a done we sent as a message awaits its answer: about the gap between the steps of a
- * transfer that needs the peer (an emulated get's reply, a flush, a done's answer), so such a
- * transfer does not pay a wakeup (tens of microseconds here) per step. With nothing of ours in
- * flight (a push's answer, a heartbeat) it sleeps at once: spinning then only takes the core
- * from the threads that bring the answer (ZeroMQ's, the peer's writer). */
+ * or a done or push request we sent as a message awaits its answer: about the gap between the
+ * steps of a transfer that needs the peer (an emulated get's reply, a flush, a done's or a
+ * push's answer), so such a transfer does not pay a wakeup (tens of microseconds here) per
+ * step. With nothing of ours in flight (a side-channel answer, a heartbeat) it sleeps at once:
+ * spinning then only takes the core from ZeroMQ's threads that bring the answer. */
 #define AGENT_SPIN_US 200
 /* The longest sleep while UCX operations of ours are in flight: UCX's wakeup descriptor
  * signals what arrives, not every local completion (a put or flush that finishes), so such a
@@ -629,6 +629,9 @@ static kvx_status_t agent_settings(kvx_agent_t *agent, const kvx_agent_params_t 
         getenv("KVX_DONES") != NULL && strcmp(getenv("KVX_DONES"), "side-channel") == 0;
     /* Pushes to a prefill of this host go as reads (docs/agent.md, "Write") unless kept on the
      * writers, for measuring both ways and for the tests of the writers themselves. */
+    /* And small pushes answered with their bytes, the same way. */
+    core->push_bytes_as_puts =
+        getenv("KVX_PUSH_BYTES") != NULL && strcmp(getenv("KVX_PUSH_BYTES"), "puts") == 0;
     core->push_writers_on_one_host = getenv("KVX_PUSH_ON_ONE_HOST") != NULL &&
                                      strcmp(getenv("KVX_PUSH_ON_ONE_HOST"), "writers") == 0;
     core->heartbeat_ms = (mask & KVX_AGENT_PARAM_FIELD_HEARTBEAT_MS) ? params->heartbeat_ms
@@ -1057,7 +1060,7 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
         if (events == 0 && agent->idle_since == 0)
             agent->idle_since = clock_seconds();
         if (events > 0 || ((transport_ops_pending(agent->core.transport) > 0 ||
-                            peers_awaiting_dones(&agent->core)) &&
+                            peers_awaiting_answers(&agent->core)) &&
                            clock_seconds() - agent->idle_since < AGENT_SPIN_US * 1e-6)) {
             if (events > 0)
                 agent->idle_since = 0;

@@ -63,9 +63,10 @@ struct core {
     uint32_t timeout_ms;
     uint32_t heartbeat_ms;
     uint32_t peer_ttl_ms;
-    uint32_t verify_one_in; /* decode side: verify every Nth transfer posted; 0: none */
-    bool push_side_channel; /* decode side: push requests on the side channel, not messages */
-    bool done_side_channel; /* decode side: dones on the side channel, not messages */
+    uint32_t verify_one_in;  /* decode side: verify every Nth transfer posted; 0: none */
+    bool push_side_channel;  /* decode side: push requests on the side channel, not messages */
+    bool done_side_channel;  /* decode side: dones on the side channel, not messages */
+    bool push_bytes_as_puts; /* decode side: no push is answered with its bytes */
     bool push_writers_on_one_host; /* decode side: pushes to prefills of this host go to their
                                       writers, not as reads (xfer.c, push_as_read) */
     uint64_t instance; /* random per agent: a restart at the same address answers another */

@@ -33,8 +33,7 @@ struct pending {
     peer_reply_cb_t on_reply;
     void *arg;
     bool by_message; /* sent as a message: its answer may come on the data plane */
-    bool done;       /* a done sent as a message: the loop spins for its answer */
-    char *answer; /* that answer, kept for the side-channel phase (peers_serve) */
+    char *answer;    /* that answer, kept for the side-channel phase (peers_serve) */
     size_t answer_size;
 };
 
@@ -43,7 +42,7 @@ struct peer_link {
     struct conn *conn;
     struct sidechan_client *client;
     uint64_t instance;
-    bool push_registered;  /* push_handle names our writer on the peer */
+    bool push_registered; /* push_handle names our writer on the peer */
     uint8_t push_handle[PUSH_HANDLE_LEN];
     bool done_handle_asked; /* VERB_DONE_HANDLE sent on this link */
     bool done_handle_set;   /* done_handle is the peer's for our dones (done_handles.h) */
@@ -60,8 +59,9 @@ struct kvx_peer {
     uint64_t next_id;
     struct pending *pending;
     size_t num_pending;
-    size_t num_answered; /* pending requests whose answer came on the data plane */
-    size_t dones_awaited; /* pending dones sent as messages whose answer has not come */
+    size_t num_answered;            /* pending requests whose answer came on the data plane */
+    size_t messages_awaited;        /* pending requests sent as messages whose answer has not come:
+                                       the loop spins for them (peers_awaiting_answers) */
     struct heartbeat_entry *wanted; /* requests heartbeats carry, with their tokens */
     size_t num_wanted;
     size_t wanted_capacity;
@@ -69,8 +69,8 @@ struct kvx_peer {
     kvx_status_t down_status;
     struct kvx_peer *prev; /* in core->peers while up */
     struct kvx_peer *next;
-    struct kvx_peer *down_next; /* in core->down */
-    bool queued;                /* in core->down: its transfers are still to fail */
+    struct kvx_peer *down_next;          /* in core->down */
+    bool queued;                         /* in core->down: its transfers are still to fail */
     struct peer_push_wait *push_waiters; /* legs waiting for the push registration */
     uint64_t push_register_id;           /* the registration's request; 0: none under way */
 };
@@ -315,7 +315,7 @@ void peer_free(kvx_peer_t *peer)
 {
     if (peer == NULL)
         return;
-    KVX_ASSERT(!peer->queued); /* the failed-peers phase would find it freed */
+    KVX_ASSERT(!peer->queued);              /* the failed-peers phase would find it freed */
     KVX_ASSERT(peer->push_waiters == NULL); /* its transfers were cancelled first */
     loop_timer_stop(&peer->core->loop, &peer->heartbeat);
     link_close(peer->core, &peer->link);
@@ -424,11 +424,10 @@ static kvx_status_t pending_room(kvx_peer_t *peer)
 
 /* Request `id` sent (pending_room made room): its answer goes to `on_reply`. */
 static void pending_add(kvx_peer_t *peer, uint64_t id, peer_reply_cb_t on_reply, void *arg,
-                        bool by_message, bool done, uint64_t *id_p)
+                        bool by_message, uint64_t *id_p)
 {
-    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, by_message, done,
-                                                          NULL, 0};
-    peer->dones_awaited += done;
+    peer->pending[peer->num_pending++] = (struct pending){id, on_reply, arg, by_message, NULL, 0};
+    peer->messages_awaited += by_message;
     peer->last_used_ms = clock_ms();
     *id_p              = id;
 }
@@ -443,20 +442,21 @@ kvx_status_t peer_request_send(kvx_peer_t *peer, const char *verb, const void *b
         return error_set(peer->down_status, "peer %s is down (%s); reconnect it", peer->address,
                          peer->down);
     status = pending_room(peer);
-    if (status == KVX_OK && (status = sidechan_client_send(peer->link.client, verb, id, body,
-                                                           size)) != KVX_OK)
+    if (status == KVX_OK &&
+        (status = sidechan_client_send(peer->link.client, verb, id, body, size)) != KVX_OK)
         status = error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
     if (status != KVX_OK)
         return status;
-    pending_add(peer, id, on_reply, arg, false, false, id_p);
+    pending_add(peer, id, on_reply, arg, false, id_p);
     return KVX_OK;
 }
 
 /* Sends `body` framed as a data-plane request (push_request.h) as message `am_id` on our
- * connection to the peer's main worker, pending as a side-channel request is (`done`: one the
- * loop spins for); false when it does not fit one message (nothing sent). */
+ * connection to the peer's main worker, pending as a side-channel request is, and the loop
+ * spins for its answer, microseconds away; false when it does not fit one message (nothing
+ * sent). */
 static bool message_send(kvx_peer_t *peer, unsigned am_id, const void *body, size_t size,
-                         bool done, peer_reply_cb_t on_reply, void *arg, uint64_t *id_p,
+                         peer_reply_cb_t on_reply, void *arg, uint64_t *id_p,
                          kvx_status_t *status_p)
 {
     uint8_t message[PUSH_AM_MAX];
@@ -468,13 +468,12 @@ static bool message_send(kvx_peer_t *peer, unsigned am_id, const void *body, siz
         return false;
     status = pending_room(peer);
     if (status == KVX_OK &&
-        (status = transport_msg_send(peer->link.conn->transport, am_id, message, framed)) !=
-            KVX_OK)
+        (status = transport_msg_send(peer->link.conn->transport, am_id, message, framed)) != KVX_OK)
         status = error_set(status, "peer %s: %s", peer->address, kvx_errmsg());
     *status_p = status;
     if (status == KVX_OK) {
         peer->next_id = id;
-        pending_add(peer, id, on_reply, arg, true, done, id_p);
+        pending_add(peer, id, on_reply, arg, true, id_p);
     }
     return true;
 }
@@ -487,7 +486,7 @@ kvx_status_t peer_push_send(kvx_peer_t *peer, const void *body, size_t size,
     /* the side channel for a prefill agent that does not take messages (an older kvx) */
     if (peer->core->push_side_channel || peer_is_down(peer) || peer->link.conn == NULL ||
         !peer->link.conn->metadata->push_messages ||
-        !message_send(peer, CORE_AM_PUSH_REQUEST, body, size, false, on_reply, arg, id_p, &status))
+        !message_send(peer, CORE_AM_PUSH_REQUEST, body, size, on_reply, arg, id_p, &status))
         return peer_request_send(peer, VERB_PUSH, body, size, on_reply, arg, id_p);
     return status;
 }
@@ -500,7 +499,7 @@ static bool pending_take(kvx_peer_t *peer, uint64_t id, struct pending *taken)
             *taken           = peer->pending[i];
             peer->pending[i] = peer->pending[--peer->num_pending]; /* order does not matter */
             peer->num_answered -= taken->answer != NULL;
-            peer->dones_awaited -= taken->done && taken->answer == NULL;
+            peer->messages_awaited -= taken->by_message && taken->answer == NULL;
             return true;
         }
     }
@@ -558,15 +557,19 @@ static void answer_keep(struct core *core, const void *data, size_t size, bool d
         for (size_t i = 0; i < peer->num_pending; i++) {
             struct pending *p = &peer->pending[i];
 
-            if (p->id != answer.id || !p->by_message || p->answer != NULL)
+            if (p->id != answer.id || !p->by_message || p->answer != NULL ||
+                (done && answer.bytes != NULL))
                 continue;
-            if ((p->answer = malloc(answer.text_size + 1)) == NULL)
+            /* the text, a NUL, then a bytes answer's bytes: the push's to place (xfer.c) */
+            if ((p->answer = malloc(answer.text_size + 1 + answer.bytes_size)) == NULL)
                 return; /* its deadline answers for it */
             memcpy(p->answer, answer.text, answer.text_size);
             p->answer[answer.text_size] = '\0';
-            p->answer_size              = answer.text_size;
+            if (answer.bytes != NULL)
+                memcpy(p->answer + answer.text_size + 1, answer.bytes, answer.bytes_size);
+            p->answer_size = answer.text_size + (answer.bytes != NULL ? 1 + answer.bytes_size : 0);
             peer->num_answered++;
-            peer->dones_awaited -= p->done;
+            peer->messages_awaited--;
             return;
         }
     }
@@ -632,10 +635,10 @@ unsigned peers_progress(struct core *core)
     return events;
 }
 
-bool peers_awaiting_dones(const struct core *core)
+bool peers_awaiting_answers(const struct core *core)
 {
     for (const kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
-        if (peer->dones_awaited > 0)
+        if (peer->messages_awaited > 0)
             return true;
     }
     return false;
@@ -788,9 +791,8 @@ static bool handle_parse(const char *answer, const char *prefix, uint8_t handle[
 
 /* A done message's body (the link's done handle, then a version-3 done) into `body`, where
  * the peer takes dones as messages and gave this link a handle; false where it does not. */
-static bool done_message_body(kvx_peer_t *peer, uint64_t request_id,
-                              const kvx_token_t *token, uint64_t bytes,
-                              uint8_t body[DONE_MESSAGE_BODY])
+static bool done_message_body(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
+                              uint64_t bytes, uint8_t body[DONE_MESSAGE_BODY])
 {
     struct notify_read note = notify_done_read(request_id, peer->core->tp_rank, token, bytes);
     const struct conn *conn = peer_conn(peer);
@@ -820,7 +822,7 @@ bool peer_done_frame(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *t
         return false;
     memcpy(out, message, framed);
     peer->next_id = id;
-    pending_add(peer, id, on_reply, arg, true, true, id_p);
+    pending_add(peer, id, on_reply, arg, true, id_p);
     *size_p = framed;
     return true;
 }
@@ -855,8 +857,7 @@ kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_tok
     /* On the data plane once the peer gave this link a handle; the first done asks for it. */
     if (!side_channel && !peer->core->done_side_channel && conn->metadata->done_messages) {
         if (done_message_body(peer, request_id, token, bytes, body)) {
-            if (message_send(peer, CORE_AM_DONE, body, sizeof(body), true, on_reply, arg, id_p,
-                             &status))
+            if (message_send(peer, CORE_AM_DONE, body, sizeof(body), on_reply, arg, id_p, &status))
                 return status;
         } else if (!link->done_handle_asked &&
                    peer_request_send(peer, VERB_DONE_HANDLE, NULL, 0, done_handle_reply, peer,

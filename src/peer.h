@@ -124,9 +124,9 @@ void peer_unwant(kvx_peer_t *peer, uint64_t request_id);
 unsigned peers_progress(struct core *core);
 size_t peers_serve(struct core *core);
 bool peers_busy(struct core *core);
-/* Whether a done we sent as a message awaits its answer (a few microseconds away: the loop
+/* Whether a done or push we sent as a message awaits its answer (microseconds away: the loop
  * spins for it as for a UCX operation of ours). */
-bool peers_awaiting_dones(const struct core *core);
+bool peers_awaiting_answers(const struct core *core);
 
 /* The kept sockets of the peers that are up, at most `max` of them (a wait's zmq_poll items);
  * returns how many. */

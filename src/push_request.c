@@ -69,9 +69,10 @@ kvx_status_t push_request_decode(const void *buf, size_t size, struct push_reque
     if (status == KVX_OK) {
         req->request_id  = msg->request_id;
         req->deadline_ms = msg->deadline_ms; /* any value: the server caps it (max_push_ms) */
-        req->num_groups = msg->n_local;
-        req->has_remote = msg->n_remote > 0;
-        req->groups     = calloc(2 * msg->n_local, sizeof(*req->groups));
+        req->bytes_max   = msg->bytes_max;   /* any value: the server takes at most its own */
+        req->num_groups  = msg->n_local;
+        req->has_remote  = msg->n_remote > 0;
+        req->groups      = calloc(2 * msg->n_local, sizeof(*req->groups));
         if (req->groups == NULL)
             status = error_no_memory("a push request");
     }
@@ -91,8 +92,8 @@ kvx_status_t push_request_decode(const void *buf, size_t size, struct push_reque
 }
 
 kvx_status_t push_request_encode(uint64_t request_id, const uint8_t handle[PUSH_HANDLE_LEN],
-                                 uint32_t deadline_ms, const kvx_request_t *request, void **buf_p,
-                                 size_t *size_p)
+                                 uint32_t deadline_ms, uint32_t bytes_max,
+                                 const kvx_request_t *request, void **buf_p, size_t *size_p)
 {
     size_t n             = request->num_local_groups;
     size_t nr            = request->remote != NULL ? request->num_remote_groups : 0;
@@ -121,14 +122,15 @@ kvx_status_t push_request_encode(uint64_t request_id, const uint8_t handle[PUSH_
     }
     msg.request_id  = request_id;
     msg.deadline_ms = deadline_ms;
+    msg.bytes_max   = bytes_max;
     msg.handle      = (ProtobufCBinaryData){PUSH_HANDLE_LEN, (uint8_t *)handle};
     if (request->token != NULL)
         msg.token = (ProtobufCBinaryData){KVX_TOKEN_LEN, (uint8_t *)request->token->bytes};
-    msg.n_local    = n;
-    msg.local      = local;
-    msg.n_remote   = nr;
-    msg.remote     = remote;
-    size           = kvx__push_request__get_packed_size(&msg);
+    msg.n_local  = n;
+    msg.local    = local;
+    msg.n_remote = nr;
+    msg.remote   = remote;
+    size         = kvx__push_request__get_packed_size(&msg);
     if (size > PUSH_MAX_REQUEST_SIZE) {
         status = error_set(KVX_ERR_INVALID, "push request: %zu bytes is more than %u", size,
                            PUSH_MAX_REQUEST_SIZE);
@@ -176,7 +178,7 @@ struct am_request_header {
 
 struct am_answer_header {
     uint32_t magic;
-    uint32_t reserved;
+    uint32_t bytes; /* KVXA: 0; KVXB: the bytes before the text */
     uint64_t id;
     uint8_t handle[PUSH_HANDLE_LEN];
 };
@@ -184,8 +186,7 @@ struct am_answer_header {
 _Static_assert(sizeof(struct am_request_header) == PUSH_AM_REQUEST_HEADER, "request header");
 _Static_assert(sizeof(struct am_answer_header) == PUSH_AM_ANSWER_HEADER, "answer header");
 
-size_t push_am_request_frame(uint64_t id, const void *body, size_t size,
-                             uint8_t out[PUSH_AM_MAX])
+size_t push_am_request_frame(uint64_t id, const void *body, size_t size, uint8_t out[PUSH_AM_MAX])
 {
     struct am_request_header h = {.magic = PUSH_AM_REQUEST_MAGIC, .id = id};
 
@@ -215,8 +216,8 @@ bool push_am_request_parse(const void *data, size_t size, uint64_t *id_p, const 
 size_t push_am_answer_frame(const struct push_am_answer *answer, uint8_t out[PUSH_AM_MAX])
 {
     struct am_answer_header h = {.magic = PUSH_AM_ANSWER_MAGIC, .id = answer->id};
-    size_t text = answer->text_size < PUSH_AM_MAX - sizeof(h) ? answer->text_size
-                                                               : PUSH_AM_MAX - sizeof(h);
+    size_t text =
+        answer->text_size < PUSH_AM_MAX - sizeof(h) ? answer->text_size : PUSH_AM_MAX - sizeof(h);
 
     memcpy(h.handle, answer->handle, PUSH_HANDLE_LEN);
     memcpy(out, &h, sizeof(h));
@@ -228,19 +229,48 @@ bool push_am_answer_parse(const void *data, size_t size, struct push_am_answer *
 {
     const uint8_t *bytes = data;
     struct am_answer_header h;
+    size_t text;
 
-    if (size <= sizeof(h) || size > PUSH_AM_MAX)
+    if (size <= sizeof(h) || size > PUSH_AM_BYTES_SIZE)
         return false;
     memcpy(&h, data, sizeof(h));
-    if (h.magic != PUSH_AM_ANSWER_MAGIC || h.reserved != 0)
+    if (h.magic == PUSH_AM_ANSWER_MAGIC && h.bytes == 0 && size <= PUSH_AM_MAX)
+        text = sizeof(h);
+    else if (h.magic == PUSH_AM_BYTES_MAGIC && h.bytes <= PUSH_BYTES_MAX &&
+             size > sizeof(h) + h.bytes && size - sizeof(h) - h.bytes <= PUSH_AM_TEXT_MAX)
+        text = sizeof(h) + h.bytes;
+    else
         return false;
-    for (size_t i = sizeof(h); i < size; i++) {
+    for (size_t i = text; i < size; i++) {
         if (bytes[i] < 0x20 || bytes[i] > 0x7e)
             return false;
     }
     answer->id = h.id;
     memcpy(answer->handle, h.handle, PUSH_HANDLE_LEN);
-    answer->text      = (const char *)bytes + sizeof(h);
-    answer->text_size = size - sizeof(h);
+    answer->text       = (const char *)bytes + text;
+    answer->text_size  = size - text;
+    answer->bytes      = h.magic == PUSH_AM_BYTES_MAGIC ? bytes + sizeof(h) : NULL;
+    answer->bytes_size = h.magic == PUSH_AM_BYTES_MAGIC ? h.bytes : 0;
     return true;
+}
+
+uint8_t *push_am_bytes_begin(const struct push_am_answer *answer, size_t bytes_size,
+                             uint8_t out[PUSH_AM_BYTES_SIZE])
+{
+    struct am_answer_header h = {
+        .magic = PUSH_AM_BYTES_MAGIC, .bytes = (uint32_t)bytes_size, .id = answer->id};
+
+    memcpy(h.handle, answer->handle, PUSH_HANDLE_LEN);
+    memcpy(out, &h, sizeof(h));
+    return out + sizeof(h);
+}
+
+size_t push_am_bytes_end(const char *text, size_t text_size, size_t bytes_size,
+                         uint8_t out[PUSH_AM_BYTES_SIZE])
+{
+    size_t at   = sizeof(struct am_answer_header) + bytes_size;
+    size_t size = text_size < PUSH_AM_TEXT_MAX ? text_size : PUSH_AM_TEXT_MAX;
+
+    memcpy(out + at, text, size);
+    return at + size;
 }

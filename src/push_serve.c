@@ -28,6 +28,8 @@
 
 #define PUSH_PROGRESS_ROUNDS 64
 
+_Static_assert(PUSH_AM_BYTES_SIZE <= TRANSPORT_MSG_MAX, "a bytes answer is one message");
+
 /* A decode agent written to: registered once by one side-channel connection, whose worker
  * proved itself (it returned the nonce sent to the worker its metadata named), then used by
  * that connection's pushes, which name it by its handle. */
@@ -82,7 +84,8 @@ struct push_server {
     size_t own_sizes[2];
     struct push_writer writers[PUSH_MAX_WRITERS];
     uint64_t uses;
-    kvx_pairs_t *pairs;
+    kvx_pairs_t *pairs;                 /* the job being started's plan */
+    uint8_t answer[PUSH_AM_BYTES_SIZE]; /* a bytes answer being framed */
     struct push_job *jobs;
     size_t num_jobs;
     struct push_job *ready;
@@ -488,22 +491,41 @@ static kvx_status_t job_op_new(struct push_job *job)
     return transport_op_create(job->writer->conn->transport, job_step_done, job, &job->op);
 }
 
-/* Posts this rank's share of the job's request as puts, from the decode side's plan: its
- * "local" side is our destination. */
-static kvx_status_t job_put(struct push_job *job)
+/* A refusal that is no fault of the writer (kvx_errmsg() says why): answered, and only the
+ * job goes. */
+static void job_refuse(struct push_job *job)
 {
-    const struct push_request *req   = &job->req;
-    struct push_server *s            = job->server;
-    struct conn *conn                = job->writer->conn;
-    kvx_request_t request            = {req->groups, req->num_groups,
+    reply_error(job->server, &job->origin);
+    job_free(job);
+}
+
+/* The registrant's TP rank, as its checked push metadata says: the rank a push counts for. */
+static uint32_t job_rank(const struct push_job *job)
+{
+    return job->writer->conn->tp_rank;
+}
+
+/* Plans the job's request into s->pairs from the decode side's plan: its "local" side is our
+ * destination, its "remote" side our source. */
+static kvx_status_t job_plan(struct push_job *job)
+{
+    const struct push_request *req = &job->req;
+    kvx_request_t request          = {req->groups, req->num_groups,
                              req->has_remote ? req->groups + req->num_groups : NULL,
                              req->has_remote ? req->num_groups : 0, NULL};
+
+    return kvx_peer_plan_request(job->writer->conn->plan, &request, job->server->pairs);
+}
+
+/* Posts this rank's share of the planned request (s->pairs) as puts. */
+static kvx_status_t job_put(struct push_job *job)
+{
+    struct push_server *s            = job->server;
+    struct conn *conn                = job->writer->conn;
     struct transport_targets targets = {s->core->bases, s->core->regions->storage_mems,
                                         conn->remote_bases, true};
-    kvx_status_t status              = kvx_peer_plan_request(conn->plan, &request, s->pairs);
+    kvx_status_t status              = job_op_new(job);
 
-    if (status == KVX_OK)
-        status = job_op_new(job);
     for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(s->pairs); r++) {
         uint32_t rank;
         size_t count;
@@ -513,6 +535,80 @@ static kvx_status_t job_put(struct push_job *job)
             status = transport_rma_post(job->op, true, p, count, &targets);
     }
     return status;
+}
+
+/* This rank's share of the planned request (s->pairs), in bytes, when it may go in the answer:
+ * at most `max` bytes, all of host memory; else SIZE_MAX. */
+static size_t job_share_bytes(const struct push_server *s, size_t max)
+{
+    size_t total = 0;
+
+    for (size_t r = 0; r < kvx_pairs_num_reads(s->pairs); r++) {
+        uint32_t rank;
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(s->pairs, r, &rank, &count);
+
+        for (size_t i = 0; rank == s->core->tp_rank && i < count; i++) {
+            if (s->core->gpus[p[i].remote_storage] != NULL || p[i].len > max - total)
+                return SIZE_MAX;
+            total += p[i].len;
+        }
+    }
+    return total;
+}
+
+/* A small share goes in the answer itself: one message, no puts, no flush (issue 23: a push
+ * was a request, puts, their answers and an answer, two round trips and more, where a pull is
+ * one). Only for a request that came as a message and asked for it (bytes_max), whose share
+ * is host memory: the bytes are copied out of the blocks here, then the push counts as the
+ * rank's done (job_hold_ready judged it in this same call), then the answer goes. True when
+ * the job was answered so, and freed. */
+static bool job_answer_with_bytes(struct push_job *job)
+{
+    struct push_server *s        = job->server;
+    struct push_am_answer answer = {.id = job->origin.id};
+    size_t max = job->req.bytes_max < PUSH_BYTES_MAX ? job->req.bytes_max : PUSH_BYTES_MAX;
+    size_t total;
+    uint8_t *at;
+    size_t size;
+
+    if (!job->by_message || max == 0 || (total = job_share_bytes(s, max)) == SIZE_MAX)
+        return false;
+    memcpy(answer.handle, job->writer->handle, PUSH_HANDLE_LEN);
+    at = push_am_bytes_begin(&answer, total, s->answer);
+    for (size_t r = 0; r < kvx_pairs_num_reads(s->pairs); r++) {
+        uint32_t rank;
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(s->pairs, r, &rank, &count);
+
+        for (size_t i = 0; rank == s->core->tp_rank && i < count; i++) {
+            memcpy(at, (const uint8_t *)s->core->bases[p[i].remote_storage] + p[i].remote_offset,
+                   p[i].len);
+            at += p[i].len;
+        }
+    }
+    if (job->is_done) {
+        enum hold_done done = hold_table_done(s->core->holds, job->request_id, job_rank(job),
+                                              sidechan_origin_key(&job->origin), &job->req.token);
+
+        if (done != HOLD_DONE_COUNTED && done != HOLD_DONE_RELEASED) { /* judged just now */
+            error_set(KVX_ERR_PEER_REFUSED, "push %" PRIu64 ": %s", job->request_id,
+                      hold_done_reason(done));
+            job_refuse(job);
+            return true;
+        }
+    }
+    size = push_am_bytes_end(REPLY_PUSHED, strlen(REPLY_PUSHED), total, s->answer);
+    if (transport_msg_send(job->writer->conn->transport, CORE_AM_PUSH_ANSWER, s->answer, size) !=
+        KVX_OK) {
+        error_set(KVX_ERR_PEER_DOWN, "push %" PRIu64 ": its answer could not be sent: %s",
+                  job->request_id, kvx_errmsg());
+        job_fail(job);
+        return true;
+    }
+    s->core->stats.pushes_with_bytes++;
+    job_free(job);
+    return true;
 }
 
 static void job_advance(struct push_job *job);
@@ -609,12 +705,16 @@ static kvx_status_t writer_watch(struct push_server *s, struct push_writer *w)
     return loop_timer_start(&s->core->loop, &w->stall, w->progress_ms + stall_interval_ms(s));
 }
 
-/* Posts a job's puts and takes a few progress rounds of its writer; a failure fails the job
- * and closes its writer. */
+/* Answers a small job with its bytes, or posts its puts and takes a few progress rounds of
+ * its writer; a failure fails the job and closes its writer. */
 static void job_start(struct push_job *job)
 {
-    kvx_status_t status = writer_watch(job->server, job->writer);
+    kvx_status_t status = job_plan(job);
 
+    if (status == KVX_OK && job_answer_with_bytes(job))
+        return;
+    if (status == KVX_OK)
+        status = writer_watch(job->server, job->writer);
     if (status == KVX_OK)
         status = job_put(job);
     if (status != KVX_OK) {
@@ -623,20 +723,6 @@ static void job_start(struct push_job *job)
     }
     transport_op_arm(job->op);
     push_eager(job->server, job->writer);
-}
-
-/* A refusal that is no fault of the writer (kvx_errmsg() says why): answered, and only the
- * job goes. */
-static void job_refuse(struct push_job *job)
-{
-    reply_error(job->server, &job->origin);
-    job_free(job);
-}
-
-/* The registrant's TP rank, as its checked push metadata says: the rank a push counts for. */
-static uint32_t job_rank(const struct push_job *job)
-{
-    return job->writer->conn->tp_rank;
 }
 
 /* How long a parked job waits for its hold: as a parked done does, the agent's timeout_ms,
@@ -832,8 +918,7 @@ void push_serve(void *server, const struct sidechan_request *request)
  * `from`: no writer or side-channel connection may be its own), with kvx_errmsg()'s message
  * and the handle it carried, so that its requester finds it. Counted in pushes_refused. */
 static void message_refuse(struct push_server *s, const struct transport_msg_from *from,
-                           uint64_t id, const uint8_t handle[PUSH_HANDLE_LEN],
-                           enum error_code code)
+                           uint64_t id, const uint8_t handle[PUSH_HANDLE_LEN], enum error_code code)
 {
     char text[700];
     struct push_am_answer answer = {.id = id, .text = text};
@@ -844,8 +929,7 @@ static void message_refuse(struct push_server *s, const struct transport_msg_fro
         answer.text_size = (size_t)snprintf(text, sizeof(text), "%s%.500s", REPLY_ERROR,
                                             kvx_errmsg()); /* cut short */
     memcpy(answer.handle, handle, PUSH_HANDLE_LEN);
-    transport_msg_reply(from, CORE_AM_PUSH_ANSWER, message,
-                        push_am_answer_frame(&answer, message));
+    transport_msg_reply(from, CORE_AM_PUSH_ANSWER, message, push_am_answer_frame(&answer, message));
     s->core->stats.pushes_refused++;
     s->core->stats.push_messages_refused++;
 }

@@ -101,6 +101,8 @@ static const kvx_stat_field_t stats_fields[] = {
             "side)."),
     COUNTER(pushes_as_reads, "pushes_as_reads_total",
             "Pushes to a prefill of this host carried as reads (decode side)."),
+    COUNTER(pushes_with_bytes, "pushes_with_bytes_total",
+            "Pushes answered with their bytes in one message, without puts (prefill side)."),
 };
 
 const kvx_stat_field_t *kvx_agent_stats_fields(size_t *count_p)

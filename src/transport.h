@@ -188,9 +188,10 @@ kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
 
 /* kvx's own small messages beside the data (transport_msg.c): eager active messages of at
  * most TRANSPORT_MSG_MAX bytes, copied when sent. A handler set for an id runs, during
- * progress, for each such message that arrives at the worker it was set on; `from` lets it answer the sender at once (transport_msg_reply), and is valid only
- * during the call, because the sender's endpoint is UCX's and may be gone after it. */
-#define TRANSPORT_MSG_MAX 8192
+ * progress, for each such message that arrives at the worker it was set on; `from` lets it answer
+ * the sender at once (transport_msg_reply), and is valid only during the call, because the sender's
+ * endpoint is UCX's and may be gone after it. */
+#define TRANSPORT_MSG_MAX 73728 /* 72 KiB: a small push answered with its bytes */
 struct transport_msg_from;
 typedef void (*transport_msg_handler_t)(void *arg, const void *data, size_t size,
                                         const struct transport_msg_from *from);

@@ -34,6 +34,7 @@ struct xfer_leg {
     uint64_t reply_id;          /* the push or done awaiting its answer; 0: none */
     uint64_t bytes;             /* pull: read from this peer (its done says so) */
     struct peer_push_wait wait; /* push: waiting for our writer's registration with the peer */
+    bool bytes_asked;           /* push: its rank may answer with the bytes (push_bytes_place) */
     /* pull: its done went with its read (one message, transport_op_attach), and the answer
      * that came before the data is kept here until the data is (pull_notify) */
     bool attached;
@@ -94,8 +95,9 @@ struct xfer_set {
     kvx_pairs_t *verify_pairs; /* a verification's request planned again: the last pairs of
                                   kvx_agent_last_pairs stay the last read's */
     kvx_pairs_t *verify_alt;
-    kvx_xfer_t *checking; /* completed transfers being verified (kvx_xfer_verify) */
-    uint64_t posted;      /* transfers posted: verify_one_in samples by this count */
+    kvx_pairs_t *answer_pairs; /* a push answered with its bytes: where they go */
+    kvx_xfer_t *checking;      /* completed transfers being verified (kvx_xfer_verify) */
+    uint64_t posted;           /* transfers posted: verify_one_in samples by this count */
 };
 
 static void xfer_deadline_fire(struct loop_timer *timer);
@@ -118,6 +120,8 @@ kvx_status_t xfer_set_create(struct core *core, struct xfer_set **set_p)
         status = kvx_pairs_create(&set->verify_pairs);
     if (status == KVX_OK)
         status = kvx_pairs_create(&set->verify_alt);
+    if (status == KVX_OK)
+        status = kvx_pairs_create(&set->answer_pairs);
     if (status != KVX_OK) {
         xfer_set_destroy(set);
         return status;
@@ -149,6 +153,7 @@ void xfer_set_destroy(struct xfer_set *set)
     kvx_pairs_destroy(set->alt);
     kvx_pairs_destroy(set->verify_pairs);
     kvx_pairs_destroy(set->verify_alt);
+    kvx_pairs_destroy(set->answer_pairs);
     free(set);
 }
 
@@ -936,14 +941,77 @@ size_t xfers_advance(struct xfer_set *set)
     return moved;
 }
 
-/* A prefill rank's answer to our push request. */
+/* The request of `x` as it was posted. */
+static kvx_request_t xfer_request(const kvx_xfer_t *x)
+{
+    return (kvx_request_t){x->groups, x->num_groups,
+                           x->has_remote ? x->groups + x->num_groups : NULL, x->num_remote_groups,
+                           x->has_token ? &x->token : NULL};
+}
+
+/* Copies the bytes a prefill rank answered our push with into our blocks, where our own plan
+ * against that rank's table puts its share, in the plan's order: the rank chooses no address,
+ * and must send exactly its share. */
+static kvx_status_t push_bytes_place(kvx_xfer_t *x, struct xfer_leg *leg, const uint8_t *bytes,
+                                     size_t size)
+{
+    struct core *core     = x->set->core;
+    kvx_request_t request = xfer_request(x);
+    kvx_pairs_t *pairs    = x->set->answer_pairs;
+    uint32_t want         = peer_rank(leg->peer);
+    uint64_t share        = 0;
+    kvx_status_t status   = kvx_peer_plan_request(peer_conn(leg->peer)->plan, &request, pairs);
+
+    for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(pairs); r++) {
+        uint32_t rank;
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(pairs, r, &rank, &count);
+
+        for (size_t i = 0; rank == want && i < count; i++)
+            share += p[i].len;
+    }
+    if (status == KVX_OK && share != size)
+        status = error_set(KVX_ERR_PEER_REFUSED,
+                           "its answer carried %zu bytes where its share is %" PRIu64, size, share);
+    for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(pairs); r++) {
+        uint32_t rank;
+        size_t count;
+        const kvx_pair_t *p = kvx_pairs_read(pairs, r, &rank, &count);
+
+        for (size_t i = 0; rank == want && i < count; i++) {
+            memcpy((uint8_t *)core->bases[p[i].local_storage] + p[i].local_offset, bytes, p[i].len);
+            bytes += p[i].len;
+        }
+    }
+    return status;
+}
+
+/* A prefill rank's answer to our push request: its text, and after a NUL the bytes of a push
+ * answered with them (peer.c). */
 static void push_reply(void *arg, const char *reply, size_t size)
 {
     struct xfer_leg *leg = arg;
     kvx_xfer_t *x        = leg->xfer;
+    size_t text          = strnlen(reply, size);
 
     KVX_ASSERT(x->status == KVX_INPROGRESS && leg->reply_id != 0); /* a finished one forgot it */
     leg->reply_id = 0;
+    if (text < size && text == strlen(REPLY_PUSHED) && memcmp(reply, REPLY_PUSHED, text) == 0) {
+        kvx_status_t status =
+            leg->bytes_asked
+                ? push_bytes_place(x, leg, (const uint8_t *)reply + text + 1, size - text - 1)
+                : error_set(KVX_ERR_PEER_REFUSED, "it answered with bytes we did not ask for");
+
+        if (status != KVX_OK) {
+            char what[300];
+
+            snprintf(what, sizeof(what), "%s", kvx_errmsg());
+            xfer_end(x, status, "write %" PRIu64 " by remote rank %" PRIu32 ": %s", x->request_id,
+                     peer_rank(leg->peer), what);
+            return;
+        }
+        size = text;
+    }
     if (size != strlen(REPLY_PUSHED) || memcmp(reply, REPLY_PUSHED, size) != 0) {
         enum error_code code = ERROR_CODE_NONE;
         size_t message_at    = 0;
@@ -960,17 +1028,30 @@ static void push_reply(void *arg, const char *reply, size_t size)
         xfer_settle(x);
 }
 
+/* How many bytes a prefill rank may answer our push with instead of putting them: a share up
+ * to PUSH_BYTES_MAX when every storage of ours is host memory (we copy them in ourselves),
+ * unless KVX_PUSH_BYTES=puts keeps every push on puts. */
+static uint32_t push_bytes_max(const struct core *core)
+{
+    for (size_t s = 0; s < core->num_storages; s++) {
+        if (core->gpus[s] != NULL)
+            return 0;
+    }
+    return core->push_bytes_as_puts ? 0 : PUSH_BYTES_MAX;
+}
+
 /* Asks the leg's prefill rank to write the transfer's blocks through our writer `handle`. */
 static kvx_status_t push_leg_send(struct xfer_leg *leg, const uint8_t *handle)
 {
     kvx_xfer_t *x         = leg->xfer;
-    kvx_request_t request = {x->groups, x->num_groups,
-                             x->has_remote ? x->groups + x->num_groups : NULL, x->num_remote_groups,
-                             x->has_token ? &x->token : NULL};
+    kvx_request_t request = xfer_request(x);
+    uint32_t bytes_max    = push_bytes_max(x->set->core);
     void *body            = NULL;
     size_t size           = 0;
     kvx_status_t status   = push_request_encode(x->request_id, handle, x->set->core->timeout_ms,
-                                                &request, &body, &size);
+                                                bytes_max, &request, &body, &size);
+
+    leg->bytes_asked = bytes_max > 0;
 
     /* the prefill writes as long as we wait */
     if (status == KVX_OK)

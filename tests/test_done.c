@@ -208,15 +208,30 @@ static int session_setup_tcp(void **state)
 }
 
 /* Pushes to the prefill's writers, as across hosts: on one host they go as reads unless
- * KVX_PUSH_ON_ONE_HOST=writers, which the agent reads when it is made. */
-static int session_setup_writers(void **state)
+ * KVX_PUSH_ON_ONE_HOST=writers, which the agent reads when it is made. A small push's writer
+ * answers with the bytes; with KVX_PUSH_BYTES=puts too, it puts them. */
+static int session_open_env(void **state, const char *name, const char *value)
 {
     int result;
 
     setenv("KVX_PUSH_ON_ONE_HOST", "writers", 1);
+    if (name != NULL)
+        setenv(name, value, 1);
     result = session_open(state, NULL);
     unsetenv("KVX_PUSH_ON_ONE_HOST");
+    if (name != NULL)
+        unsetenv(name);
     return result;
+}
+
+static int session_setup_writers(void **state)
+{
+    return session_open_env(state, NULL, NULL);
+}
+
+static int session_setup_puts(void **state)
+{
+    return session_open_env(state, "KVX_PUSH_BYTES", "puts");
 }
 
 static int session_teardown(void **state)
@@ -554,10 +569,10 @@ static void a_small_served_read_takes_its_done_along(void **state)
 }
 
 /* A push with the request's token is its rank's done: the hold is released (one callback)
- * after the writes; a second push of the same reference is refused. */
-static void a_push_with_its_token_releases_the_hold(void **state)
+ * after the writes; a second push of the same reference is refused. The writer answers with
+ * the bytes (`with_bytes`), or puts them. */
+static void push_releases_the_hold(struct session *s, bool with_bytes)
 {
-    struct session *s = *state;
     kvx_token_t token = token_new();
     struct report r;
 
@@ -566,6 +581,7 @@ static void a_push_with_its_token_releases_the_hold(void **state)
     assert_int_equal(transfer(s, true, 7, 10, &token), KVX_OK);
     assert_true(block_matches(s->agent, 10));
     r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.pushes_with_bytes, with_bytes ? 1 : 0);
     assert_int_equal(r.stats.released, 1);
     assert_int_equal(r.stats.held, 0);
     assert_int_equal(r.releases, 1);
@@ -575,6 +591,16 @@ static void a_push_with_its_token_releases_the_hold(void **state)
     assert_non_null(strstr(kvx_errmsg(), "hold released already"));
     assert_true(block_is_zero(s->agent, 10)); /* refused before any put */
     assert_int_equal(command(s, 's', NULL, 0).releases, 1);
+}
+
+static void a_push_with_its_token_releases_the_hold(void **state)
+{
+    push_releases_the_hold(*state, true);
+}
+
+static void a_push_put_with_its_token_releases_the_hold(void **state)
+{
+    push_releases_the_hold(*state, false);
 }
 
 /* A push with a wrong token is refused before anything is written; the hold stays. A push
@@ -670,6 +696,7 @@ static void a_push_over_tcp_goes_to_the_writer(void **state)
     r = command(s, 's', NULL, 0);
     assert_int_equal(r.stats.released, 1);
     assert_int_equal(r.releases, 1);
+    assert_int_equal(r.stats.pushes_with_bytes, 1); /* 4 KiB: in the answer, no puts */
 }
 
 int main(void)
@@ -689,6 +716,8 @@ int main(void)
                                         session_teardown),
         cmocka_unit_test_setup_teardown(a_push_with_its_token_releases_the_hold,
                                         session_setup_writers, session_teardown),
+        cmocka_unit_test_setup_teardown(a_push_put_with_its_token_releases_the_hold,
+                                        session_setup_puts, session_teardown),
         cmocka_unit_test_setup_teardown(a_push_with_a_wrong_token_writes_nothing,
                                         session_setup_writers, session_teardown),
         cmocka_unit_test_setup_teardown(a_push_before_its_hold_waits_for_it, session_setup_writers,

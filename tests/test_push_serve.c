@@ -468,7 +468,7 @@ static int run_message_insider(const char *address, int go)
         transport_conn_create(t, info.transport_address.data, info.transport_address.size, NULL,
                               0, &conn) != KVX_OK)
         return 52;
-    if (push_request_encode(7, handle, 10000, &request, &body, &body_size) != KVX_OK ||
+    if (push_request_encode(7, handle, 10000, 0, &request, &body, &body_size) != KVX_OK ||
         (framed = push_am_request_frame(77, body, body_size, message)) == 0 ||
         transport_msg_send(conn, CORE_AM_PUSH_REQUEST, message, framed) != KVX_OK)
         return 53;
@@ -583,6 +583,8 @@ int main(int argc, char **argv)
     };
 
     setenv("UCX_NET_DEVICES", "lo", 0);
+    /* the writers' pushes, as across hosts: on one host a push would go as a read */
+    setenv("KVX_PUSH_ON_ONE_HOST", "writers", 1);
     if (argc > 1)
         cmocka_set_test_filter(argv[1]); /* one test by name, when debugging */
     return cmocka_run_group_tests(tests, NULL, NULL);
