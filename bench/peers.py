@@ -21,7 +21,6 @@ from peer_common import capped, ints  # the drivers' own cap and list parsing (n
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PUSH = "tcp"  # kvx bench's own --push-transports default (docs/security.md)
 MOONCAKE_SET = "tcp"  # Mooncake has no transport here but TCP, so it runs in this set only
-KVX_WARMUP = 3        # kvx bench's fixed untimed warm-ups per point
 MODE = {"read": "pull", "write": "push"}
 PEERS = ("kvx", "nixl", "mooncake")
 
@@ -45,7 +44,10 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int)
     p.add_argument("--iters", type=int, help="transfers per repeat for every block size "
                    "(default 200 up to 64K, 100 up to 1M, 30 above; a quarter with --quick)")
-    p.add_argument("--warmup", type=int, default=10, help="the drivers' untimed transfers")
+    p.add_argument("--warmup", type=int, default=200,
+                   help="untimed transfers before each point, kvx's and the drivers' alike "
+                        "(fewer for large points, as iters); the first hundred or so touch "
+                        "UCX's shared-memory buffers for the first time")
     p.add_argument("--max-bytes-per-run", type=int, default=1 << 30)
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds any one kvx bench or driver call may take")
@@ -129,12 +131,13 @@ def kvx_points(args, tset, op, push, ucx):
     per batch, one kvx bench call per repeat and group of block sizes sharing an iteration
     count. Yields dicts in the drivers' shape, or point error lines."""
     for batch in args.batches:
-        def iters_of(block):
-            return capped(nominal_iters(block, args), block * batch, args.max_bytes_per_run, 3)
-        for iters, blocks in groups(args.blocks, iters_of):
+        def runs_of(block):  # (iters, warm-ups): capped as the drivers cap theirs
+            return (capped(nominal_iters(block, args), block * batch, args.max_bytes_per_run, 3),
+                    capped(args.warmup, block * batch, args.max_bytes_per_run, 1))
+        for (iters, warmup), blocks in groups(args.blocks, runs_of):
             cmd = [args.kvx, "bench", "--malloc", "--json", "--mode", MODE[op],
                    "--block-sizes", ",".join(map(str, blocks)), "--batch", str(batch),
-                   "--iters", str(iters), "--transports", tset]
+                   "--iters", str(iters), "--warmup", str(warmup), "--transports", tset]
             if op == "write":
                 cmd += ["--push-transports", push]
             runs, error, used = {b: [] for b in blocks}, None, ""
@@ -161,7 +164,7 @@ def kvx_points(args, tset, op, push, ucx):
                 us = spread([r["latency_us"]["p50"] for r in runs[b]], 2)
                 yield dict(base, gbps=gbps[0], gbps_min=gbps[1], gbps_max=gbps[2],
                            us_per_transfer=us[0], us_min=us[1], us_max=us[2], iters=iters,
-                           warmup=KVX_WARMUP, repeats=args.repeats,
+                           warmup=warmup, repeats=args.repeats,
                            transport="UCX %s %s" % (ucx, used))
 
 
@@ -328,7 +331,7 @@ def main(argv=None):
             time.strftime("%Y-%m-%d %H:%M %Z"), os.cpu_count(), args.repeats,
             versions(all_lines, ucx), "UCX_NET_DEVICES=%s" % os.environ["UCX_NET_DEVICES"]))
         print("GB/s: bytes moved over summed wall time; µs: median per transfer (kvx: its "
-              "p50); warm-ups: kvx %d, peers %d\n" % (KVX_WARMUP, args.warmup))
+              "p50); warm-ups: %d per point, fewer for large ones\n" % args.warmup)
         print("\n\n".join(table([r for r in all_lines if r["transports"] == t], t,
                                 args.repeats) for t in args.transports))
     log("done in %.0f s" % (time.monotonic() - start))

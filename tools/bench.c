@@ -22,19 +22,21 @@
 #define BENCH_MAX_BATCH     65536               /* blocks per transfer */
 #define BENCH_MAX_ITERS     1000000
 #define BENCH_WARMUPS       3   /* untimed transfers per point: lazy wire-up */
+#define BENCH_MAX_WARMUPS   100000
 #define BENCH_SWEEP_ITERS   100 /* default timed transfers per sweep point */
 #define BENCH_REQUEST_ITERS 10  /* default timed requests per workload point */
 
 static const char usage_bench[] =
     "usage: kvx bench [--mode pull|push] [--block-sizes 4K,64K,1M,16M] [--batch N]\n"
-    "                 [--iters N] [--contiguous] [--transports LIST] [--json]\n"
+    "                 [--iters N] [--warmup N] [--contiguous] [--transports LIST] [--json]\n"
     "                 [--malloc | --memory host|cuda]\n"
     "                 [--idle-prefill] [--peer HOST:PORT | --listen HOST:PORT] [--auth FILE]\n"
     "       kvx bench --workload [--layouts NAME,...] [--tokens 1K,8K,32K] [options above]\n"
     "\n"
     "Starts a prefill process on loopback (or uses the one at --peer, started with the same\n"
-    "options and --listen), connects a decode agent to it, and after 3 untimed warm-up\n"
-    "transfers (connections are wired up lazily) times ITERS transfers per point.\n"
+    "options and --listen), connects a decode agent to it, and after untimed warm-up\n"
+    "transfers (connections are wired up lazily; UCX's shared-memory buffers are touched\n"
+    "for the first time over the first hundred or so) times ITERS transfers per point.\n"
     "\n"
     "The sweep builds one storage and one view (its own group) per block size, each holding\n"
     "2 x BATCH blocks, and moves BATCH blocks per transfer: every other block by default, so\n"
@@ -55,6 +57,7 @@ static const char usage_bench[] =
     "  --block-sizes LIST   bytes per block, suffixes K, M, G (powers of 1024)\n"
     "  --batch N            blocks per transfer; default 16\n"
     "  --iters N            timed transfers per point; default 100 (workload: 10)\n"
+    "  --warmup N           untimed transfers before each point's; default 3 (workload: 1)\n"
     "  --transports LIST    UCX transports of both agents; default " KVX_DEFAULT_TRANSPORTS "\n"
     "  --push-transports LIST  P's push writers' UCX transports; default tcp (docs/security.md)\n"
     "  --auth FILE          the side channel's secret; default KVX_AUTH_FILE's, else one made\n"
@@ -78,7 +81,8 @@ static bool option_takes_value(const char *arg)
 {
     static const char *const names[] = {
         "--mode", "--block-sizes", "--tokens",          "--transports", "--peer",  "--listen",
-        "--auth", "--memory",      "--push-transports", "--layouts",    "--batch", "--iters"};
+        "--auth", "--memory",      "--push-transports", "--layouts",    "--batch", "--iters",
+        "--warmup"};
 
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(arg, names[i]) == 0)
@@ -181,6 +185,10 @@ static int bench_args_parse(int argc, char **argv, struct bench_args *a)
             if (!cli_parse_number(arg, value, BENCH_MAX_BATCH, &a->batch) || a->batch == 0)
                 return a->batch == 0 ? cli_usage_error("--batch: 0 blocks", usage_bench)
                                      : EXIT_BAD_INPUT;
+        } else if (strcmp(arg, "--warmup") == 0) {
+            if (!cli_parse_number(arg, value, BENCH_MAX_WARMUPS, &a->warmups))
+                return EXIT_BAD_INPUT;
+            a->warmups_given = true;
         } else if (strcmp(arg, "--iters") == 0) {
             if (!cli_parse_number(arg, value, BENCH_MAX_ITERS, &a->iters) || a->iters == 0)
                 return a->iters == 0 ? cli_usage_error("--iters: 0 transfers", usage_bench)
@@ -447,13 +455,13 @@ static kvx_status_t sweep_run(struct bench_client *c, struct bench_samples *s, u
 
         for (size_t g = 0; g < a->num_sizes; g++)
             groups[g] = (kvx_group_ids_t){ids, g == i ? a->batch : 0};
-        status = bench_point_run(c, &request, BENCH_WARMUPS, s);
+        status = bench_point_run(c, &request, a->warmups_given ? a->warmups : BENCH_WARMUPS, s);
         if (status == KVX_OK && i == 0)
             bench_header_print(c,
                                a->contiguous
                                    ? "blocks 0..batch-1 (adjacent: they coalesce)"
                                    : "every other block (none adjacent: one descriptor each)",
-                               BENCH_WARMUPS);
+                               a->warmups_given ? (int)a->warmups : BENCH_WARMUPS);
         if (status == KVX_OK)
             bench_point_print(c, s, NULL, a->sizes[i], a->batch);
     }

@@ -24,6 +24,8 @@ struct bench_args {
     size_t num_sizes;
     uint64_t batch; /* blocks per transfer */
     uint64_t iters; /* 0: the default of the mode */
+    uint64_t warmups; /* untimed transfers per point, when warmups_given */
+    bool warmups_given;
     const char *transports;
     const char *peer;
     const char *listen;

@@ -164,7 +164,8 @@ kvx_status_t workload_run(struct bench_client *c, struct bench_samples *s, uint6
         }
         for (size_t g = 0; g < num_groups; g++)
             groups[g] = (kvx_group_ids_t){ids, blocks};
-        status = bench_point_run(c, &request, 1, s); /* one warm-up: requests are large */
+        /* one warm-up unless told: requests are large */
+        status = bench_point_run(c, &request, c->args->warmups_given ? c->args->warmups : 1, s);
         if (status == KVX_OK && i == 0 && header)
             bench_header_print(c, "requests of shuffled block ids, the same ids in every group", 1);
         if (status == KVX_OK)
