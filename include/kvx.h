@@ -1049,8 +1049,9 @@ KVX_API kvx_status_t kvx_read(kvx_agent_t *agent, kvx_peer_t *const *peers, size
                               kvx_read_stats_t *stats_p);
 
 /* Push mode: asks each prefill rank in `peers` that holds part of the request to write it
- * into this agent's blocks (it plans from our side, puts, flushes, notifies us, and answers
- * on the side channel). kvx_write_post returns at once with a transfer handle, completed by
+ * into this agent's blocks (it plans from our side, puts, flushes and answers; a share of at
+ * most 64 KiB of host memory it sends in its answer instead, which we copy where our own plan
+ * puts it). kvx_write_post returns at once with a transfer handle, completed by
  * progress like a pull, the first push to a peer included (its writer's registration is
  * carried by progress under the transfer's deadline); kvx_write posts and waits. A rank's refusal
  * fails it with KVX_ERR_PEER_REFUSED and the writer's message, no answer within the deadline with
