@@ -655,24 +655,36 @@ static void a_push_before_its_hold_waits_for_it(void **state)
     assert_int_equal(r.releases, 1);
 }
 
+/* Holds block `id` as request `id`, pushes it with the token (*token_p gets it), and checks
+ * the bytes, the decode side's pushes_as_reads and that the hold was released; returns the
+ * prefill side's report. */
+static struct report held_block_pushed(struct session *s, uint64_t id, uint64_t as_reads,
+                                       kvx_token_t *token_p)
+{
+    struct report r;
+
+    *token_p = token_new();
+    hold(s, id, id, token_p);
+    block_clear(s->agent, id);
+    assert_int_equal(transfer(s, true, id, id, token_p), KVX_OK);
+    assert_true(block_matches(s->agent, id));
+    assert_int_equal(decode_stats(s).pushes_as_reads, as_reads);
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.releases, 1);
+    assert_int_equal(r.last_release, id);
+    return r;
+}
+
 /* On one host a push goes as a read of the prefill's blocks, with a read's done: counted,
  * it releases the hold; refused (a repeat), it fails the push, after the bytes were read as a
  * read's refusal does. Nothing goes to a writer. */
 static void a_push_on_one_host_goes_as_a_read(void **state)
 {
     struct session *s = *state;
-    kvx_token_t token = token_new();
-    struct report r;
+    kvx_token_t token;
+    struct report r = held_block_pushed(s, 13, 1, &token);
 
-    hold(s, 13, 13, &token);
-    block_clear(s->agent, 13);
-    assert_int_equal(transfer(s, true, 13, 13, &token), KVX_OK);
-    assert_true(block_matches(s->agent, 13));
-    assert_int_equal(decode_stats(s).pushes_as_reads, 1);
-    r = command(s, 's', NULL, 0);
-    assert_int_equal(r.stats.released, 1);
-    assert_int_equal(r.releases, 1);
-    assert_int_equal(r.last_release, 13);
     assert_int_equal(r.stats.pushes_by_message + r.stats.pushes_serving, 0);
     assert_int_equal(transfer(s, true, 13, 13, &token), KVX_ERR_PEER_REFUSED);
     assert_non_null(strstr(kvx_errmsg(), "write 13"));
@@ -681,22 +693,13 @@ static void a_push_on_one_host_goes_as_a_read(void **state)
     assert_int_equal(command(s, 's', NULL, 0).releases, 1);
 }
 
-/* Over TCP alone (as across hosts) a push goes to the prefill's writer. */
+/* Over TCP alone (as across hosts) a push goes to the prefill's writer, which answers a
+ * 4 KiB share with its bytes, no puts. */
 static void a_push_over_tcp_goes_to_the_writer(void **state)
 {
-    struct session *s = *state;
-    kvx_token_t token = token_new();
-    struct report r;
+    kvx_token_t token;
 
-    hold(s, 14, 14, &token);
-    block_clear(s->agent, 14);
-    assert_int_equal(transfer(s, true, 14, 14, &token), KVX_OK);
-    assert_true(block_matches(s->agent, 14));
-    assert_int_equal(decode_stats(s).pushes_as_reads, 0);
-    r = command(s, 's', NULL, 0);
-    assert_int_equal(r.stats.released, 1);
-    assert_int_equal(r.releases, 1);
-    assert_int_equal(r.stats.pushes_with_bytes, 1); /* 4 KiB: in the answer, no puts */
+    assert_int_equal(held_block_pushed(*state, 14, 0, &token).stats.pushes_with_bytes, 1);
 }
 
 int main(void)
