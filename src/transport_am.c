@@ -31,6 +31,11 @@
 enum { AM_READ = 24, AM_DATA, AM_WRITE, AM_WRITTEN, AM_READV };
 
 #define AM_FLAG_RENDEZVOUS 1u /* the destination is device memory: never eager */
+/* A read's answer of at most this many bytes of host memory goes eagerly (reply_send): UCX
+ * chose a rendezvous from 8 KiB over shared memory; eager, batch-1 pulls of 8 and 16 KiB took
+ * 1.7x and 1.2-1.9x the GB/s, and from 32 KiB the copies cost more than the round trip saves
+ * (docs/performance.md "Small read answers sent eagerly"). */
+#define AM_EAGER_ANSWER_MAX 16384
 /* Requests a connection has out at once; more wait for answers to come. Honest requesters stay
  * well inside the owner's bound below, however large a transfer is. */
 #define AM_WINDOW 512
@@ -194,17 +199,20 @@ static void reply_sent(void *request, ucs_status_t status, void *user_data)
 
 /* Sends an answer (and, for a read, the bytes) at once, from the handler or completion that
  * made it: the requester's endpoint is UCX's, valid during that callback, and may be gone
- * after it (a requester that died). The record goes when UCX is done with it. */
-/* Returns whether UCX sent it at once: the bytes of our memory it carries were copied out. */
+ * after it (a requester that died). The record goes when UCX is done with it. Returns whether
+ * UCX sent it at once: the bytes of our memory it carries were copied out. `flags`: UCX's,
+ * to make it go by rendezvous (device memory) or eagerly (a small read's answer: copied out
+ * at once, so a done that came with it is judged at once, where a rendezvous takes a round
+ * trip more and sends the done back to come again). */
 static bool reply_send(struct am_reply *r, unsigned id, const void *data, uint64_t length,
-                       bool rendezvous)
+                       uint32_t flags)
 {
     ucp_request_param_t param = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .cb.send   = reply_sent,
         .user_data = r,
-        .flags     = rendezvous ? UCP_AM_SEND_FLAG_RNDV : 0,
+        .flags     = flags,
     };
     ucs_status_ptr_t sp;
 
@@ -262,7 +270,7 @@ void am_writes_receive(struct transport *t)
             /* Done in place, or failed: the endpoint may be gone by now, so nothing is sent
              * on a failure; the writer's deadline answers it. */
             if (sp == NULL)
-                reply_send(r, AM_WRITTEN, NULL, 0, false);
+                reply_send(r, AM_WRITTEN, NULL, 0, 0);
             else
                 reply_free(r);
         }
@@ -306,7 +314,7 @@ static void read_refuse(struct transport *t, struct am_reply *r, const void *att
 {
     t->counters.refused++;
     r->header.status = AM_STATUS_REFUSED;
-    reply_send(r, AM_DATA, NULL, 0, false);
+    reply_send(r, AM_DATA, NULL, 0, 0);
     attachment_give(t, attachment, size, false, param);
 }
 
@@ -335,7 +343,10 @@ static ucs_status_t read_served(void *arg, const void *header, size_t header_len
     t->counters.reads++;
     attachment_give(t, data, length,
                     reply_send(r, AM_DATA, (char *)mem->address + h.offset, h.length,
-                               (h.flags & AM_FLAG_RENDEZVOUS) != 0),
+                               (h.flags & AM_FLAG_RENDEZVOUS) != 0 ? UCP_AM_SEND_FLAG_RNDV
+                               : h.length <= AM_EAGER_ANSWER_MAX && !mem->device
+                                   ? UCP_AM_SEND_FLAG_EAGER
+                                   : 0),
                     param);
     return UCS_OK;
 }
@@ -356,6 +367,16 @@ bool am_ranges_granted(const struct transport *t, const void *data, size_t lengt
         iov[i] = (ucp_dt_iov_t){(char *)mem->address + range.offset, range.length};
     }
     return true;
+}
+
+/* Bytes of a vectored read's ranges. */
+static uint64_t iov_bytes(const ucp_dt_iov_t *iov, uint32_t count)
+{
+    uint64_t total = 0;
+
+    for (uint32_t i = 0; i < count; i++)
+        total += iov[i].length;
+    return total;
 }
 
 /* A vectored read: its ranges' bytes in one answer, or one refusal for all of them. The
@@ -389,7 +410,11 @@ static ucs_status_t readv_served(void *arg, const void *header, size_t header_le
     }
     t->counters.reads += h.count;
     attachment_give(t, (char *)data + ranges, length - ranges,
-                    reply_send(r, AM_DATA, NULL, 0, false), param);
+                    reply_send(r, AM_DATA, NULL, 0,
+                               iov_bytes(r->iov, h.count) <= AM_EAGER_ANSWER_MAX
+                                   ? UCP_AM_SEND_FLAG_EAGER
+                                   : 0),
+                    param);
     return UCS_OK;
 }
 
@@ -403,7 +428,7 @@ static void written_received(void *request, ucs_status_t status, size_t length, 
         reply_free(r);
         return;
     }
-    reply_send(r, AM_WRITTEN, NULL, 0, false);
+    reply_send(r, AM_WRITTEN, NULL, 0, 0);
 }
 
 static ucs_status_t write_served(void *arg, const void *header, size_t header_length, void *data,
@@ -428,13 +453,13 @@ static ucs_status_t write_served(void *arg, const void *header, size_t header_le
     if (!token_equal(h.token, t->write_token) || mem == NULL || (mem->device && !rendezvous)) {
         t->counters.refused++;
         r->header.status = AM_STATUS_REFUSED;
-        reply_send(r, AM_WRITTEN, NULL, 0, false);
+        reply_send(r, AM_WRITTEN, NULL, 0, 0);
         return UCS_OK;
     }
     t->counters.writes++;
     if (!rendezvous) {
         memcpy((char *)mem->address + h.offset, data, length);
-        reply_send(r, AM_WRITTEN, NULL, 0, false);
+        reply_send(r, AM_WRITTEN, NULL, 0, 0);
         return UCS_OK;
     }
     r->desc        = data; /* received once progress returned (am_writes_receive) */
