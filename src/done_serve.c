@@ -248,8 +248,8 @@ void done_serve_message(struct core *core, const void *data, size_t size, bool w
         return;
     }
     memcpy(answer.handle, body, DONE_HANDLE_LEN);
-    /* Evicted or never ours; or with a read whose bytes had not left our memory yet, so the
-     * hold must outlive them: sent back, to come again once the bytes are there. */
+    /* Evicted or never ours; or with a read that was refused or whose answer could not be
+     * sent (transport.h, the read hook): sent back, to come again once the bytes are there. */
     if (!sent || !done_handle_conn(core->done_handles, answer.handle, &conn)) {
         answer.text_size = strlen(DONE_ANSWER_RESEND);
         memcpy(text, DONE_ANSWER_RESEND, answer.text_size);

@@ -197,9 +197,10 @@ typedef void (*transport_msg_handler_t)(void *arg, const void *data, size_t size
                                         const struct transport_msg_from *from);
 
 /* Set on the main worker's owner: `hook` gets the bytes a peer attached to a read message
- * (transport_op_attach) once the read was served, with `sent` true only when its answer, the
- * bytes of our memory it read included, had left our memory when the hook runs (UCX sent it
- * at once), and `from` to answer the peer (transport_msg_reply). Runs inside progress. */
+ * (transport_op_attach) once the read's answer, the bytes of our memory it read included, has
+ * left our memory (UCX sent it at once, or its rendezvous completed), with `sent` true, or
+ * when it could not be sent or the read was refused, with `sent` false; and `from` to answer
+ * the peer (transport_msg_reply). Runs inside progress. */
 typedef void (*transport_read_hook_t)(void *arg, const void *data, size_t size, bool sent,
                                       const struct transport_msg_from *from);
 void transport_set_read_hook(struct transport *t, transport_read_hook_t hook, void *arg);

@@ -124,6 +124,10 @@ struct am_reply {
     void *dest;
     uint64_t length;
     struct am_reply *next_queued;
+    /* A read's attachment (a done), handed to the read hook once the answer left our memory:
+     * at once, or when a rendezvous answer's send completed (reply_sent). */
+    uint8_t attach[TRANSPORT_ATTACH_MAX];
+    size_t attach_size;
     /* A vectored read's answer: the ranges of our storages it sends, in order. */
     uint32_t num_iov;
     ucp_dt_iov_t iov[];
@@ -192,20 +196,31 @@ static void reply_free(struct am_reply *r)
 
 static void reply_sent(void *request, ucs_status_t status, void *user_data)
 {
-    (void)status; /* a requester that went away: nothing of ours to undo */
+    struct am_reply *r = user_data;
+
     ucp_request_free(request);
-    reply_free(user_data);
+    /* The requester has the bytes now: its done may be judged. A requester that went away
+     * has nothing of ours to undo, and no answer to get. */
+    if (status == UCS_OK && r->attach_size > 0 && r->t->read_hook != NULL) {
+        struct transport_msg_from from = {r->t, r->ep};
+
+        r->t->read_hook(r->t->read_hook_arg, r->attach, r->attach_size, true, &from);
+    }
+    reply_free(r);
 }
 
 /* Sends an answer (and, for a read, the bytes) at once, from the handler or completion that
  * made it: the requester's endpoint is UCX's, valid during that callback, and may be gone
  * after it (a requester that died). The record goes when UCX is done with it. Returns whether
- * UCX sent it at once: the bytes of our memory it carries were copied out. `flags`: UCX's,
+ * UCX sent it at once (the bytes of our memory it carries were copied out), is still sending
+ * it (the record stays until reply_sent), or failed (the record is gone). `flags`: UCX's,
  * to make it go by rendezvous (device memory) or eagerly (a small read's answer: copied out
  * at once, so a done that came with it is judged at once, where a rendezvous takes a round
  * trip more and sends the done back to come again). */
-static bool reply_send(struct am_reply *r, unsigned id, const void *data, uint64_t length,
-                       uint32_t flags)
+enum reply_sending { REPLY_SENT, REPLY_SENDING, REPLY_FAILED };
+
+static enum reply_sending reply_send(struct am_reply *r, unsigned id, const void *data,
+                                     uint64_t length, uint32_t flags)
 {
     ucp_request_param_t param = {
         .op_attr_mask =
@@ -226,7 +241,7 @@ static bool reply_send(struct am_reply *r, unsigned id, const void *data, uint64
 
     if (sp == NULL || UCS_PTR_IS_ERR(sp))
         reply_free(r);
-    return sp == NULL;
+    return sp == NULL ? REPLY_SENT : UCS_PTR_IS_ERR(sp) ? REPLY_FAILED : REPLY_SENDING;
 }
 
 /* Hands a read's attachment to the read hook, `sent` as the reply's send said. */
@@ -237,6 +252,23 @@ static void attachment_give(struct transport *t, const void *data, size_t size, 
 
     if (size > 0 && t->read_hook != NULL)
         t->read_hook(t->read_hook_arg, data, size, sent, &from);
+}
+
+/* Sends a read's answer and hands its attachment to the read hook once the answer left our
+ * memory: now if UCX sent it at once, else when its send completes (reply_sent), the round
+ * trip a hook answering "come again" would have added; now too, as not sent, if it failed. */
+static void read_answer(struct am_reply *r, const void *data, uint64_t length, uint32_t flags,
+                        const void *attachment, size_t size, const ucp_am_recv_param_t *param)
+{
+    struct transport *t = r->t;
+    enum reply_sending sending;
+
+    if (size > 0) /* size <= TRANSPORT_ATTACH_MAX: checked on arrival */
+        memcpy(r->attach, attachment, size);
+    r->attach_size = size;
+    sending        = reply_send(r, AM_DATA, data, length, flags);
+    if (sending != REPLY_SENDING)
+        attachment_give(t, attachment, size, sending == REPLY_SENT, param);
 }
 
 void transport_set_read_hook(struct transport *t, transport_read_hook_t hook, void *arg)
@@ -281,9 +313,8 @@ void am_writes_receive(struct transport *t)
 static struct am_reply *reply_create(struct transport *t, ucp_ep_h ep, uint64_t cookie,
                                      uint32_t num_iov)
 {
-    struct am_reply *r = t->serving < AM_MAX_SERVING
-                             ? calloc(1, sizeof(*r) + num_iov * sizeof(r->iov[0]))
-                             : NULL;
+    struct am_reply *r =
+        t->serving < AM_MAX_SERVING ? calloc(1, sizeof(*r) + num_iov * sizeof(r->iov[0])) : NULL;
 
     if (r == NULL) {
         t->counters.refused++;
@@ -341,13 +372,11 @@ static ucs_status_t read_served(void *arg, const void *header, size_t header_len
         return UCS_OK;
     }
     t->counters.reads++;
-    attachment_give(t, data, length,
-                    reply_send(r, AM_DATA, (char *)mem->address + h.offset, h.length,
-                               (h.flags & AM_FLAG_RENDEZVOUS) != 0 ? UCP_AM_SEND_FLAG_RNDV
-                               : h.length <= AM_EAGER_ANSWER_MAX && !mem->device
-                                   ? UCP_AM_SEND_FLAG_EAGER
-                                   : 0),
-                    param);
+    read_answer(r, (char *)mem->address + h.offset, h.length,
+                (h.flags & AM_FLAG_RENDEZVOUS) != 0               ? UCP_AM_SEND_FLAG_RNDV
+                : h.length <= AM_EAGER_ANSWER_MAX && !mem->device ? UCP_AM_SEND_FLAG_EAGER
+                                                                  : 0,
+                data, length, param);
     return UCS_OK;
 }
 
@@ -409,12 +438,9 @@ static ucs_status_t readv_served(void *arg, const void *header, size_t header_le
         return UCS_OK;
     }
     t->counters.reads += h.count;
-    attachment_give(t, (char *)data + ranges, length - ranges,
-                    reply_send(r, AM_DATA, NULL, 0,
-                               iov_bytes(r->iov, h.count) <= AM_EAGER_ANSWER_MAX
-                                   ? UCP_AM_SEND_FLAG_EAGER
-                                   : 0),
-                    param);
+    read_answer(r, NULL, 0,
+                iov_bytes(r->iov, h.count) <= AM_EAGER_ANSWER_MAX ? UCP_AM_SEND_FLAG_EAGER : 0,
+                (char *)data + ranges, length - ranges, param);
     return UCS_OK;
 }
 
@@ -684,18 +710,17 @@ static kvx_status_t request_create(struct transport_op *op, uint32_t storage, vo
         }
         conn->num_cookies = n;
     }
-    req = calloc(1, sizeof(*req) + num_iov * (sizeof(req->ranges[0]) + sizeof(req->iov[0])) +
-                        more);
+    req = calloc(1, sizeof(*req) + num_iov * (sizeof(req->ranges[0]) + sizeof(req->iov[0])) + more);
     if (req == NULL)
         return error_no_memory("a request");
     req->num_iov = num_iov;
     req->ranges  = (struct am_range *)(req->iov + num_iov); /* iov's 16 bytes keep them aligned */
     req->more    = (uint8_t *)(req->ranges + num_iov);
-    req->op                     = op;
-    req->conn                   = conn;
-    req->local                  = local;
-    req->length                 = length;
-    req->index                  = conn->free_cookies[--conn->num_free_cookies];
+    req->op      = op;
+    req->conn    = conn;
+    req->local   = local;
+    req->length  = length;
+    req->index   = conn->free_cookies[--conn->num_free_cookies];
     conn->by_cookie[req->index] = req;
     /* Every request its own cookie: a late answer to an ended one never matches a new one. */
     req->cookie = (uint64_t)++conn->generation << 32 | req->index;
