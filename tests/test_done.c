@@ -131,9 +131,15 @@ static bool prefill_command(kvx_agent_t *agent, int go, int ready, struct report
     return write(ready, report, sizeof(*report)) == sizeof(*report);
 }
 
+/* The prefill's storage is the caller's (aligned_alloc), as an engine's cache is, rather than
+ * kvx's: on one host its kvx then serves reads as messages instead of the reader copying from
+ * a mapping. Set before the prefill process is forked. */
+static bool prefill_malloced;
+
 /* The prefill process: its storage holds the pattern; serves and runs commands until 'q'. */
 static int run_prefill(int ready, int go)
 {
+    static void *bases[1];
     kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
                                                KVX_AGENT_PARAM_FIELD_LEASE_MS |
                                                KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
@@ -146,6 +152,13 @@ static int run_prefill(int ready, int go)
     uint64_t *words;
 
     alarm(120);
+    if (prefill_malloced) {
+        bases[0] = aligned_alloc(PAGE, 16 * PAGE);
+        if (bases[0] == NULL)
+            return 10;
+        params.field_mask |= KVX_AGENT_PARAM_FIELD_STORAGE_BASES;
+        params.storage_bases = bases;
+    }
     if (agent_from_quoted(mla_layout, &params, &agent) != KVX_OK)
         return 10;
     words = kvx_agent_storage(agent, 0, &size);
@@ -205,6 +218,17 @@ static int session_setup(void **state)
 static int session_setup_tcp(void **state)
 {
     return session_open(state, "tcp");
+}
+
+/* The prefill's storage malloc'ed (prefill_malloced), default transports. */
+static int session_setup_malloced(void **state)
+{
+    int result;
+
+    prefill_malloced = true;
+    result           = session_open(state, NULL);
+    prefill_malloced = false;
+    return result;
 }
 
 /* Pushes to the prefill's writers, as across hosts: on one host they go as reads unless
@@ -568,6 +592,35 @@ static void a_small_served_read_takes_its_done_along(void **state)
     assert_int_equal(command(s, 's', NULL, 0).stats.released, 3);
 }
 
+/* A served read whose answer goes by rendezvous (eight blocks, 32 KiB in one pair, from the
+ * prefill's malloc'ed storage over shared memory) takes its done along too: the prefill judges
+ * it when the rendezvous completed, so it is counted with its read and never sent back. */
+static void a_rendezvous_read_has_its_done_judged_when_it_completes(void **state)
+{
+    struct session *s     = *state;
+    kvx_token_t token     = token_new();
+    uint64_t ids[8]       = {0, 1, 2, 3, 4, 5, 6, 7};
+    kvx_group_ids_t group = {ids, 8};
+    kvx_request_t request = {&group, 1, NULL, 0, &token};
+    kvx_read_stats_t stats;
+    struct report r;
+
+    /* the connection's first done goes on the side channel, and gets it a done handle */
+    assert_int_equal(transfer(s, false, 20, 15, NULL), KVX_OK);
+    hold(s, 21, 0, &token);
+    for (uint64_t i = 0; i < 8; i++)
+        block_clear(s->agent, i);
+    assert_int_equal(kvx_read(s->agent, &s->peer, 1, 21, &request, &stats), KVX_OK);
+    assert_int_equal(stats.posted, 1); /* one pair: one read, one answer */
+    for (uint64_t i = 0; i < 8; i++)
+        assert_true(block_matches(s->agent, i));
+    assert_int_equal(decode_stats(s).dones_resent, 0);
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.dones_with_reads, 1);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.releases, 1);
+}
+
 /* A push with the request's token is its rank's done: the hold is released (one callback)
  * after the writes; a second push of the same reference is refused. The writer answers with
  * the bytes (`with_bytes`), or puts them. */
@@ -717,6 +770,8 @@ int main(void)
                                         session_setup, session_teardown),
         cmocka_unit_test_setup_teardown(a_small_served_read_takes_its_done_along, session_setup_tcp,
                                         session_teardown),
+        cmocka_unit_test_setup_teardown(a_rendezvous_read_has_its_done_judged_when_it_completes,
+                                        session_setup_malloced, session_teardown),
         cmocka_unit_test_setup_teardown(a_push_with_its_token_releases_the_hold,
                                         session_setup_writers, session_teardown),
         cmocka_unit_test_setup_teardown(a_push_put_with_its_token_releases_the_hold,
