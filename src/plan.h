@@ -85,6 +85,10 @@ struct plan_conflict {
 /* plan_dedup.c, on pair arrays (docs/plan.md "Each byte once"). Sorted means by local
  * storage, local offset, longer first, then source. */
 
+/* The pairs the last planned request reads from remote `rank` (one list per read rank), and
+ * their number in *count_p; NULL and 0 when it reads nothing from that rank. */
+const kvx_pair_t *plan_pairs_of_rank(const kvx_pairs_t *pairs, uint32_t rank, size_t *count_p);
+
 /* True when each pair starts at or after the end of the one before, storages ascending. */
 bool plan_pairs_ordered(const kvx_pair_t *pairs, size_t n);
 

@@ -82,6 +82,16 @@ const kvx_pair_t *kvx_pairs_read(const kvx_pairs_t *pairs, size_t read, uint32_t
     return pairs->reads[read].pairs;
 }
 
+const kvx_pair_t *plan_pairs_of_rank(const kvx_pairs_t *pairs, uint32_t rank, size_t *count_p)
+{
+    for (size_t r = 0; r < pairs->num_reads; r++) {
+        if (pairs->ranks[r] == rank)
+            return kvx_pairs_read(pairs, r, NULL, count_p);
+    }
+    *count_p = 0;
+    return NULL;
+}
+
 void kvx_pairs_stats(const kvx_pairs_t *pairs, kvx_pairs_stats_t *stats_p)
 {
     *stats_p = pairs->stats;

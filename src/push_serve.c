@@ -14,6 +14,7 @@
 #include "error.h"
 #include "hold.h"
 #include "notify.h"
+#include "plan.h"
 #include "push_request.h"
 #include "regions.h"
 #include "wire.h"
@@ -517,42 +518,34 @@ static kvx_status_t job_plan(struct push_job *job)
     return kvx_peer_plan_request(job->writer->conn->plan, &request, job->server->pairs);
 }
 
-/* Posts this rank's share of the planned request (s->pairs) as puts. */
+/* Posts this rank's share of the planned request (s->pairs) as puts; the decode side's other
+ * prefill ranks write their own. */
 static kvx_status_t job_put(struct push_job *job)
 {
     struct push_server *s            = job->server;
     struct conn *conn                = job->writer->conn;
     struct transport_targets targets = {s->core->bases, s->core->regions->storage_mems,
                                         conn->remote_bases, true};
-    kvx_status_t status              = job_op_new(job);
+    size_t count;
+    const kvx_pair_t *p = plan_pairs_of_rank(s->pairs, s->core->tp_rank, &count);
+    kvx_status_t status = job_op_new(job);
 
-    for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(s->pairs); r++) {
-        uint32_t rank;
-        size_t count;
-        const kvx_pair_t *p = kvx_pairs_read(s->pairs, r, &rank, &count);
-
-        if (rank == s->core->tp_rank) /* other prefill ranks write their own shares */
-            status = transport_rma_post(job->op, true, p, count, &targets);
-    }
+    if (status == KVX_OK && count > 0)
+        status = transport_rma_post(job->op, true, p, count, &targets);
     return status;
 }
 
-/* This rank's share of the planned request (s->pairs), in bytes, when it may go in the answer:
- * at most `max` bytes, all of host memory; else SIZE_MAX. */
-static size_t job_share_bytes(const struct push_server *s, size_t max)
+/* This rank's share of the planned request (s->pairs), `count` pairs at `p`, in bytes when
+ * it may go in the answer: at most `max` bytes, all of host memory; else SIZE_MAX. */
+static size_t job_share_bytes(const struct push_server *s, const kvx_pair_t *p, size_t count,
+                              size_t max)
 {
     size_t total = 0;
 
-    for (size_t r = 0; r < kvx_pairs_num_reads(s->pairs); r++) {
-        uint32_t rank;
-        size_t count;
-        const kvx_pair_t *p = kvx_pairs_read(s->pairs, r, &rank, &count);
-
-        for (size_t i = 0; rank == s->core->tp_rank && i < count; i++) {
-            if (s->core->gpus[p[i].remote_storage] != NULL || p[i].len > max - total)
-                return SIZE_MAX;
-            total += p[i].len;
-        }
+    for (size_t i = 0; i < count; i++) {
+        if (s->core->gpus[p[i].remote_storage] != NULL || p[i].len > max - total)
+            return SIZE_MAX;
+        total += p[i].len;
     }
     return total;
 }
@@ -568,24 +561,20 @@ static bool job_answer_with_bytes(struct push_job *job)
     struct push_server *s        = job->server;
     struct push_am_answer answer = {.id = job->origin.id};
     size_t max = job->req.bytes_max < PUSH_BYTES_MAX ? job->req.bytes_max : PUSH_BYTES_MAX;
+    size_t count;
+    const kvx_pair_t *p = plan_pairs_of_rank(s->pairs, s->core->tp_rank, &count);
     size_t total;
     uint8_t *at;
     size_t size;
 
-    if (!job->by_message || max == 0 || (total = job_share_bytes(s, max)) == SIZE_MAX)
+    if (!job->by_message || max == 0 || (total = job_share_bytes(s, p, count, max)) == SIZE_MAX)
         return false;
     memcpy(answer.handle, job->writer->handle, PUSH_HANDLE_LEN);
     at = push_am_bytes_begin(&answer, total, s->answer);
-    for (size_t r = 0; r < kvx_pairs_num_reads(s->pairs); r++) {
-        uint32_t rank;
-        size_t count;
-        const kvx_pair_t *p = kvx_pairs_read(s->pairs, r, &rank, &count);
-
-        for (size_t i = 0; rank == s->core->tp_rank && i < count; i++) {
-            memcpy(at, (const uint8_t *)s->core->bases[p[i].remote_storage] + p[i].remote_offset,
-                   p[i].len);
-            at += p[i].len;
-        }
+    for (size_t i = 0; i < count; i++) {
+        memcpy(at, (const uint8_t *)s->core->bases[p[i].remote_storage] + p[i].remote_offset,
+               p[i].len);
+        at += p[i].len;
     }
     if (job->is_done) {
         enum hold_done done = hold_table_done(s->core->holds, job->request_id, job_rank(job),

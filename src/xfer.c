@@ -12,6 +12,7 @@
 #include "invariant.h"
 #include "notify.h"
 #include "peer.h"
+#include "plan.h"
 #include "push_request.h"
 #include "regions.h"
 #include "stats.h"
@@ -561,7 +562,6 @@ static kvx_status_t read_pairs(kvx_xfer_t *x, const kvx_request_t *request,
                                kvx_pairs_t *alt, const kvx_pair_t **pairs_p, size_t *count_p)
 {
     struct conn *conn = peer_conn(x->legs[r].peer);
-    uint32_t rank;
     kvx_status_t status;
 
     if (memcmp(conn->table_digest, first->table_digest, CONN_DIGEST_LEN) == 0) {
@@ -569,16 +569,11 @@ static kvx_status_t read_pairs(kvx_xfer_t *x, const kvx_request_t *request,
         return KVX_OK;
     }
     status = kvx_peer_plan_request(conn->plan, request, alt);
-    for (size_t i = 0; status == KVX_OK && i < kvx_pairs_num_reads(alt); i++) {
-        const kvx_pair_t *pairs = kvx_pairs_read(alt, i, &rank, count_p);
-
-        if (rank == conn->tp_rank) {
-            *pairs_p = pairs;
-            return KVX_OK;
-        }
-    }
-    return status != KVX_OK
-               ? status
+    if (status != KVX_OK)
+        return status;
+    *pairs_p = plan_pairs_of_rank(alt, conn->tp_rank, count_p);
+    return *pairs_p != NULL
+               ? KVX_OK
                : error_set(KVX_ERR_INTERNAL, "read: rank %" PRIu32 "'s own plan does not read it",
                            conn->tp_rank);
 }
@@ -955,33 +950,24 @@ static kvx_request_t xfer_request(const kvx_xfer_t *x)
 static kvx_status_t push_bytes_place(kvx_xfer_t *x, struct xfer_leg *leg, const uint8_t *bytes,
                                      size_t size)
 {
-    struct core *core     = x->set->core;
+    void *const *bases    = x->set->core->bases;
     kvx_request_t request = xfer_request(x);
-    kvx_pairs_t *pairs    = x->set->answer_pairs;
-    uint32_t want         = peer_rank(leg->peer);
+    const kvx_pair_t *p   = NULL;
+    size_t count          = 0;
     uint64_t share        = 0;
-    kvx_status_t status   = kvx_peer_plan_request(peer_conn(leg->peer)->plan, &request, pairs);
+    kvx_status_t status =
+        kvx_peer_plan_request(peer_conn(leg->peer)->plan, &request, x->set->answer_pairs);
 
-    for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(pairs); r++) {
-        uint32_t rank;
-        size_t count;
-        const kvx_pair_t *p = kvx_pairs_read(pairs, r, &rank, &count);
-
-        for (size_t i = 0; rank == want && i < count; i++)
-            share += p[i].len;
-    }
+    if (status == KVX_OK)
+        p = plan_pairs_of_rank(x->set->answer_pairs, peer_rank(leg->peer), &count);
+    for (size_t i = 0; i < count; i++)
+        share += p[i].len;
     if (status == KVX_OK && share != size)
-        status = error_set(KVX_ERR_PEER_REFUSED,
-                           "its answer carried %zu bytes where its share is %" PRIu64, size, share);
-    for (size_t r = 0; status == KVX_OK && r < kvx_pairs_num_reads(pairs); r++) {
-        uint32_t rank;
-        size_t count;
-        const kvx_pair_t *p = kvx_pairs_read(pairs, r, &rank, &count);
-
-        for (size_t i = 0; rank == want && i < count; i++) {
-            memcpy((uint8_t *)core->bases[p[i].local_storage] + p[i].local_offset, bytes, p[i].len);
-            bytes += p[i].len;
-        }
+        return error_set(KVX_ERR_PEER_REFUSED,
+                         "its answer carried %zu bytes where its share is %" PRIu64, size, share);
+    for (size_t i = 0; i < count; i++) {
+        memcpy((uint8_t *)bases[p[i].local_storage] + p[i].local_offset, bytes, p[i].len);
+        bytes += p[i].len;
     }
     return status;
 }
