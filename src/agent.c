@@ -62,6 +62,14 @@
  * step. With nothing of ours in flight (a side-channel answer, a heartbeat) it sleeps at once:
  * spinning then only takes the core from ZeroMQ's threads that bring the answer. */
 #define AGENT_SPIN_US 200
+/* Checking a ZeroMQ socket costs a system call or two (its mailbox's poll and a getpid) whether
+ * anything came or not, and arming every source before a sleep a few more: paid on every turn,
+ * they were most of a 4 KiB pull's time over shared memory (about 50 system calls a transfer
+ * across both processes). So once a check of the side channel found nothing, the next comes
+ * after this long, and the sources are armed at most once in it (a turn in between leaves the
+ * descriptor readable instead). A side-channel message waits at most this much longer, beside
+ * the tens of microseconds ZeroMQ itself takes. */
+#define AGENT_SIDE_CHECK_US 100
 /* The longest sleep while UCX operations of ours are in flight: UCX's wakeup descriptor
  * signals what arrives, not every local completion (a put or flush that finishes), so such a
  * sleep must end on its own soon. */
@@ -86,6 +94,9 @@ struct kvx_agent {
     struct hold_table holds;
     struct loop_timer lease_timer; /* at the earliest lease end of the hold table */
     double idle_since;             /* clock_seconds() of the first idle turn in a row; 0: busy */
+    double side_checked;           /* clock_seconds() of the last check of the side channel */
+    bool side_quiet;               /* and it found nothing */
+    double armed;                  /* clock_seconds() of the last arming of every source */
     kvx_release_cb_t release;
     void *release_arg;
     char *push_transports;
@@ -956,8 +967,11 @@ static void agent_ucx_log(struct core *core)
  * it handled. User callbacks run only in the last phase. */
 static size_t agent_turn(kvx_agent_t *agent)
 {
-    struct core *core  = &agent->core;
-    size_t events      = 0;
+    struct core *core = &agent->core;
+    double now        = clock_seconds();
+    bool side     = !agent->side_quiet || now - agent->side_checked >= AGENT_SIDE_CHECK_US * 1e-6;
+    size_t events = 0;
+    size_t side_events = 0;
     uint64_t malformed = 0;
 
     /* 1. UCX: the main worker (notifications, peers' operations that need us), every
@@ -973,16 +987,24 @@ static size_t agent_turn(kvx_agent_t *agent)
         events += push_progress(agent->pushes);
     events += xfers_advance(agent->xfers);
     /* 2. The side channel: who may connect (before anything they send), requests to us,
-     * replies to our requests. */
-    if (agent->gate != NULL)
-        events += gate_serve(agent->gate);
-    if (agent->side != NULL)
-        events += sidechan_server_serve(agent->side, agent_verbs,
-                                        sizeof(agent_verbs) / sizeof(agent_verbs[0]), agent,
-                                        AGENT_REQUESTS_PER_TURN, &malformed);
+     * replies to our requests; its sockets every AGENT_SIDE_CHECK_US while they are quiet.
+     * The answers that came as messages are handed over every turn. */
+    if (side) {
+        if (agent->gate != NULL)
+            side_events += gate_serve(agent->gate);
+        if (agent->side != NULL)
+            side_events += sidechan_server_serve(agent->side, agent_verbs,
+                                                 sizeof(agent_verbs) / sizeof(agent_verbs[0]),
+                                                 agent, AGENT_REQUESTS_PER_TURN, &malformed);
+    }
     core->stats.notifications_dropped += malformed;
     events += checksum_jobs_run(core, core->checksums, agent->side, AGENT_HASH_BYTES_PER_TURN);
-    events += peers_serve(core);
+    side_events += peers_serve(core, side);
+    if (side) {
+        agent->side_checked = now;
+        agent->side_quiet   = side_events == 0;
+    }
+    events += side_events;
     /* 3. Deadlines, heartbeats and leases, from the one timer heap. */
     events += loop_timers_run(&core->loop, clock_ms());
     /* 4. Peers that went down (in any phase above) fail what they had in flight, and their
@@ -1050,18 +1072,20 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
     uint64_t start    = clock_ms();
 
     for (;;) {
-        size_t events = agent_turn(agent);
-        uint64_t now  = clock_ms();
-        bool finished = done != NULL ? done(arg) : events > 0;
+        size_t events  = agent_turn(agent);
+        uint64_t now   = clock_ms();
+        double seconds = clock_seconds();
+        bool finished  = done != NULL ? done(arg) : events > 0;
         uint64_t next;
         uint64_t sleep;
         bool busy;
 
         if (events == 0 && agent->idle_since == 0)
-            agent->idle_since = clock_seconds();
-        if (events > 0 || ((transport_ops_pending(agent->core.transport) > 0 ||
-                            peers_awaiting_answers(&agent->core)) &&
-                           clock_seconds() - agent->idle_since < AGENT_SPIN_US * 1e-6)) {
+            agent->idle_since = seconds;
+        if (events > 0 || seconds - agent->armed < AGENT_SIDE_CHECK_US * 1e-6 ||
+            ((transport_ops_pending(agent->core.transport) > 0 ||
+              peers_awaiting_answers(&agent->core)) &&
+             seconds - agent->idle_since < AGENT_SPIN_US * 1e-6)) {
             if (events > 0)
                 agent->idle_since = 0;
             loop_wake(loop);
@@ -1069,7 +1093,8 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
                 return;
             continue;
         }
-        busy = agent_busy(agent);
+        busy         = agent_busy(agent);
+        agent->armed = seconds;
         loop_prepare_sleep(loop, busy);
         if (finished || now - start >= timeout_ms)
             return;
@@ -1084,6 +1109,7 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
         if (transport_ops_pending(agent->core.transport) > 0 && sleep > AGENT_PENDING_SLEEP_MS)
             sleep = AGENT_PENDING_SLEEP_MS;
         agent_wait(agent, sleep > INT32_MAX ? INT32_MAX : (int)sleep);
+        agent->side_quiet = false; /* what woke us may be on the side channel */
     }
 }
 

@@ -586,12 +586,13 @@ void peers_done_answer(struct core *core, const void *data, size_t size)
     answer_keep(core, data, size, true);
 }
 
-/* Takes the replies waiting on one peer's socket; false when it went down meanwhile. */
-static size_t peer_serve(kvx_peer_t *peer)
+/* Hands over the answers that came as messages and, with `socket`, takes the replies waiting
+ * on the peer's socket. */
+static size_t peer_serve(kvx_peer_t *peer, bool socket)
 {
     size_t taken = answers_deliver(peer);
 
-    while (taken < PEER_REPLIES_PER_TURN && peer->link.client != NULL) {
+    while (socket && taken < PEER_REPLIES_PER_TURN && peer->link.client != NULL) {
         struct pending pending;
         uint64_t id;
         char *reply;
@@ -609,13 +610,13 @@ static size_t peer_serve(kvx_peer_t *peer)
     return taken;
 }
 
-size_t peers_serve(struct core *core)
+size_t peers_serve(struct core *core, bool sockets)
 {
     size_t taken = 0;
 
     for (kvx_peer_t *peer = core->peers, *next; peer != NULL; peer = next) {
         next = peer->next; /* a restart takes the peer out of the list */
-        taken += peer_serve(peer);
+        taken += peer_serve(peer, sockets);
     }
     return taken;
 }

@@ -119,10 +119,11 @@ void peers_forward_proof(struct core *core, const struct push_proof *proof);
 void peer_unwant(kvx_peer_t *peer, uint64_t request_id);
 
 /* The loop's phases for every peer: progress their transport connections (returns events);
- * take their side-channel replies (returns messages); and before sleeping, arm and check
- * them (true when one has work already). */
+ * hand over the answers that came as messages and, with `sockets`, take their side-channel
+ * replies (returns both); and before sleeping, arm and check them (true when one has work
+ * already). */
 unsigned peers_progress(struct core *core);
-size_t peers_serve(struct core *core);
+size_t peers_serve(struct core *core, bool sockets);
 bool peers_busy(struct core *core);
 /* Whether a done or push we sent as a message awaits its answer (microseconds away: the loop
  * spins for it as for a UCX operation of ours). */
