@@ -81,6 +81,7 @@ struct push_server {
     uint32_t max_per_peer;
     uint32_t max_push_ms;
     size_t busy;            /* writers with jobs in flight */
+    size_t connected;       /* writers with a connection: none, and a turn looks at none */
     void *own_addresses[2]; /* this agent's workers: never a writer's target */
     size_t own_sizes[2];
     struct push_writer writers[PUSH_MAX_WRITERS];
@@ -203,6 +204,7 @@ static void writer_close(struct push_server *s, struct push_writer *w)
     if (w->conn != NULL) {
         loop_unwatch_fd(&s->core->loop, transport_conn_event_fd(w->conn->transport));
         conn_close(w->conn);
+        s->connected--;
     }
     *w = (struct push_writer){.server = s, .proof_deadline = w->proof_deadline, .stall = w->stall};
 }
@@ -359,6 +361,7 @@ void push_register(void *server, const struct sidechan_request *request)
         w->used_at = ++s->uses;
         status = conn_open(s->transport, core->regions, core->tp_size, core->tp_rank, KVX_MODE_PUSH,
                            request->body, request->body_size, &w->conn);
+        s->connected += w->conn != NULL;
     }
     if (status == KVX_OK)
         status = target_not_ours(s, w->conn);
@@ -1043,7 +1046,7 @@ unsigned push_progress(struct push_server *server)
 {
     unsigned events = queued_start(server);
 
-    for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
+    for (size_t i = 0; server->connected > 0 && i < PUSH_MAX_WRITERS; i++) {
         struct conn *conn = server->writers[i].conn;
 
         for (int round = 0; conn != NULL && round < PUSH_PROGRESS_ROUNDS &&
@@ -1058,7 +1061,7 @@ bool push_busy(struct push_server *server)
 {
     bool busy = server->ready != NULL || server->queued != NULL;
 
-    for (size_t i = 0; i < PUSH_MAX_WRITERS; i++) {
+    for (size_t i = 0; server->connected > 0 && i < PUSH_MAX_WRITERS; i++) {
         struct conn *conn = server->writers[i].conn;
 
         if (conn != NULL && !transport_conn_arm(conn->transport))
