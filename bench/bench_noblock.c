@@ -291,7 +291,7 @@ static void posts_measure(kvx_agent_t *agent, kvx_peer_t *peer, int pulls)
         if (kvx_write_post(agent, &peer, 1, 2000 + r, &request, NULL, NULL, &xfer) != KVX_OK)
             die("a 1 GiB push");
         if (r == 0)
-            printf("%-44s %9.1f us (it registers with the peer, blocking)\n",
+            printf("%-44s %9.1f us (the first after connecting)\n",
                    "kvx_write_post, 1 GiB, the first", (clock_ns() - start) / 1e3);
         else
             post[r - 1] = clock_ns() - start;

@@ -63,12 +63,12 @@
  * spinning then only takes the core from ZeroMQ's threads that bring the answer. */
 #define AGENT_SPIN_US 200
 /* Checking a ZeroMQ socket costs a system call or two (its mailbox's poll and a getpid) whether
- * anything came or not, and arming every source before a sleep a few more: paid on every turn,
- * they were most of a 4 KiB pull's time over shared memory (about 50 system calls a transfer
- * across both processes). So once a check of the side channel found nothing, the next comes
- * after this long, and the sources are armed at most once in it (a turn in between leaves the
- * descriptor readable instead). A side-channel message waits at most this much longer, beside
- * the tens of microseconds ZeroMQ itself takes. */
+ * anything came or not, and arming every source a few more: paid on every turn, they were
+ * most of a 4 KiB pull's time over shared memory (about 50 system calls a transfer across both
+ * processes). So once a check of the side channel found nothing, the next comes after this
+ * long; and a call that returns without sleeping (kvx_agent_progress(agent, 0) in a spinning
+ * prefill) arms at most once in it, leaving the descriptor readable otherwise. A side-channel
+ * message waits at most this much longer, beside the tens of microseconds ZeroMQ takes. */
 #define AGENT_SIDE_CHECK_US 100
 /* The longest sleep while UCX operations of ours are in flight: UCX's wakeup descriptor
  * signals what arrives, not every local completion (a put or flush that finishes), so such a
@@ -1076,27 +1076,29 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
         uint64_t now   = clock_ms();
         double seconds = clock_seconds();
         bool finished  = done != NULL ? done(arg) : events > 0;
+        bool leaving   = finished || now - start >= timeout_ms;
         uint64_t next;
         uint64_t sleep;
         bool busy;
 
         if (events == 0 && agent->idle_since == 0)
             agent->idle_since = seconds;
-        if (events > 0 || seconds - agent->armed < AGENT_SIDE_CHECK_US * 1e-6 ||
+        if (events > 0 || (leaving && seconds - agent->armed < AGENT_SIDE_CHECK_US * 1e-6) ||
             ((transport_ops_pending(agent->core.transport) > 0 ||
               peers_awaiting_answers(&agent->core)) &&
              seconds - agent->idle_since < AGENT_SPIN_US * 1e-6)) {
             if (events > 0)
                 agent->idle_since = 0;
             loop_wake(loop);
-            if (finished || now - start >= timeout_ms)
+            if (leaving)
                 return;
             continue;
         }
-        busy         = agent_busy(agent);
-        agent->armed = seconds;
+        busy              = agent_busy(agent);
+        agent->armed      = seconds;
+        agent->side_quiet = agent->side_quiet && !busy; /* the busy source may be a socket */
         loop_prepare_sleep(loop, busy);
-        if (finished || now - start >= timeout_ms)
+        if (leaving)
             return;
         if (busy) {
             agent->idle_since = 0;

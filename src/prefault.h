@@ -4,6 +4,7 @@
 #ifndef KVX_SRC_PREFAULT_H
 #define KVX_SRC_PREFAULT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,5 +25,11 @@ struct prefault *prefault_start(const struct prefault_range *ranges, size_t num_
  * millisecond) and joins the thread: the ranges may be unmapped once this returns.
  * NULL-safe. */
 void prefault_stop(struct prefault *p);
+
+/* The same without waiting, for a closing connection (a public call must not wait for a
+ * chunk while other threads populate): asks the thread to stop after its chunk; once
+ * prefault_ended says it did, prefault_stop joins it at once. NULL-safe (NULL has ended). */
+void prefault_stop_begin(struct prefault *p);
+bool prefault_ended(const struct prefault *p);
 
 #endif

@@ -6,7 +6,6 @@
 #include "clock.h"
 #include "error.h"
 #include "invariant.h"
-#include "prefault.h"
 #include "transport_private.h"
 
 #include <stdio.h>
@@ -148,6 +147,12 @@ void transport_destroy(struct transport *t)
         t->settling = conn->next_settling;
         t->num_settling--;
         conn_settle_now(conn);
+        conn_free(conn);
+    }
+    while (t->unmapping != NULL) {
+        struct transport_conn *conn = t->unmapping;
+
+        t->unmapping = conn->next_settling;
         conn_free(conn);
     }
     while (t->parked != NULL) {
@@ -442,6 +447,7 @@ static void conn_unalloc(struct transport_conn *conn)
     free(conn->rkeys);
     free(conn->storages);
     free(conn->mapped);
+    free(conn->ranges);
     free(conn);
 }
 
@@ -457,7 +463,9 @@ static struct transport_conn *conn_alloc(struct transport *t, size_t num_mems)
     conn->rkeys       = calloc(num_mems + 1, sizeof(*conn->rkeys));
     conn->mapped      = calloc(num_mems + 1, sizeof(*conn->mapped));
     conn->storages    = calloc(num_mems + 1, sizeof(*conn->storages));
-    if (conn->rkeys == NULL || conn->mapped == NULL || conn->storages == NULL) {
+    conn->ranges      = calloc(num_mems + 1, sizeof(*conn->ranges));
+    if (conn->rkeys == NULL || conn->mapped == NULL || conn->storages == NULL ||
+        conn->ranges == NULL) {
         conn_unalloc(conn);
         return NULL;
     }
@@ -483,8 +491,6 @@ static bool conn_take_grant(struct transport_conn *conn, size_t s,
 static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
                                      const struct transport_remote_mem *mems, size_t num_mems)
 {
-    struct prefault_range *ranges = calloc(num_mems + 1, sizeof(*ranges)); /* optional */
-
     for (; conn->num_rkeys < num_mems; conn->num_rkeys++) {
         const struct transport_remote_mem *mem = &mems[conn->num_rkeys];
         ucp_rkey_h *rkey                       = &conn->rkeys[conn->num_rkeys];
@@ -502,29 +508,24 @@ static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
             if (key_size == 0 || mem->device || ucp_ep_rkey_unpack(conn->ep, key, rkey) != UCS_OK)
                 continue;             /* kvx's reads only */
         } else if (conn->t->served) { /* no RMA in this context: a key is of no use */
-            free(ranges);
             return error_set(KVX_ERR_INVALID,
                              "transport: the peer hands out UCX keys (its transports have no "
                              "tcp) and this agent's transports include tcp: give both the "
                              "same transports");
         } else if ((st = key_size > 0 ? ucp_ep_rkey_unpack(conn->ep, key, rkey)
                                       : UCS_ERR_INVALID_PARAM) != UCS_OK) {
-            free(ranges);
             return transport_ucs_error("unpacking a remote key", st);
         }
         conn->mapped[conn->num_rkeys] =
             mem->device ? 0 : mapped_offset(*rkey, mem->base, mem->size, &range);
-        if (conn->mapped[conn->num_rkeys] != 0 && ranges != NULL)
-            ranges[conn->num_mapped] = range;
-        conn->num_mapped += conn->mapped[conn->num_rkeys] != 0;
+        if (conn->mapped[conn->num_rkeys] != 0)
+            conn->ranges[conn->num_mapped++] = range;
         if (served && conn->mapped[conn->num_rkeys] == 0) {
             ucp_rkey_destroy(*rkey); /* not mapped here: of no use */
             *rkey = NULL;
         }
     }
-    if (ranges != NULL)
-        conn->prefault = prefault_start(ranges, conn->num_mapped);
-    free(ranges);
+    conn->prefault = prefault_start(conn->ranges, conn->num_mapped);
     return KVX_OK;
 }
 
@@ -549,8 +550,8 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
     if ((conn = conn_alloc(t, num_mems)) == NULL)
         return error_no_memory("a connection");
     status = worker_create(t->context, &conn->worker);
-    if (status == KVX_OK && ((status = am_conn_set(conn)) != KVX_OK ||
-                             (status = msg_conn_set(conn)) != KVX_OK))
+    if (status == KVX_OK &&
+        ((status = am_conn_set(conn)) != KVX_OK || (status = msg_conn_set(conn)) != KVX_OK))
         ucp_worker_destroy(conn->worker);
     if (status != KVX_OK) {
         conn_unalloc(conn);
@@ -635,9 +636,18 @@ static void conn_settle_now(struct transport_conn *conn)
         ;
 }
 
-/* A settled connection goes: freed, or parked when the peer still owes it something. */
+/* A settled connection goes: freed, or parked when the peer still owes it something; first,
+ * in the loop, the mappings of its peer's storages leave our page tables (unmap_slices.h), so
+ * that freeing it unmaps nothing populated. */
 static void conn_settled(struct transport_conn *conn)
 {
+    struct transport *t = conn->t;
+
+    if (conn->prefault != NULL || unmap_slices_run(&conn->unmap, &(size_t){0})) {
+        conn->next_settling = t->unmapping;
+        t->unmapping        = conn;
+        return;
+    }
     conn->settling = false;
     if (!conn_has_pending(conn))
         conn_free(conn);
@@ -649,6 +659,7 @@ size_t transport_settle_run(struct transport *t)
 {
     struct transport_conn **link = &t->settling;
     double until                 = clock_seconds() + TRANSPORT_SETTLE_SLICE;
+    size_t budget                = UNMAP_SLICE; /* all unmapping connections' together */
     size_t worked                = 0;
 
     KVX_ASSERT(t->progressing == 0); /* it frees connections */
@@ -662,6 +673,23 @@ size_t transport_settle_run(struct transport *t)
         *link = conn->next_settling;
         t->num_settling--;
         worked++;
+        conn_settled(conn);
+    }
+    for (link = &t->unmapping; *link != NULL && budget > 0;) {
+        struct transport_conn *conn = *link;
+
+        if (!prefault_ended(conn->prefault)) { /* its last chunk, a millisecond at most */
+            link = &conn->next_settling;
+            continue;
+        }
+        prefault_stop(conn->prefault); /* it ended: joined at once */
+        conn->prefault = NULL;
+        worked++;
+        if (unmap_slices_run(&conn->unmap, &budget)) {
+            link = &conn->next_settling;
+            continue;
+        }
+        *link = conn->next_settling;
         conn_settled(conn);
     }
     return worked;
@@ -729,13 +757,14 @@ void transport_conn_destroy(struct transport_conn *conn)
     KVX_ASSERT(t->progressing == 0); /* a completion callback closing its own connection */
     for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
         copy_queue_drop(op); /* copies not made yet never are: the transfer is over */
-    /* Its populating thread only ever reads ahead: stopped here, before any key goes, and
-     * never needed again (a closing connection is not read from). */
-    prefault_stop(conn->prefault);
-    conn->prefault        = NULL;
+    /* Its populating thread only ever reads ahead, and is never needed again (a closing
+     * connection is not read from): asked to stop here, and joined once it ended, before
+     * any of its ranges leaves our page tables or any key goes (conn_settled). */
+    prefault_stop_begin(conn->prefault);
     conn->settling        = true;
     conn->settle_idle     = 0;
     conn->settle_deadline = clock_seconds() + TRANSPORT_SETTLE_SECONDS;
+    unmap_slices_start(&conn->unmap, conn->ranges, conn->num_mapped);
     /* A slice here ends what needs no more (nothing queued in UCX: the usual case), so the
      * connection goes at once; the rest settles in the loop, a slice a turn. */
     if (conn_settle_round(conn, clock_seconds() + TRANSPORT_SETTLE_SLICE, &worked)) {
@@ -857,10 +886,10 @@ static bool reads_one_message(const struct transport_op *op, const kvx_pair_t *p
 
         if (rs >= conn->num_rkeys || !conn->storages[rs].served || conn->mapped[rs] != 0 ||
             conn->storages[rs].device || targets->local_mems[p->local_storage] == KVX_MEM_VRAM ||
-            (count > 1 && (p->len == 0 || p->len > AM_READV_RANGE ||
-                           memcmp(conn->storages[rs].token,
-                                  conn->storages[pairs[0].remote_storage].token,
-                                  TRANSPORT_TOKEN_SIZE) != 0)))
+            (count > 1 &&
+             (p->len == 0 || p->len > AM_READV_RANGE ||
+              memcmp(conn->storages[rs].token, conn->storages[pairs[0].remote_storage].token,
+                     TRANSPORT_TOKEN_SIZE) != 0)))
             return false;
         bytes += p->len;
         reads->ranges[i] =

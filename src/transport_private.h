@@ -5,6 +5,7 @@
 #define KVX_SRC_TRANSPORT_PRIVATE_H
 
 #include "transport.h"
+#include "unmap_slices.h"
 
 #include <ucp/api/ucp.h>
 
@@ -79,7 +80,8 @@ struct transport {
     size_t num_parked;
     struct transport_conn *settling; /* closed, finishing what needs nothing of the peer */
     size_t num_settling;
-    struct transport_op *copying; /* ops with copies from mapped storages left, oldest first */
+    struct transport_conn *unmapping; /* settled, its peer's storages leaving our page tables */
+    struct transport_op *copying;     /* ops with copies from mapped storages left, oldest first */
     struct transport_op *copying_tail;
     unsigned progressing; /* progress calls under way: nothing may be closed inside one */
     /* Its transports include one on which UCX checks no key (TCP's software RMA): the context
@@ -89,9 +91,9 @@ struct transport {
     uint8_t write_token[TRANSPORT_TOKEN_SIZE]; /* what a peer's write must present (push) */
     struct transport_mem **mems;               /* by storage index (order of mapping) */
     size_t num_mems;
-    struct am_record *replies; /* the main worker's: answers and writes being received */
-    size_t serving;            /* of those */
-    struct am_reply *queued;   /* writes to receive once progress returned */
+    struct am_record *replies;       /* the main worker's: answers and writes being received */
+    size_t serving;                  /* of those */
+    struct am_reply *queued;         /* writes to receive once progress returned */
     transport_read_hook_t read_hook; /* a served read's attachment (transport_set_read_hook) */
     void *read_hook_arg;
     struct transport_data_counters counters;
@@ -138,7 +140,9 @@ struct transport_conn {
     uintptr_t *mapped;
     size_t num_rkeys;
     size_t num_mapped;
+    struct prefault_range *ranges;      /* of the mapped storages, num_mapped of them */
     struct prefault *prefault;          /* of the mapped storages; stopped before their keys go */
+    struct unmap_slices unmap;          /* closing: those ranges leaving our page tables */
     struct transport_op *ops;           /* every op record of this connection, released or not */
     struct transport_conn *next_parked; /* in t->parked */
     struct am_record *requests;         /* kvx reads and writes awaiting their answer */
@@ -151,7 +155,7 @@ struct transport_conn {
     size_t num_cookies;
     size_t num_free_cookies;
     uint32_t generation; /* of cookies: an answer to a request that ended finds nothing */
-    struct transport_conn *next_settling; /* in t->settling */
+    struct transport_conn *next_settling; /* in t->settling, then in t->unmapping */
     double settle_deadline;               /* clock_seconds() when settling gives up */
     unsigned settle_idle;                 /* progress calls in a row that did nothing */
     bool parked;
@@ -184,7 +188,7 @@ struct transport_op {
     size_t copy_done;               /* bytes of copies[next_copy] already copied */
     struct transport_op *copy_next; /* in t->copying while it has copies left */
     bool copying;
-    uint8_t am[TRANSPORT_AM_MAX]; /* an active message's bytes, alive until it completes */
+    uint8_t am[TRANSPORT_AM_MAX];         /* an active message's bytes, alive until it completes */
     uint8_t attach[TRANSPORT_ATTACH_MAX]; /* transport_op_attach's bytes */
     size_t attach_size;                   /* 0: none */
     bool attached;                        /* they went with the post's one read message */
