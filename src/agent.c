@@ -63,13 +63,19 @@
  * spinning then only takes the core from ZeroMQ's threads that bring the answer. */
 #define AGENT_SPIN_US 200
 /* Checking a ZeroMQ socket costs a system call or two (its mailbox's poll and a getpid) whether
- * anything came or not, and arming every source a few more: paid on every turn, they were
- * most of a 4 KiB pull's time over shared memory (about 50 system calls a transfer across both
- * processes). So once a check of the side channel found nothing, the next comes after this
- * long; and a call that returns without sleeping (kvx_agent_progress(agent, 0) in a spinning
- * prefill) arms at most once in it, leaving the descriptor readable otherwise. A side-channel
- * message waits at most this much longer, beside the tens of microseconds ZeroMQ takes. */
+ * anything came or not: paid on every turn, with the arming of every source before each
+ * return of an idle kvx_agent_progress(agent, 0), they were most of a 4 KiB pull's time over
+ * shared memory (about 50 system calls a transfer across both processes). So once a check of
+ * the side channel found nothing, the next comes when one of its descriptors is readable (one
+ * epoll_wait a turn for all of them: loop_side_ready), or after this long at the latest, for
+ * what a send took the edge of. */
 #define AGENT_SIDE_CHECK_US 100
+/* How long a call that returns without sleeping (kvx_agent_progress(agent, 0)) leaves the
+ * descriptor readable after the last event before it arms every source (a dozen system calls,
+ * and UCX's shared memory then signals each message a socket write): a prefill spinning on it
+ * serves back-to-back requests without arming between them, and an event loop waiting on the
+ * descriptor calls again for this long at most before it sleeps. */
+#define AGENT_LINGER_US 8
 /* The longest sleep while UCX operations of ours are in flight: UCX's wakeup descriptor
  * signals what arrives, not every local completion (a put or flush that finishes), so such a
  * sleep must end on its own soon. */
@@ -96,7 +102,7 @@ struct kvx_agent {
     double idle_since;             /* clock_seconds() of the first idle turn in a row; 0: busy */
     double side_checked;           /* clock_seconds() of the last check of the side channel */
     bool side_quiet;               /* and it found nothing */
-    double armed;                  /* clock_seconds() of the last arming of every source */
+    bool armed; /* every source armed by an earlier call, and no event since: still armed */
     kvx_release_cb_t release;
     void *release_arg;
     char *push_transports;
@@ -584,9 +590,9 @@ static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
                                agent->listen_address, sizeof(agent->listen_address), &agent->side);
     n = gate_sockets(agent->gate, sockets);
     for (size_t i = 0; status == KVX_OK && i < n; i++)
-        status = loop_watch_fd(&core->loop, zsocket_fd(sockets[i]));
+        status = loop_watch_fd(&core->loop, zsocket_fd(sockets[i]), true);
     if (status == KVX_OK)
-        status = loop_watch_fd(&core->loop, sidechan_server_fd(agent->side));
+        status = loop_watch_fd(&core->loop, sidechan_server_fd(agent->side), true);
     if (status == KVX_OK)
         status = push_server_create(core, agent->side, agent->push_transports, agent->max_pushes,
                                     agent->max_push_ms, &agent->pushes);
@@ -759,7 +765,8 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
                                       &agent->metadata_size)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PUSH, &agent->push_metadata,
                                       &agent->push_metadata_size)) != KVX_OK ||
-        (status = loop_watch_fd(&core->loop, transport_event_fd(core->transport))) != KVX_OK ||
+        (status = loop_watch_fd(&core->loop, transport_event_fd(core->transport), false)) !=
+            KVX_OK ||
         (status = checksum_jobs_create(&core->checksums)) != KVX_OK ||
         (status = xfer_set_create(core, &agent->xfers)) != KVX_OK)
         goto err;
@@ -969,8 +976,9 @@ static size_t agent_turn(kvx_agent_t *agent)
 {
     struct core *core = &agent->core;
     double now        = clock_seconds();
-    bool side     = !agent->side_quiet || now - agent->side_checked >= AGENT_SIDE_CHECK_US * 1e-6;
-    size_t events = 0;
+    bool side = !agent->side_quiet || now - agent->side_checked >= AGENT_SIDE_CHECK_US * 1e-6 ||
+                loop_side_ready(&core->loop);
+    size_t events      = 0;
     size_t side_events = 0;
     uint64_t malformed = 0;
 
@@ -1083,7 +1091,13 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
 
         if (events == 0 && agent->idle_since == 0)
             agent->idle_since = seconds;
-        if (events > 0 || (leaving && seconds - agent->armed < AGENT_SIDE_CHECK_US * 1e-6) ||
+        agent->armed = agent->armed && events == 0;
+        /* Armed by an earlier call, and nothing happened since (the descriptor is not readable
+         * for a post either): what was armed still holds, so arming again is only its system
+         * calls, which a caller spinning on kvx_agent_progress(agent, 0) paid every call. */
+        if (leaving && agent->armed && !loop->woken)
+            return;
+        if (events > 0 || (leaving && seconds - agent->idle_since < AGENT_LINGER_US * 1e-6) ||
             ((transport_ops_pending(agent->core.transport) > 0 ||
               peers_awaiting_answers(&agent->core)) &&
              seconds - agent->idle_since < AGENT_SPIN_US * 1e-6)) {
@@ -1095,7 +1109,7 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
             continue;
         }
         busy              = agent_busy(agent);
-        agent->armed      = seconds;
+        agent->armed      = !busy;
         agent->side_quiet = agent->side_quiet && !busy; /* the busy source may be a socket */
         loop_prepare_sleep(loop, busy);
         if (leaving)

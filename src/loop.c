@@ -19,16 +19,17 @@
 
 kvx_status_t loop_init(struct loop *loop)
 {
-    *loop          = (struct loop){.epoll_fd = -1, .wake_fd = -1, .timer_fd = -1};
+    *loop          = (struct loop){.epoll_fd = -1, .side_fd = -1, .wake_fd = -1, .timer_fd = -1};
     loop->lines    = calloc(LOOP_LOG_LINES, sizeof(*loop->lines));
     loop->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    loop->side_fd  = epoll_create1(EPOLL_CLOEXEC);
     loop->wake_fd  = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     loop->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
     if (loop->lines == NULL)
         return error_no_memory("the log queue");
-    if (loop->epoll_fd < 0 || loop->wake_fd < 0 || loop->timer_fd < 0 ||
-        loop_watch_fd(loop, loop->wake_fd) != KVX_OK ||
-        loop_watch_fd(loop, loop->timer_fd) != KVX_OK)
+    if (loop->epoll_fd < 0 || loop->side_fd < 0 || loop->wake_fd < 0 || loop->timer_fd < 0 ||
+        loop_watch_fd(loop, loop->wake_fd, false) != KVX_OK ||
+        loop_watch_fd(loop, loop->timer_fd, false) != KVX_OK)
         return error_set(KVX_ERR_NO_MEMORY, "loop: descriptors: %s", strerror(errno));
     return KVX_OK;
 }
@@ -37,13 +38,15 @@ void loop_fini(struct loop *loop)
 {
     if (loop->epoll_fd >= 0)
         close(loop->epoll_fd);
+    if (loop->side_fd >= 0)
+        close(loop->side_fd);
     if (loop->wake_fd >= 0)
         close(loop->wake_fd);
     if (loop->timer_fd >= 0)
         close(loop->timer_fd);
     free(loop->heap);
     free(loop->lines);
-    *loop = (struct loop){.epoll_fd = -1, .wake_fd = -1, .timer_fd = -1};
+    *loop = (struct loop){.epoll_fd = -1, .side_fd = -1, .wake_fd = -1, .timer_fd = -1};
 }
 
 static void heap_set(struct loop *loop, size_t i, struct loop_timer *timer)
@@ -266,13 +269,14 @@ void loop_log_limited(struct loop *loop, struct loop_limit *limit, uint64_t now_
     va_end(args);
 }
 
-kvx_status_t loop_watch_fd(struct loop *loop, int fd)
+kvx_status_t loop_watch_fd(struct loop *loop, int fd, bool side)
 {
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
 
     if (fd < 0)
         return KVX_OK;
-    if (epoll_ctl(loop->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST)
+    if ((epoll_ctl(loop->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST) ||
+        (side && epoll_ctl(loop->side_fd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST))
         return error_set(KVX_ERR_NO_MEMORY, "loop: watching descriptor %d: %s", fd,
                          strerror(errno));
     return KVX_OK;
@@ -280,8 +284,17 @@ kvx_status_t loop_watch_fd(struct loop *loop, int fd)
 
 void loop_unwatch_fd(struct loop *loop, int fd)
 {
-    if (fd >= 0)
+    if (fd >= 0) {
         epoll_ctl(loop->epoll_fd, EPOLL_CTL_DEL, fd, NULL);
+        epoll_ctl(loop->side_fd, EPOLL_CTL_DEL, fd, NULL); /* ENOENT unless it was a side one */
+    }
+}
+
+bool loop_side_ready(struct loop *loop)
+{
+    struct epoll_event ev;
+
+    return epoll_wait(loop->side_fd, &ev, 1, 0) > 0;
 }
 
 void loop_wake(struct loop *loop)

@@ -32,6 +32,7 @@ struct loop {
     struct loop_event *head; /* completions, first queued first */
     struct loop_event *tail;
     int epoll_fd; /* the agent's descriptor: every source below is in it */
+    int side_fd;  /* an epoll set of the side channel's descriptors (ZMQ_FD) alone */
     int wake_fd;  /* an eventfd: readable when progress has work without waiting */
     int timer_fd; /* a timerfd: readable at the next deadline */
     bool woken;   /* wake_fd was written and not read since: writing again changes nothing */
@@ -93,9 +94,17 @@ __attribute__((format(printf, 5, 6))) void loop_log_limited(struct loop *loop,
                                                             uint64_t now_ms, const char *what,
                                                             const char *format, ...);
 
-/* Watching descriptors: UCX's wakeup descriptors, ZeroMQ's ZMQ_FD. */
-kvx_status_t loop_watch_fd(struct loop *loop, int fd);
+/* Watching descriptors: UCX's wakeup descriptors; ZeroMQ's ZMQ_FD (`side`), also in a set of
+ * their own, so that a turn can ask whether any of them is readable in one system call, where
+ * asking each socket costs two (loop_side_ready). */
+kvx_status_t loop_watch_fd(struct loop *loop, int fd, bool side);
 void loop_unwatch_fd(struct loop *loop, int fd);
+
+/* Whether a side-channel descriptor is readable now (never sleeps). ZeroMQ's ZMQ_FD is edge
+ * triggered: it becomes readable when something comes after a receive found the socket empty,
+ * but a send on the socket may take that edge, so a caller also looks at the sockets
+ * themselves now and then (AGENT_SIDE_CHECK_US). */
+bool loop_side_ready(struct loop *loop);
 
 /* Before sleeping (or returning to an event loop that waits on epoll_fd) after a turn that
  * found nothing to do: clears the wake descriptor, then makes it readable again when `busy`

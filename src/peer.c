@@ -232,9 +232,9 @@ static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
         free(reply);
     }
     if (status == KVX_OK)
-        status = loop_watch_fd(&core->loop, sidechan_client_fd(link->client));
+        status = loop_watch_fd(&core->loop, sidechan_client_fd(link->client), true);
     if (status == KVX_OK)
-        status = loop_watch_fd(&core->loop, transport_conn_event_fd(link->conn->transport));
+        status = loop_watch_fd(&core->loop, transport_conn_event_fd(link->conn->transport), false);
     if (status != KVX_OK) {
         char what[768];
 

@@ -366,7 +366,7 @@ void push_register(void *server, const struct sidechan_request *request)
     if (status == KVX_OK)
         status = target_not_ours(s, w->conn);
     if (status == KVX_OK)
-        status = loop_watch_fd(&core->loop, transport_conn_event_fd(w->conn->transport));
+        status = loop_watch_fd(&core->loop, transport_conn_event_fd(w->conn->transport), false);
     if (status == KVX_OK)
         status = random_bytes(w->handle, sizeof(w->handle));
     if (status == KVX_OK)

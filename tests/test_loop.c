@@ -576,15 +576,39 @@ static void watched_descriptor_makes_the_loop_readable_until_unwatched(void **st
     int fds[2];
 
     assert_int_equal(pipe(fds), 0);
-    assert_int_equal(loop_watch_fd(loop, fds[0]), KVX_OK);
-    assert_int_equal(loop_watch_fd(loop, fds[0]), KVX_OK); /* twice: still fine */
-    assert_int_equal(loop_watch_fd(loop, -1), KVX_OK);     /* no descriptor: nothing */
+    assert_int_equal(loop_watch_fd(loop, fds[0], false), KVX_OK);
+    assert_int_equal(loop_watch_fd(loop, fds[0], false), KVX_OK); /* twice: still fine */
+    assert_int_equal(loop_watch_fd(loop, -1, false), KVX_OK);     /* no descriptor: nothing */
     loop_prepare_sleep(loop, false);
     assert_false(readable_within(loop, 0));
     assert_int_equal(write(fds[1], "x", 1), 1);
     assert_true(readable_within(loop, WAKE_MS));
+    assert_false(loop_side_ready(loop)); /* not a side-channel descriptor */
     loop_unwatch_fd(loop, fds[0]);
     assert_false(readable_within(loop, 0));
+    close(fds[0]);
+    close(fds[1]);
+}
+
+/* A side-channel descriptor wakes the loop as any other, and loop_side_ready says so too. */
+static void a_side_descriptor_is_also_seen_by_loop_side_ready(void **state)
+{
+    struct loop *loop = *state;
+    int fds[2];
+    char c;
+
+    assert_int_equal(pipe(fds), 0);
+    assert_int_equal(loop_watch_fd(loop, fds[0], true), KVX_OK);
+    loop_prepare_sleep(loop, false);
+    assert_false(loop_side_ready(loop));
+    assert_int_equal(write(fds[1], "x", 1), 1);
+    assert_true(loop_side_ready(loop));
+    assert_true(readable_within(loop, WAKE_MS));
+    assert_int_equal(read(fds[0], &c, 1), 1);
+    assert_false(loop_side_ready(loop));
+    assert_int_equal(write(fds[1], "x", 1), 1);
+    loop_unwatch_fd(loop, fds[0]);
+    assert_false(loop_side_ready(loop));
     close(fds[0]);
     close(fds[1]);
 }
@@ -605,6 +629,7 @@ int main(void)
         LOOP_TEST(limited_lines_keep_five_a_window_and_count_the_rest),
         LOOP_TEST(descriptor_is_readable_when_busy_woken_or_due_and_not_before),
         LOOP_TEST(watched_descriptor_makes_the_loop_readable_until_unwatched),
+        LOOP_TEST(a_side_descriptor_is_also_seen_by_loop_side_ready),
 #undef LOOP_TEST
     };
 
