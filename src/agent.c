@@ -67,9 +67,10 @@
  * return of an idle kvx_agent_progress(agent, 0), they were most of a 4 KiB pull's time over
  * shared memory (about 50 system calls a transfer across both processes). So once a check of
  * the side channel found nothing, the next comes when one of its descriptors is readable (one
- * epoll_wait a turn for all of them: loop_side_ready), or after this long at the latest, for
- * what a send took the edge of. */
+ * epoll_wait for all of them, every AGENT_SIDE_POLL_US: loop_side_ready), or after
+ * AGENT_SIDE_CHECK_US at the latest, for what a send took the edge of. */
 #define AGENT_SIDE_CHECK_US 100
+#define AGENT_SIDE_POLL_US  5
 /* How long a call that returns without sleeping (kvx_agent_progress(agent, 0)) leaves the
  * descriptor readable after the last event before it arms every source (a dozen system calls,
  * and UCX's shared memory then signals each message a socket write): a prefill spinning on it
@@ -101,6 +102,7 @@ struct kvx_agent {
     struct loop_timer lease_timer; /* at the earliest lease end of the hold table */
     double idle_since;             /* clock_seconds() of the first idle turn in a row; 0: busy */
     double side_checked;           /* clock_seconds() of the last check of the side channel */
+    double side_polled;            /* and of the last look at its descriptors */
     bool side_quiet;               /* and it found nothing */
     bool armed; /* every source armed by an earlier call, and no event since: still armed */
     kvx_release_cb_t release;
@@ -970,14 +972,24 @@ static void agent_ucx_log(struct core *core)
         loop_log(&core->loop, "%s", line);
 }
 
+/* Whether this turn looks at the side channel's sockets (AGENT_SIDE_CHECK_US). */
+static bool agent_side_due(kvx_agent_t *agent, double now)
+{
+    if (!agent->side_quiet || now - agent->side_checked >= AGENT_SIDE_CHECK_US * 1e-6)
+        return true;
+    if (now - agent->side_polled < AGENT_SIDE_POLL_US * 1e-6)
+        return false;
+    agent->side_polled = now;
+    return loop_side_ready(&agent->core.loop);
+}
+
 /* One turn of the loop, its phases in order (docs/agent.md "The loop"); returns the events
  * it handled. User callbacks run only in the last phase. */
 static size_t agent_turn(kvx_agent_t *agent)
 {
-    struct core *core = &agent->core;
-    double now        = clock_seconds();
-    bool side = !agent->side_quiet || now - agent->side_checked >= AGENT_SIDE_CHECK_US * 1e-6 ||
-                loop_side_ready(&core->loop);
+    struct core *core  = &agent->core;
+    double now         = clock_seconds();
+    bool side          = agent_side_due(agent, now);
     size_t events      = 0;
     size_t side_events = 0;
     uint64_t malformed = 0;
