@@ -104,7 +104,7 @@ struct kvx_agent {
     double side_checked;           /* clock_seconds() of the last check of the side channel */
     double side_polled;            /* and of the last look at its descriptors */
     bool side_quiet;               /* and it found nothing */
-    bool armed; /* every source armed by an earlier call, and no event since: still armed */
+    double armed; /* clock_seconds() when every source was armed, no event since; 0: not */
     kvx_release_cb_t release;
     void *release_arg;
     char *push_transports;
@@ -1007,8 +1007,8 @@ static size_t agent_turn(kvx_agent_t *agent)
         events += push_progress(agent->pushes);
     events += xfers_advance(agent->xfers);
     /* 2. The side channel: who may connect (before anything they send), requests to us,
-     * replies to our requests; its sockets every AGENT_SIDE_CHECK_US while they are quiet.
-     * The answers that came as messages are handed over every turn. */
+     * replies to our requests, its sockets looked at when due (agent_side_due); and the
+     * answers that came as messages, every turn. */
     if (side) {
         if (agent->gate != NULL)
             side_events += gate_serve(agent->gate);
@@ -1103,11 +1103,15 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
 
         if (events == 0 && agent->idle_since == 0)
             agent->idle_since = seconds;
-        agent->armed = agent->armed && events == 0;
-        /* Armed by an earlier call, and nothing happened since (the descriptor is not readable
-         * for a post either): what was armed still holds, so arming again is only its system
-         * calls, which a caller spinning on kvx_agent_progress(agent, 0) paid every call. */
-        if (leaving && agent->armed && !loop->woken)
+        if (events > 0)
+            agent->armed = 0;
+        /* Armed by an earlier call, and nothing happened since: what was armed still holds,
+         * so arming again would only be its system calls, which a caller spinning on
+         * kvx_agent_progress(agent, 0) paid on every call. Again every AGENT_SIDE_CHECK_US all
+         * the same, so that a descriptor readable with nothing for us (a wakeup UCX or ZeroMQ
+         * consumed without an event) keeps an event loop turning no longer than that. */
+        if (leaving && agent->armed != 0 && seconds - agent->armed < AGENT_SIDE_CHECK_US * 1e-6 &&
+            loop_sleep_prepared(loop))
             return;
         if (events > 0 || (leaving && seconds - agent->idle_since < AGENT_LINGER_US * 1e-6) ||
             ((transport_ops_pending(agent->core.transport) > 0 ||
@@ -1121,7 +1125,7 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
             continue;
         }
         busy              = agent_busy(agent);
-        agent->armed      = !busy;
+        agent->armed      = busy ? 0 : seconds;
         agent->side_quiet = agent->side_quiet && !busy; /* the busy source may be a socket */
         loop_prepare_sleep(loop, busy);
         if (leaving)

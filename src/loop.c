@@ -332,6 +332,14 @@ void loop_prepare_sleep(struct loop *loop, bool busy)
     }
 }
 
+bool loop_sleep_prepared(const struct loop *loop)
+{
+    uint64_t deadline = loop_next_deadline(loop);
+
+    return !loop->woken && loop_queue_empty(loop) &&
+           (deadline == UINT64_MAX ? loop->timer_set_for == 0 : deadline == loop->timer_set_for);
+}
+
 void loop_wait_done(struct loop *loop)
 {
     uint64_t expirations;

@@ -116,6 +116,11 @@ void loop_prepare_sleep(struct loop *loop, bool busy);
 /* Makes the descriptor readable: there is work without waiting (a post, a busy turn). */
 void loop_wake(struct loop *loop);
 
+/* Whether the descriptor is still as loop_prepare_sleep(loop, false) left it: not woken since,
+ * nothing queued, and the timer descriptor set to the earliest deadline (a timer started since
+ * moves it). */
+bool loop_sleep_prepared(const struct loop *loop);
+
 /* After a wait on the descriptor (the caller's own poll of epoll_fd): takes the timer's
  * expiry, so the descriptor is not readable for it again. */
 void loop_wait_done(struct loop *loop);

@@ -590,6 +590,46 @@ static void watched_descriptor_makes_the_loop_readable_until_unwatched(void **st
     close(fds[1]);
 }
 
+/* What loop_prepare_sleep left holds until a wake, a queued completion or a timer that moves
+ * the earliest deadline: then the loop must prepare again (the agent then arms again). */
+static void a_prepared_sleep_holds_until_woken_queued_or_a_new_earliest_timer(void **state)
+{
+    struct loop *loop = *state;
+    struct loop_timer early;
+    struct loop_timer late;
+    struct test_event events[1];
+
+    loop_timer_init(&early, noop_fire);
+    loop_timer_init(&late, noop_fire);
+    loop_prepare_sleep(loop, false);
+    assert_true(loop_sleep_prepared(loop));
+    loop_wake(loop);
+    assert_false(loop_sleep_prepared(loop));
+    loop_prepare_sleep(loop, false);
+    assert_true(loop_sleep_prepared(loop));
+
+    assert_int_equal(loop_timer_start(loop, &late, clock_ms() + 60000), KVX_OK);
+    assert_false(loop_sleep_prepared(loop)); /* the timer descriptor is not set for it */
+    loop_prepare_sleep(loop, false);
+    assert_true(loop_sleep_prepared(loop));
+    assert_int_equal(loop_timer_start(loop, &early, clock_ms() + 30000), KVX_OK);
+    assert_false(loop_sleep_prepared(loop));
+    loop_prepare_sleep(loop, false);
+    loop_timer_stop(loop, &late); /* not the earliest: nothing to set again */
+    assert_true(loop_sleep_prepared(loop));
+    loop_timer_stop(loop, &early);
+    assert_false(loop_sleep_prepared(loop));
+    loop_prepare_sleep(loop, false);
+    assert_true(loop_sleep_prepared(loop));
+
+    events_init(events, 1, loop);
+    loop_queue(loop, &events[0].event);
+    assert_false(loop_sleep_prepared(loop));
+    loop_queue_run(loop);
+    loop_prepare_sleep(loop, false);
+    assert_true(loop_sleep_prepared(loop));
+}
+
 /* A side-channel descriptor wakes the loop as any other, and loop_side_ready says so too. */
 static void a_side_descriptor_is_also_seen_by_loop_side_ready(void **state)
 {
@@ -629,6 +669,7 @@ int main(void)
         LOOP_TEST(limited_lines_keep_five_a_window_and_count_the_rest),
         LOOP_TEST(descriptor_is_readable_when_busy_woken_or_due_and_not_before),
         LOOP_TEST(watched_descriptor_makes_the_loop_readable_until_unwatched),
+        LOOP_TEST(a_prepared_sleep_holds_until_woken_queued_or_a_new_earliest_timer),
         LOOP_TEST(a_side_descriptor_is_also_seen_by_loop_side_ready),
 #undef LOOP_TEST
     };
