@@ -39,6 +39,17 @@ def model(kind, seed):
     return models.make(kind, os.path.join(work_dir(), "%s-%d" % (kind, seed)), seed)
 
 
+def engine_env(core):
+    """The environment of an engine process pinned to `core`: loopback only, a small KV
+    cache, and amx/sitecustomize.py first on its path (AMX machines: it says why)."""
+    path = os.path.join(HERE, "amx")
+    if os.environ.get("PYTHONPATH"):
+        path += os.pathsep + os.environ["PYTHONPATH"]
+    return dict(os.environ, UCX_NET_DEVICES="lo", VLLM_HOST_IP="127.0.0.1",
+                VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core),
+                PYTHONPATH=path)
+
+
 class Engine:
     """One engine process; `name` names its log file (work_dir()/NAME.log)."""
 
@@ -52,9 +63,7 @@ class Engine:
             os.unlink(self.ready_file)
         with open(spec_path, "w") as f:
             json.dump(dict(spec, ready_file=self.ready_file), f)
-        env = dict(os.environ, UCX_NET_DEVICES="lo", VLLM_HOST_IP="127.0.0.1",
-                   VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core),
-                   VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+        env = dict(engine_env(core), VLLM_ALLOW_INSECURE_SERIALIZATION="1",
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(next(_ports)))
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), spec_path],
@@ -237,8 +246,7 @@ class Server:
                 "--no-enable-prefix-caching"]
         if kv_transfer_config:
             args += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
-        env = dict(os.environ, UCX_NET_DEVICES="lo", VLLM_HOST_IP="127.0.0.1",
-                   VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core))
+        env = engine_env(core)
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
