@@ -550,8 +550,8 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
     if ((conn = conn_alloc(t, num_mems)) == NULL)
         return error_no_memory("a connection");
     status = worker_create(t->context, &conn->worker);
-    if (status == KVX_OK &&
-        ((status = am_conn_set(conn)) != KVX_OK || (status = msg_conn_set(conn)) != KVX_OK))
+    if (status == KVX_OK && ((status = am_conn_set(conn)) != KVX_OK ||
+                             (status = msg_conn_set(conn)) != KVX_OK))
         ucp_worker_destroy(conn->worker);
     if (status != KVX_OK) {
         conn_unalloc(conn);
@@ -678,13 +678,13 @@ size_t transport_settle_run(struct transport *t)
     for (link = &t->unmapping; *link != NULL && budget > 0;) {
         struct transport_conn *conn = *link;
 
+        worked++; /* the loop turns on until the list is empty: a millisecond or a few */
         if (!prefault_ended(conn->prefault)) { /* its last chunk, a millisecond at most */
             link = &conn->next_settling;
             continue;
         }
         prefault_stop(conn->prefault); /* it ended: joined at once */
         conn->prefault = NULL;
-        worked++;
         if (unmap_slices_run(&conn->unmap, &budget)) {
             link = &conn->next_settling;
             continue;
@@ -886,10 +886,10 @@ static bool reads_one_message(const struct transport_op *op, const kvx_pair_t *p
 
         if (rs >= conn->num_rkeys || !conn->storages[rs].served || conn->mapped[rs] != 0 ||
             conn->storages[rs].device || targets->local_mems[p->local_storage] == KVX_MEM_VRAM ||
-            (count > 1 &&
-             (p->len == 0 || p->len > AM_READV_RANGE ||
-              memcmp(conn->storages[rs].token, conn->storages[pairs[0].remote_storage].token,
-                     TRANSPORT_TOKEN_SIZE) != 0)))
+            (count > 1 && (p->len == 0 || p->len > AM_READV_RANGE ||
+                           memcmp(conn->storages[rs].token,
+                                  conn->storages[pairs[0].remote_storage].token,
+                                  TRANSPORT_TOKEN_SIZE) != 0)))
             return false;
         bytes += p->len;
         reads->ranges[i] =
