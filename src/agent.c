@@ -983,13 +983,13 @@ static bool agent_side_due(kvx_agent_t *agent, double now)
     return loop_side_ready(&agent->core.loop);
 }
 
-/* One turn of the loop, its phases in order (docs/agent.md "The loop"); returns the events
- * it handled. User callbacks run only in the last phase. */
-static size_t agent_turn(kvx_agent_t *agent)
+/* One turn of the loop, its phases in order (docs/agent.md "The loop"), at `now` (read once a
+ * turn: struct clock_now); returns the events it handled. User callbacks run only in the last
+ * phase. */
+static size_t agent_turn(kvx_agent_t *agent, struct clock_now now)
 {
     struct core *core  = &agent->core;
-    double now         = clock_seconds();
-    bool side          = agent_side_due(agent, now);
+    bool side          = agent_side_due(agent, now.seconds);
     size_t events      = 0;
     size_t side_events = 0;
     uint64_t malformed = 0;
@@ -1021,12 +1021,12 @@ static size_t agent_turn(kvx_agent_t *agent)
     events += checksum_jobs_run(core, core->checksums, agent->side, AGENT_HASH_BYTES_PER_TURN);
     side_events += peers_serve(core, side);
     if (side) {
-        agent->side_checked = now;
+        agent->side_checked = now.seconds;
         agent->side_quiet   = side_events == 0;
     }
     events += side_events;
     /* 3. Deadlines, heartbeats and leases, from the one timer heap. */
-    events += loop_timers_run(&core->loop, clock_ms());
+    events += loop_timers_run(&core->loop, now.ms);
     /* 4. Peers that went down (in any phase above) fail what they had in flight, and their
      * connections close, before any of it is reported. */
     events += xfers_fail_down_peers(agent->xfers);
@@ -1088,21 +1088,22 @@ static void agent_wait(kvx_agent_t *agent, int timeout_ms)
 static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(const void *),
                       const void *arg)
 {
-    struct loop *loop = &agent->core.loop;
-    uint64_t start    = clock_ms();
+    struct loop *loop    = &agent->core.loop;
+    struct clock_now now = clock_now();
+    uint64_t start       = now.ms;
 
     for (;;) {
-        size_t events  = agent_turn(agent);
-        uint64_t now   = clock_ms();
-        double seconds = clock_seconds();
-        bool finished  = done != NULL ? done(arg) : events > 0;
-        bool leaving   = finished || now - start >= timeout_ms;
+        size_t events = agent_turn(agent, now);
+        bool finished = done != NULL ? done(arg) : events > 0;
+        bool leaving;
         uint64_t next;
         uint64_t sleep;
         bool busy;
 
+        now     = clock_now(); /* after the turn: for what follows, and the next turn */
+        leaving = finished || now.ms - start >= timeout_ms;
         if (events == 0 && agent->idle_since == 0)
-            agent->idle_since = seconds;
+            agent->idle_since = now.seconds;
         if (events > 0)
             agent->armed = 0;
         /* Armed by an earlier call, and nothing happened since: what was armed still holds,
@@ -1110,13 +1111,13 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
          * kvx_agent_progress(agent, 0) paid on every call. Again every AGENT_SIDE_CHECK_US all
          * the same, so that a descriptor readable with nothing for us (a wakeup UCX or ZeroMQ
          * consumed without an event) keeps an event loop turning no longer than that. */
-        if (leaving && agent->armed != 0 && seconds - agent->armed < AGENT_SIDE_CHECK_US * 1e-6 &&
-            loop_sleep_prepared(loop))
+        if (leaving && agent->armed != 0 &&
+            now.seconds - agent->armed < AGENT_SIDE_CHECK_US * 1e-6 && loop_sleep_prepared(loop))
             return;
-        if (events > 0 || (leaving && seconds - agent->idle_since < AGENT_LINGER_US * 1e-6) ||
+        if (events > 0 || (leaving && now.seconds - agent->idle_since < AGENT_LINGER_US * 1e-6) ||
             ((transport_ops_pending(agent->core.transport) > 0 ||
               peers_awaiting_answers(&agent->core)) &&
-             seconds - agent->idle_since < AGENT_SPIN_US * 1e-6)) {
+             now.seconds - agent->idle_since < AGENT_SPIN_US * 1e-6)) {
             if (events > 0)
                 agent->idle_since = 0;
             loop_wake(loop);
@@ -1125,7 +1126,7 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
             continue;
         }
         busy              = agent_busy(agent);
-        agent->armed      = busy ? 0 : seconds;
+        agent->armed      = busy ? 0 : now.seconds;
         agent->side_quiet = agent->side_quiet && !busy; /* the busy source may be a socket */
         loop_prepare_sleep(loop, busy);
         if (leaving)
@@ -1135,13 +1136,14 @@ static void agent_run(kvx_agent_t *agent, uint64_t timeout_ms, bool (*done)(cons
             continue;
         }
         next  = loop_next_deadline(loop);
-        sleep = timeout_ms - (now - start);
+        sleep = timeout_ms - (now.ms - start);
         if (next != UINT64_MAX)
-            sleep = next <= now ? 0 : next - now < sleep ? next - now : sleep;
+            sleep = next <= now.ms ? 0 : next - now.ms < sleep ? next - now.ms : sleep;
         if (transport_ops_pending(agent->core.transport) > 0 && sleep > AGENT_PENDING_SLEEP_MS)
             sleep = AGENT_PENDING_SLEEP_MS;
         agent_wait(agent, sleep > INT32_MAX ? INT32_MAX : (int)sleep);
         agent->side_quiet = false; /* what woke us may be on the side channel */
+        now               = clock_now();
     }
 }
 

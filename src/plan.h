@@ -107,6 +107,39 @@ bool plan_pairs_overlap(const kvx_pair_t *sorted, size_t n, struct plan_conflict
 size_t plan_pairs_sweep(const kvx_pair_t *sorted, size_t n, uint64_t max_len, kvx_pair_t *out,
                         struct plan_conflict *conflict_p);
 
+/* One region's single slice at bsr 1, as the emission's loops read it
+ * (plan_request.c emit_single, plan_stream.c). */
+struct single_run {
+    uint64_t local_base;  /* bytes: region offset + slice offset, local side */
+    uint64_t remote_base; /* and remote side */
+    uint64_t local_stride;
+    uint64_t remote_stride;
+    uint64_t len;          /* bytes of one descriptor */
+    uint64_t room;         /* a run of `run` bytes may take one more id while run <= room */
+    uint64_t local_limit;  /* local ids must stay below this */
+    uint64_t remote_limit; /* and explicit remote ids below this */
+    bool contiguous;       /* both strides are the length: an id continues a run exactly when
+                              it counts up by one, on both sides */
+    bool stream;           /* plan_stream may take the streaming phase (plan_stream_usable) */
+    uint32_t local_storage;
+    uint32_t remote_storage;
+};
+
+/* Whether plan_stream can emit for `sr` here: the CPU has AVX2, the strides and the ids below
+ * the limits fit in 32 bits, and no test has turned it off. */
+bool plan_stream_usable(const struct single_run *sr);
+
+/* The streaming phase of emit_single four ids at a time: writes one pair per id of
+ * local_ids[0..n) (remote ids: remote_ids, or the local ones when NULL) into out[], after a
+ * pair whose local offset is last_lo, and stops before the first group of four with an id at
+ * or over its limit, or a pair whose local offset continues the one before it. Returns the
+ * ids written, a multiple of four; the caller goes on from there one id at a time. */
+size_t plan_stream(const struct single_run *sr, const uint64_t *local_ids,
+                   const uint64_t *remote_ids, size_t n, uint64_t last_lo, kvx_pair_t *out);
+
+/* Tests: with `disabled`, plan_stream_usable says no, so the scalar loop does all. */
+void plan_stream_disable(bool disabled);
+
 /* The pair of slice `s` of unit `k` of local block `lb` of region `rp`, read from remote
  * block `rb`: what the emission writes and what an error message re-derives. */
 static inline kvx_pair_t plan_pair_of(const struct kvx_peer_plan *plan, const struct region_plan *rp,

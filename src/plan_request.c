@@ -233,6 +233,8 @@ static kvx_status_t pairs_reserve(kvx_pairs_t *pairs, const kvx_peer_plan_t *pla
     return KVX_OK;
 }
 
+/* Makes room for the list's `need` pairs, emptying it. The pairs start on a cache line, so
+ * that plan_stream's 32-byte stores never straddle two. */
 static kvx_status_t pairs_grow(struct pair_list *list)
 {
     size_t max = list->max;
@@ -240,11 +242,14 @@ static kvx_status_t pairs_grow(struct pair_list *list)
 
     if (list->need <= max && list->pairs != NULL) /* never NULL: NULL means "no such read" */
         return KVX_OK;
+    if (list->need > SIZE_MAX / 2 / sizeof(*grown))
+        return error_no_memory("pairs");
     while (max < list->need || max == 0)
         max = max < 64 ? 64 : max * 2;
-    grown = realloc(list->pairs, max * sizeof(*grown));
+    grown = aligned_alloc(64, max * sizeof(*grown)); /* a multiple of 64: max >= 64 */
     if (grown == NULL)
         return error_no_memory("pairs");
+    free(list->pairs);
     list->pairs = grown;
     list->max   = max;
     return KVX_OK;
@@ -287,30 +292,68 @@ static void emit_block(const kvx_peer_plan_t *plan, kvx_pairs_t *pairs,
     }
 }
 
-/* One region's single slice at bsr 1, as emit_single's loop reads it. */
-struct single_run {
-    uint64_t local_base;  /* bytes: region offset + slice offset, local side */
-    uint64_t remote_base; /* and remote side */
-    uint64_t local_stride;
-    uint64_t remote_stride;
-    uint64_t len;          /* bytes of one descriptor */
-    uint64_t room;         /* a run of `run` bytes may take one more id while run <= room */
-    uint64_t local_limit;  /* local ids must stay below this */
-    uint64_t remote_limit; /* and explicit remote ids below this */
-    uint32_t local_storage;
-    uint32_t remote_storage;
-};
+/* Four ids as one value of the compiler's vector extension (two SSE2 registers, one AVX2). */
+typedef uint64_t ids_x4 __attribute__((vector_size(32)));
+
+/* How many of ids[0..n) continue `next`, next + 1, ...: the length of a run of consecutive
+ * ids. Blocks of 16 are compared whole in vector registers, with no exit inside; the block
+ * that breaks the run is walked id by id. */
+static inline size_t ids_consecutive(const uint64_t *ids, size_t n, uint64_t next)
+{
+    ids_x4 want = {next, next + 1, next + 2, next + 3};
+    size_t k    = 0;
+
+    for (; k + 16 <= n; k += 16) {
+        ids_x4 a;
+        ids_x4 b;
+        ids_x4 c;
+        ids_x4 d;
+        ids_x4 diff;
+
+        memcpy(&a, ids + k, sizeof(a)); /* ids need not be 32-byte aligned */
+        memcpy(&b, ids + k + 4, sizeof(b));
+        memcpy(&c, ids + k + 8, sizeof(c));
+        memcpy(&d, ids + k + 12, sizeof(d));
+        diff = (a ^ want) | (b ^ (want + 4)) | (c ^ (want + 8)) | (d ^ (want + 12));
+        if ((diff[0] | diff[1] | diff[2] | diff[3]) != 0)
+            break;
+        want += 16;
+    }
+    while (k < n && ids[k] == next + k)
+        k++;
+    return k;
+}
+
+/* How many of the k ids after `id`, which count up from it (ids_consecutive), the run may take:
+ * ids stay below their limits, the run within its room. The ids it leaves are looked at one by
+ * one again, so the one over a limit fails and the one over room starts a new pair. */
+static inline size_t run_take(const struct single_run *sr, size_t k, uint64_t id, uint64_t rid,
+                              uint64_t run, const bool has_remote, const bool has_limit)
+{
+    if (k > sr->local_limit - 1 - id)
+        k = sr->local_limit - 1 - id;
+    if (has_remote && k > sr->remote_limit - 1 - rid)
+        k = sr->remote_limit - 1 - rid;
+    if (has_limit) {
+        uint64_t room_ids = run > sr->room ? 0 : (sr->room - run) / sr->len + 1;
+
+        if (k > room_ids)
+            k = room_ids;
+    }
+    return k;
+}
 
 /* emit_single's loop over ids[i..n), continuing the pair *cur_p (not yet written) from `out`.
- * Two phases take turns. While ids continue the pair being built, it grows in registers. Once
- * one does not, the loop streams: it writes each id's pair at once and looks only at whether
- * the next local offset continues the last one, which a scattered request almost never does;
- * when one does, the last pair written goes back into registers and the id is looked at again
- * by the first phase, which checks the remote side and the length limit too. With
- * `has_remote` false the remote id is the local one, whose limit then covers both sides; with
- * `has_limit` false runs have no length limit. Always inlined with constant flags, so each of
- * the four loops carries only the state it needs. Returns the next free slot, or NULL at the
- * first id over its limit. */
+ * Two phases take turns. While ids continue the pair being built, it grows in registers; where
+ * both strides are the length, every id that counts on from there joins it in one step. Once
+ * one does not, the loop streams: it writes each id's pair at once (four at a time where
+ * plan_stream can) and looks only at whether the next local offset continues the last one,
+ * which a scattered request almost never does; when one does, the last pair written goes back
+ * into registers and the id is looked at again by the first phase, which checks the remote
+ * side and the length limit too. With `has_remote` false the remote id is the local one, whose
+ * limit then covers both sides; with `has_limit` false runs have no length limit. Always
+ * inlined with constant flags, so each of the four loops carries only the state it needs.
+ * Returns the next free slot, or NULL at the first id over its limit. */
 static inline __attribute__((always_inline)) kvx_pair_t *
 emit_single_ids(const struct single_run *sr, const uint64_t *local_ids, const uint64_t *remote_ids,
                 size_t i, size_t n, const kvx_pair_t *cur_p, kvx_pair_t *out, const bool has_remote,
@@ -343,11 +386,30 @@ emit_single_ids(const struct single_run *sr, const uint64_t *local_ids, const ui
         i++;
         if (next_lo == lo + run && next_ro == ro + run && (!has_limit || run <= room)) {
             run += len;
+            if (sr->contiguous) { /* every id that counts on from here joins in one step */
+                size_t k = ids_consecutive(local_ids + i, n - i, id + 1);
+
+                if (has_remote)
+                    k = ids_consecutive(remote_ids + i, k, rid + 1);
+                k = run_take(sr, k, id, rid, run, has_remote, has_limit);
+                run += k * len;
+                i += k;
+            }
             continue;
         }
         *out++ = (kvx_pair_t){lstorage, rstorage, lo, ro, run};
         *out++ = (kvx_pair_t){lstorage, rstorage, next_lo, next_ro, len};
         lo     = next_lo;
+        if (sr->stream && n - i >= 8) {
+            size_t k = plan_stream(sr, local_ids + i, has_remote ? remote_ids + i : NULL, n - i,
+                                   lo, out);
+
+            if (k > 0) {
+                out += k;
+                i += k;
+                lo = out[-1].local_offset;
+            }
+        }
         for (; i < n; i++) { /* out[-1] is the last pair, lo its local offset */
             uint64_t end = lo + len;
 
@@ -384,7 +446,7 @@ emit_single(const kvx_peer_plan_t *plan, const struct region_plan *rp, const uin
     const struct slice *sl     = &plan->slices[rp->first_slice];
     struct pair_list *list     = &pairs->reads[sl->read];
     const uint64_t max_len     = plan->max_pair_len;
-    const struct single_run sr = {
+    struct single_run sr       = {
         .local_base    = rp->local->offset + sl->local_offset,
         .remote_base   = rp->remote->offset + sl->remote_offset,
         .local_stride  = rp->local->stride,
@@ -394,6 +456,7 @@ emit_single(const kvx_peer_plan_t *plan, const struct region_plan *rp, const uin
         .room           = max_len < sl->len ? 0 : max_len - sl->len,
         .local_limit    = local_limit,
         .remote_limit   = remote_limit,
+        .contiguous     = rp->local->stride == sl->len && rp->remote->stride == sl->len,
         .local_storage  = rp->local->storage,
         .remote_storage = rp->remote->storage,
     };
@@ -403,6 +466,7 @@ emit_single(const kvx_peer_plan_t *plan, const struct region_plan *rp, const uin
 
     if (n == 0)
         return true;
+    sr.stream = n >= 16 && plan_stream_usable(&sr);
     if (list->count > 0 && out[-1].local_storage == sr.local_storage &&
         out[-1].remote_storage == sr.remote_storage) {
         cur = *--out; /* the list's last pair may continue: build on it */

@@ -201,13 +201,44 @@ size_t sidechan_server_serve(struct sidechan_server *server, const struct sidech
     return received;
 }
 
+/* A monitor of `socket`'s connection and handshakes, so that a fetch nobody answers, or one
+ * the peer refuses, fails at once with the reason instead of at its deadline (ZeroMQ would
+ * only retry). */
+static void *handshake_monitor(void *zmq, void *socket)
+{
+    static unsigned long serial; /* agents may live on several threads: the name is atomic */
+    char endpoint[64];
+    int linger = 0;
+    void *pair;
+
+    snprintf(endpoint, sizeof(endpoint), "inproc://kvx-fetch-%lu",
+             __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
+    if (zmq_socket_monitor(
+            socket, endpoint,
+            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+        return NULL;
+    pair = zmq_socket(zmq, ZMQ_PAIR);
+    if (pair != NULL && (zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+                         zmq_connect(pair, endpoint) != 0)) {
+        zmq_close(pair);
+        pair = NULL;
+    }
+    return pair;
+}
+
+/* A DEALER connected to `address`; with `monitor_p`, its monitor too, attached before the
+ * connect: a monitor attached after it can miss the "connected" event on a loaded host, and
+ * the peer's closing of that connection then reads as "connection refused". */
 static kvx_status_t dealer_open(void *zmq, const char *address, const struct auth_keys *keys,
-                                int send_hwm, int64_t max_reply, void **socket_p)
+                                int send_hwm, int64_t max_reply, void **monitor_p,
+                                void **socket_p)
 {
     int linger = 0;
     struct hostport hp;
     kvx_status_t status = hostport_resolve(address, "address", &hp);
     void *socket;
+    void *monitor = NULL;
 
     if (status != KVX_OK)
         return status;
@@ -216,12 +247,19 @@ static kvx_status_t dealer_open(void *zmq, const char *address, const struct aut
         zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
         zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
         socket_family_set(socket, &hp) != 0 || auth_client_socket(socket, keys) != KVX_OK ||
+        (monitor_p != NULL && (monitor = handshake_monitor(zmq, socket)) == NULL) ||
         zmq_connect(socket, hp.endpoint) != 0) {
         status = error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
+        if (monitor != NULL) {
+            zmq_socket_monitor(socket, NULL, 0);
+            zmq_close(monitor);
+        }
         if (socket != NULL)
             zmq_close(socket);
         return status;
     }
+    if (monitor_p != NULL)
+        *monitor_p = monitor;
     *socket_p = socket;
     return KVX_OK;
 }
@@ -234,7 +272,7 @@ kvx_status_t sidechan_client_create(void *zmq, const char *address, const struct
 
     if (c == NULL)
         return error_no_memory("a side-channel socket");
-    status = dealer_open(zmq, address, keys, send_hwm, SIDECHAN_MAX_REPLY, &c->dealer);
+    status = dealer_open(zmq, address, keys, send_hwm, SIDECHAN_MAX_REPLY, NULL, &c->dealer);
     if (status != KVX_OK) {
         free(c);
         return status;
@@ -325,32 +363,6 @@ bool sidechan_client_recv(struct sidechan_client *client, uint64_t *id_p, char *
     return reply_receive(client->dealer, id_p, body_p, size_p);
 }
 
-/* A monitor of `socket`'s connection and handshakes, so that a fetch nobody answers, or one
- * the peer refuses, fails at once with the reason instead of at its deadline (ZeroMQ would
- * only retry). */
-static void *handshake_monitor(void *zmq, void *socket)
-{
-    static unsigned long serial; /* agents may live on several threads: the name is atomic */
-    char endpoint[64];
-    int linger = 0;
-    void *pair;
-
-    snprintf(endpoint, sizeof(endpoint), "inproc://kvx-fetch-%lu",
-             __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
-    if (zmq_socket_monitor(
-            socket, endpoint,
-            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
-        return NULL;
-    pair = zmq_socket(zmq, ZMQ_PAIR);
-    if (pair != NULL && (zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
-                         zmq_connect(pair, endpoint) != 0)) {
-        zmq_close(pair);
-        pair = NULL;
-    }
-    return pair;
-}
-
 /* Connections a fetch's peer may close before answering, each retried by ZeroMQ, before
  * the fetch calls that a refusal: a peer that refuses our mechanism may close before its
  * greeting says why (no handshake event then), and retries take ZeroMQ's reconnect interval
@@ -409,17 +421,12 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
     bool connected    = false; /* a TCP connection was made (the monitor said so) */
     unsigned closed   = 0;     /* connections the peer closed since */
     void *socket;
-    void *monitor       = NULL;
-    kvx_status_t status = dealer_open(zmq, address, keys, 1, max_reply, &socket);
+    void *monitor;
+    kvx_status_t status = dealer_open(zmq, address, keys, 1, max_reply, &monitor, &socket);
 
     if (status != KVX_OK)
         return status;
-    monitor = handshake_monitor(zmq, socket);
-    if (monitor == NULL)
-        status =
-            error_set(KVX_ERR_INTERNAL, "side channel: monitor: %s", zmq_strerror(zmq_errno()));
-    if (status == KVX_OK)
-        status = request_send(socket, verb, 1, NULL, 0, false);
+    status = request_send(socket, verb, 1, NULL, 0, false);
     while (status == KVX_OK) {
         zmq_pollitem_t items[2] = {{.socket = socket, .events = ZMQ_POLLIN},
                                    {.socket = monitor, .events = ZMQ_POLLIN}};
@@ -453,8 +460,7 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
         break;
     }
     zmq_socket_monitor(socket, NULL, 0);
-    if (monitor != NULL)
-        zmq_close(monitor);
+    zmq_close(monitor);
     zmq_close(socket);
     return status;
 }

@@ -658,11 +658,14 @@ static void conn_settled(struct transport_conn *conn)
 size_t transport_settle_run(struct transport *t)
 {
     struct transport_conn **link = &t->settling;
-    double until                 = clock_seconds() + TRANSPORT_SETTLE_SLICE;
     size_t budget                = UNMAP_SLICE; /* all unmapping connections' together */
     size_t worked                = 0;
+    double until;
 
     KVX_ASSERT(t->progressing == 0); /* it frees connections */
+    if (t->settling == NULL && t->unmapping == NULL)
+        return 0; /* before the clock: this runs every turn of the loop */
+    until = clock_seconds() + TRANSPORT_SETTLE_SLICE;
     while (*link != NULL) {
         struct transport_conn *conn = *link;
 

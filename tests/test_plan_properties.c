@@ -3,6 +3,8 @@
  * block-size rules (head-split storages scaled by the ratio or a divisor of it, every
  * storage's blocks split by bsr), so every generated pair of tables must plan. Checked
  * against tests/support/plan_model.c and byte maps, never against src/plan*.c. */
+#include "layouts.h"
+#include "plan.h"
 #include "plan_model.h"
 #include "prng.h"
 
@@ -809,6 +811,201 @@ static void generator_reaches_every_rule(void **state)
     }
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Long runs of consecutive ids
+ * ------------------------------------------------------------------------------------- */
+
+#define RUN_CASES   600 /* over 255, so the repeat check's stamps wrap */
+#define RUN_MAX_IDS 160 /* ids a request names: runs long enough to be taken 16 at a time */
+#define RUN_MAX_LEN 48  /* ids in one run */
+
+/* One region of `blocks` 64 B rows. `row`: two padded MLA views packed into each row, one
+ * whole-row region whose length is its stride, so that consecutive ids continue each other
+ * (the planner's fast path). Otherwise one attn view of 48 B pages: they never do. */
+static kvx_regions_t *run_table(bool row, uint64_t blocks)
+{
+    char json[1024];
+    kvx_regions_t *regions = NULL;
+    int n;
+
+    if (row)
+        n = snprintf(json, sizeof(json),
+                     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': %" PRIu64 "}],"
+                     " 'views': [{'name': 'l.0', 'kind': 'mla', 'storage': 'kv', 'page': 32,"
+                     " 'stride': 64, 'num_blocks': %" PRIu64 ", 'dense': false},"
+                     " {'name': 'l.1', 'kind': 'mla', 'storage': 'kv', 'offset': 32, 'page': 32,"
+                     " 'stride': 64, 'num_blocks': %" PRIu64 ", 'dense': false}]}",
+                     64 * blocks, blocks, blocks);
+    else
+        n = snprintf(json, sizeof(json),
+                     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': %" PRIu64 "}],"
+                     " 'views': [{'name': 'a', 'kind': 'attn', 'storage': 'kv', 'page': 48,"
+                     " 'stride': 64, 'num_blocks': %" PRIu64 "}]}",
+                     64 * blocks, blocks);
+    assert_true(n > 0 && (size_t)n < sizeof(json));
+    if (regions_from_quoted(json, &regions) != KVX_OK)
+        fail_msg("layout rejected: %s\n%s", kvx_errmsg(), json);
+    return regions;
+}
+
+/* Ids in runs of consecutive ones, distinct, below `cap`; with `explicit_remote` the remote
+ * ids count up beside them but jump now and then where the local ones do not. About one
+ * request in four has a fault: a run that counts on past a limit, local (`limit`) or remote,
+ * a repeated local id, or an id one past its limit at a random place. Returns the count. */
+static size_t runs_make(struct prng *p, uint64_t cap, uint64_t limit, uint64_t rcap,
+                        bool explicit_remote, uint64_t *ids, uint64_t *rids)
+{
+    bool used[4 * RUN_MAX_IDS + RUN_MAX_LEN + 1] = {false};
+    size_t want                                   = prng_range(p, 1, RUN_MAX_IDS);
+    uint64_t fault                                = prng_range(p, 0, 15);
+    uint64_t singles = prng_range(p, 0, 4); /* in 4: runs of one id, so ids stream between */
+    size_t n         = 0;
+
+    assert_true(cap <= 4 * RUN_MAX_IDS);
+    while (n < want) {
+        uint64_t id  = prng_range(p, 0, cap - 1);
+        uint64_t rid = prng_range(p, 0, rcap - 1);
+        size_t len   = prng_range(p, 0, 3) < singles ? 1 : prng_range(p, 1, RUN_MAX_LEN);
+        uint64_t end = cap; /* ids of this run stay below it */
+
+        if (fault == 0 || (fault == 1 && explicit_remote)) { /* this run crosses a limit */
+            uint64_t back = prng_range(p, 1, 20);
+
+            if (fault == 0)
+                id = limit > back ? limit - back : 0;
+            else
+                rid = rcap > back ? rcap - back : 0;
+            end   = cap + RUN_MAX_LEN;
+            len   = RUN_MAX_LEN;
+            fault = 16;
+        }
+        for (size_t j = 0; j < len && n < want && id < end && !used[id]; j++, id++, rid++) {
+            if (end == cap && (rid >= rcap || prng_range(p, 0, 15) == 0))
+                rid = prng_range(p, 0, rcap - 1);
+            used[id] = true;
+            ids[n]   = id;
+            rids[n]  = explicit_remote ? rid : id;
+            n++;
+        }
+    }
+    if (fault == 2)
+        ids[prng_range(p, 0, n - 1)] = ids[prng_range(p, 0, n - 1)]; /* maybe itself: no fault */
+    else if (fault == 3)
+        ids[prng_range(p, 0, n - 1)] = cap;
+    else if (fault == 4 && explicit_remote)
+        rids[prng_range(p, 0, n - 1)] = rcap;
+    return n;
+}
+
+/* The first id of ids[0..n) that an earlier one repeats; UINT64_MAX if none. */
+static uint64_t first_repeat(const uint64_t *ids, size_t n)
+{
+    for (size_t i = 1; i < n; i++) {
+        for (size_t x = 0; x < i; x++) {
+            if (ids[x] == ids[i])
+                return ids[i];
+        }
+    }
+    return UINT64_MAX;
+}
+
+/* The planner takes a run of consecutive ids whole where the region's length is its stride
+ * (docs/plan.md "Coalescing"), stopping at an id that breaks the run on either side, at an
+ * id over a limit, at a repeat and at max_pair_len; between runs it streams four ids at a time
+ * where the CPU can (src/plan_stream.c). Its pairs and errors must be those of the model,
+ * coalesced, whatever the run lengths, with the four-at-a-time streaming and without. */
+static void check_runs(bool stream)
+{
+    kvx_pairs_t *pairs;
+    struct prng p;
+    size_t row_cases = 0;
+
+    plan_stream_disable(!stream);
+    assert_int_equal(kvx_pairs_create(&pairs), KVX_OK);
+    prng_init(&p, seed ^ 0x72756e73u);
+    for (size_t i = 0; i < RUN_CASES; i++) {
+        bool row                      = prng_range(&p, 0, 3) != 0;
+        uint64_t cap                  = prng_range(&p, RUN_MAX_IDS, 4 * RUN_MAX_IDS);
+        uint64_t rcap                 = prng_range(&p, 0, 3) == 0 ? prng_range(&p, 1, cap) : cap;
+        bool explicit_remote          = prng_range(&p, 0, 1) == 1;
+        kvx_regions_t *local          = run_table(row, cap);
+        kvx_regions_t *remote         = run_table(row, rcap);
+        struct model_params mp        = {1, 0, 1, 1};
+        bool split[1]                 = {!row};
+        kvx_peer_plan_params_t params = {0};
+        kvx_peer_plan_t *plan         = NULL;
+        uint64_t ids[RUN_MAX_IDS];
+        uint64_t rids[RUN_MAX_IDS];
+        size_t n = runs_make(&p, cap, explicit_remote || rcap > cap ? cap : rcap, rcap,
+                             explicit_remote, ids, rids);
+        kvx_group_ids_t lg = {ids, n};
+        kvx_group_ids_t rg = {rids, n};
+        kvx_request_t req  = {&lg, 1, explicit_remote ? &rg : NULL, explicit_remote ? 1 : 0, NULL};
+        struct model_plan model;
+        kvx_status_t want;
+        kvx_status_t got;
+
+        if (prng_range(&p, 0, 1) == 1) {
+            params.field_mask   = KVX_PEER_PLAN_PARAM_FIELD_MAX_PAIR_LEN;
+            params.max_pair_len = prng_range(&p, 1, 6 * 64);
+        }
+        assert_int_equal(kvx_peer_plan_create(local, remote, &params, &plan), KVX_OK);
+        assert_true(model_ranks(&mp, split, local, remote, &model));
+        want = model_request(&mp, split, local, remote, &lg, &rg, 1, &model);
+        got  = kvx_peer_plan_request(plan, &req, pairs);
+        if (want == KVX_OK && first_repeat(ids, n) != UINT64_MAX) {
+            char msg[64];
+
+            snprintf(msg, sizeof(msg), "names block id %" PRIu64 " twice", first_repeat(ids, n));
+            if (got != KVX_ERR_INVALID || strstr(kvx_errmsg(), msg) == NULL)
+                fail_msg("seed 0x%" PRIx64 " run case %zu: status %d (%s), expected '%s'", seed,
+                         i, got, kvx_errmsg(), msg);
+            plan_expect_empty("a repeated id in a run", pairs);
+        } else if (want != KVX_OK) {
+            if (got != want)
+                fail_msg("seed 0x%" PRIx64 " run case %zu: status %d (%s), the model %d", seed, i,
+                         got, kvx_errmsg(), want);
+            plan_expect_empty("an id over a limit in a run", pairs);
+        } else {
+            struct model_list merged;
+            kvx_pairs_stats_t stats;
+            size_t count;
+            const kvx_pair_t *list;
+
+            if (got != KVX_OK)
+                fail_msg("seed 0x%" PRIx64 " run case %zu: refused: %s", seed, i, kvx_errmsg());
+            assert_int_equal(kvx_pairs_num_reads(pairs), 1);
+            list = kvx_pairs_read(pairs, 0, NULL, &count);
+            model_coalesce(&model.reads[0], params.max_pair_len, &merged);
+            expect_list(i, "a request of runs", list, count, &merged);
+            kvx_pairs_stats(pairs, &stats);
+            assert_int_equal(stats.descriptors, n);
+            assert_int_equal(stats.bytes, n * (row ? 64 : 48));
+            model_list_free(&merged);
+            row_cases += row;
+        }
+        model_plan_free(&model);
+        kvx_peer_plan_destroy(plan);
+        kvx_regions_destroy(local);
+        kvx_regions_destroy(remote);
+    }
+    kvx_pairs_destroy(pairs);
+    plan_stream_disable(false);
+    assert_true(row_cases > RUN_CASES / 4); /* most cases plan, on the fast path */
+}
+
+static void runs_of_consecutive_ids_plan_as_the_model_does(void **state)
+{
+    (void)state;
+    check_runs(true);
+}
+
+static void runs_plan_the_same_without_streaming_four_ids_at_a_time(void **state)
+{
+    (void)state;
+    check_runs(false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -818,6 +1015,8 @@ int main(void)
         cmocka_unit_test(every_requested_byte_is_paired_exactly_once),
         cmocka_unit_test(request_errors_leave_no_pairs),
         cmocka_unit_test(lengths_against_the_rules_are_refused_naming_the_region),
+        cmocka_unit_test(runs_of_consecutive_ids_plan_as_the_model_does),
+        cmocka_unit_test(runs_plan_the_same_without_streaming_four_ids_at_a_time),
     };
 
     seed = prng_seed_from_env(DEFAULT_SEED);

@@ -139,12 +139,15 @@ if [[ $(cat /proc/sys/vm/overcommit_memory) != 1 ]]; then
   # (ASan's allocator aborts on a size that large unless told to return NULL as libc does)
   check "control: 16 TiB of --malloc'd storage is refused here" \
     bash -c "ASAN_OPTIONS=\${ASAN_OPTIONS:+\$ASAN_OPTIONS:}allocator_may_return_null=1 '$kvx' serve '$tmp/v41-16t.json' --listen 127.0.0.1:0 --malloc 2>&1 | grep -q 'out of memory allocating the storages'"
+  fetch_16t=("$kvx" fetch "$tmp/v41-16t.json" --peer "$addr" --blocks '0:1;1:1;2:1' --malloc)
   check "a wrong key is said before the cache is allocated" \
-    bash -c "'$kvx' fetch '$tmp/v41-16t.json' --peer $addr --blocks '0:1;1:1;2:1' --malloc --auth '$tmp/other.key' 2>&1 | grep -q 'kvx: error: peer $addr: side channel: the authenticated handshake failed'"
+    says "kvx: error: peer $addr: side channel: the authenticated handshake failed" \
+    "${fetch_16t[@]}" --auth "$tmp/other.key"
   check "--insecure against a secured P is said before the cache is allocated" \
-    bash -c "'$kvx' fetch '$tmp/v41-16t.json' --peer $addr --blocks '0:1;1:1;2:1' --malloc --insecure 2>&1 | grep -q 'kvx: error: peer $addr: side channel: the handshake failed: the peer requires an auth key'"
+    says "kvx: error: peer $addr: side channel: the handshake failed: the peer requires an auth key" \
+    "${fetch_16t[@]}" --insecure
   check "an incompatible layout is said before the cache is allocated" \
-    bash -c "'$kvx' fetch '$tmp/v41-16t.json' --peer $addr --blocks '0:1;1:1;2:1' --malloc 2>&1 | grep -q 'kvx: error: peer $addr: regions: '"
+    says "kvx: error: peer $addr: regions: " "${fetch_16t[@]}"
 else
   echo "vm.overcommit_memory is 1: the checks before allocation are skipped (nothing refuses 16 TiB)"
 fi
@@ -194,9 +197,11 @@ check "fetch --json that worked: ok, no error, nothing missing" \
   "$tmp/v41.json" --peer "$addr" --blocks '0:1;1:1;2:1' --verify --fill 42
 
 # Handshake failures: clear errors on D, and P keeps serving.
-check "hash mismatch is named" bash -c "'$kvx' fetch '$src/layouts/examples/example1-packed-mla-slab.json' --peer $addr --blocks '0:1' 2>&1 | grep -q 'incompatible peer: model_id: local \"\", remote \"deepseek-v4.1-style\"'"
+check "hash mismatch is named" says 'incompatible peer: model_id: local "", remote "deepseek-v4.1-style"' \
+  "$kvx" fetch "$src/layouts/examples/example1-packed-mla-slab.json" --peer "$addr" --blocks '0:1'
 sed 's/"page": 32768/"page": 16384/' "$tmp/v41.json" >"$tmp/v41-narrow.json"
-check "table mismatch is named" bash -c "'$kvx' fetch '$tmp/v41-narrow.json' --peer $addr --blocks '0:1;1:1;2:1' 2>&1 | grep -q \"peer $addr: \""
+check "table mismatch is named" says "peer $addr: " \
+  "$kvx" fetch "$tmp/v41-narrow.json" --peer "$addr" --blocks '0:1;1:1;2:1'
 # Garbage on the side channel: random bytes on a raw TCP connection, and a ZeroMQ-looking
 # greeting followed by junk. ZeroMQ drops such peers; P must keep serving.
 garbage() {
@@ -239,7 +244,8 @@ if grep -q '^0\{31\}1 ' /proc/net/if_inet6 2>/dev/null; then
 else
   echo "no IPv6 loopback here: the [::1] check is skipped"
 fi
-check "block id beyond capacity fails before any transfer" bash -c "'$kvx' fetch '$tmp/v41.json' --peer $addr --blocks '0:64;1:0;2:0' 2>&1 | grep -q 'out of range'"
+check "block id beyond capacity fails before any transfer" says 'out of range' \
+  "$kvx" fetch "$tmp/v41.json" --peer "$addr" --blocks '0:64;1:0;2:0'
 
 # A DeepSeek-V4-Flash-style packed slab scaled to 32 blocks (about 50 MB): whole rows.
 sed 's/"num_blocks": 2048/"num_blocks": 32/; s/"size": 3297116160/"size": 51517440/' \
