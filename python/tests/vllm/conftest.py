@@ -50,6 +50,23 @@ def engine_env(core):
                 PYTHONPATH=path)
 
 
+STARTED = []  # every Engine of the session, for a failed test's report
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report ends with each engine's last kvx warnings: a failure whose cause
+    is inside an engine (a load that failed, a refused handshake) shows it in CI's log."""
+    report = (yield).get_result()
+    if report.failed:
+        for engine in STARTED:
+            lines = [line for line in engine.log_text().splitlines()
+                     if "kvx" in line and ("WARNING" in line or "ERROR" in line)]
+            if lines:
+                report.sections.append(("%s: its last kvx warnings" % engine.name,
+                                        "\n".join(lines[-3:])))
+
+
 class Engine:
     """One engine process; `name` names its log file (work_dir()/NAME.log)."""
 
@@ -66,6 +83,7 @@ class Engine:
         env = dict(engine_env(core), VLLM_ALLOW_INSECURE_SERIALIZATION="1",
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(next(_ports)))
         self.log = open(self.log_path, "w")
+        STARTED.append(self)
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), spec_path],
                                      stdin=subprocess.PIPE, stdout=self.log,
                                      stderr=subprocess.STDOUT, env=env, text=True,

@@ -5,6 +5,8 @@ block ids out of range, a P that died, one nobody reads) is refused before vLLM 
 recomputed under kv_load_failure_policy "recompute", a failed request under "fail"."""
 
 import copy
+import time
+import warnings
 
 from conftest import LENGTHS, PROMPTS, delta, prefill, wait_for
 
@@ -50,13 +52,31 @@ def not_loaded(engine, n=10):
     return "\n".join(lines[-n:]) or "(none logged)"
 
 
-def test_other_weights_change_the_output(llama):
-    """The negative control: the KV really moved (a 1-token prompt is recomputed by D)."""
+def load_all(llama, p):
+    """D's generation of PROMPTS from `p`'s prefill; with how many of D's loads moved bytes and
+    how many failed: a load that fails before its transfer is posted (a handshake, refused
+    parameters) is recomputed on D's own weights without moving either counter."""
     before = llama["d"].kvx_stats()
-    out = llama["d"].generate(PROMPTS, params=prefill(llama["p_other"]))
-    failed = delta(llama["d"].kvx_stats(), before, "transfers_failed")
-    assert failed == 0, "%d of D's loads failed, so D recomputed them:\n%s" % (
-        failed, not_loaded(llama["d"]))
+    out = llama["d"].generate(PROMPTS, params=prefill(p))
+    after = llama["d"].kvx_stats()
+    return out, delta(after, before, "transfers"), delta(after, before, "transfers_failed")
+
+
+def test_other_weights_change_the_output(llama):
+    """The negative control: the KV really moved (a 1-token prompt is recomputed by D). Its
+    point is the weights, not the first contact with a P: loads that did not happen at all are
+    said (a warning naming why, in CI's log) and tried once more with a fresh prefill, and must
+    then all move."""
+    out, loaded, failed = load_all(llama, llama["p_other"])
+    if (loaded, failed) != (len(PROMPTS), 0):
+        warnings.warn("negative control: D loaded %d of %d prompts from p_other (%d transfers "
+                      "failed), trying once more:\n%s"
+                      % (loaded, len(PROMPTS), failed, not_loaded(llama["d"])))
+        time.sleep(1.0)  # the connector's UNREACHABLE_S: a failed handshake is retried after it
+        out, loaded, failed = load_all(llama, llama["p_other"])
+    assert (loaded, failed) == (len(PROMPTS), 0), (
+        "D loaded %d of %d prompts (%d transfers failed), so D recomputed the others:\n%s"
+        % (loaded, len(PROMPTS), failed, not_loaded(llama["d"])))
     for n, tokens, ref in zip(LENGTHS, out["tokens"], llama["ref"]):
         if n > 1:
             assert tokens != ref, "prompt of %d tokens: D ignored P's KV" % n
