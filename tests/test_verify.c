@@ -640,8 +640,14 @@ static kvx_xfer_t *pull_awaiting_a_stopped_prefill(kvx_agent_t *agent, kvx_peer_
 {
     kvx_verify_result_t result = {0};
     kvx_xfer_t *xfer;
+    int status;
 
+    /* Stopped once the kernel says so: SIGSTOP lands at the child's next entry into the
+     * kernel, and a child still running would hash the checksum request before the change
+     * (a loaded CI host: the transfer then succeeded) */
     assert_int_equal(kill(p->pid, SIGSTOP), 0);
+    assert_int_equal(waitpid(p->pid, &status, WUNTRACED), p->pid);
+    assert_true(WIFSTOPPED(status));
     assert_int_equal(kvx_read_post(agent, &peer, 1, 1, &r->request, NULL, NULL, &xfer), KVX_OK);
     assert_int_equal(kvx_xfer_verify(xfer), KVX_OK);
     for (int i = 0; i < 10000 && result.pending == 0; i++) {
