@@ -20,7 +20,9 @@ void plan_stream_disable(bool disabled)
 #include <immintrin.h>
 
 /* A pair as four 64-bit lanes: storages, local offset, remote offset, length. */
-_Static_assert(sizeof(kvx_pair_t) == 32 && offsetof(kvx_pair_t, local_offset) == 8 &&
+_Static_assert(sizeof(kvx_pair_t) == 32 && offsetof(kvx_pair_t, local_storage) == 0 &&
+                   offsetof(kvx_pair_t, remote_storage) == 4 &&
+                   offsetof(kvx_pair_t, local_offset) == 8 &&
                    offsetof(kvx_pair_t, remote_offset) == 16 && offsetof(kvx_pair_t, len) == 24,
                "kvx_pair_t is not four 64-bit lanes");
 
@@ -43,9 +45,9 @@ __attribute__((target("avx2"))) static inline bool over(__m256i ids, __m256i las
 }
 
 __attribute__((target("avx2"))) size_t plan_stream(const struct single_run *sr,
-                                                    const uint64_t *local_ids,
-                                                    const uint64_t *remote_ids, size_t n,
-                                                    uint64_t last_lo, kvx_pair_t *out)
+                                                   const uint64_t *local_ids,
+                                                   const uint64_t *remote_ids, size_t n,
+                                                   uint64_t last_lo, kvx_pair_t *out)
 {
     const __m256i sign    = _mm256_set1_epi64x(INT64_MIN);
     const __m256i lbase   = _mm256_set1_epi64x((long long)sr->local_base);
@@ -55,10 +57,10 @@ __attribute__((target("avx2"))) size_t plan_stream(const struct single_run *sr,
     const __m256i len     = _mm256_set1_epi64x((long long)sr->len);
     const __m256i lok     = _mm256_xor_si256(_mm256_set1_epi64x((long long)(sr->local_limit - 1)),
                                              sign); /* for the signed compare in over() */
-    const __m256i rok = _mm256_xor_si256(_mm256_set1_epi64x((long long)(sr->remote_limit - 1)),
-                                         sign);
-    const __m256i storages = _mm256_set1_epi64x(
-        (long long)((uint64_t)sr->remote_storage << 32 | sr->local_storage));
+    const __m256i rok =
+        _mm256_xor_si256(_mm256_set1_epi64x((long long)(sr->remote_limit - 1)), sign);
+    const __m256i storages =
+        _mm256_set1_epi64x((long long)((uint64_t)sr->remote_storage << 32 | sr->local_storage));
     __m256i last = _mm256_set1_epi64x((long long)last_lo); /* lane 3: the last local offset */
     size_t i     = 0;
 

@@ -72,7 +72,7 @@ def test_other_weights_change_the_output(llama):
         warnings.warn("negative control: D loaded %d of %d prompts from p_other (%d transfers "
                       "failed), trying once more:\n%s"
                       % (loaded, len(PROMPTS), failed, not_loaded(llama["d"])))
-        time.sleep(1.0)  # the connector's UNREACHABLE_S: a failed handshake is retried after it
+        time.sleep(1.0)  # kvx.vllm.worker.UNREACHABLE_S (importing it imports vLLM: 18 s)
         out, loaded, failed = load_all(llama, llama["p_other"])
     assert (loaded, failed) == (len(PROMPTS), 0), (
         "D loaded %d of %d prompts (%d transfers failed), so D recomputed the others:\n%s"
