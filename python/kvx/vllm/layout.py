@@ -6,29 +6,11 @@ only describes what vLLM allocated, byte for byte, and refuses what it cannot de
 
 from collections import OrderedDict
 
-# vLLM's KV cache spec classes, most specific first, to kvx's view kinds. Matched by class
-# name along the spec's MRO so that this module needs no vLLM import.
-_KINDS = (
-    ("MambaSpec", "mamba"),
-    ("SlidingWindowMLASpec", "swa_mla"),
-    ("SlidingWindowSpec", "swa"),
-    ("MLAAttentionSpec", "mla"),
-    ("FullAttentionSpec", "attn"),
-)
-
-
-def view_kind(spec):
-    """The kvx view kind of a vLLM KV cache spec; ValueError for a spec kvx cannot move."""
-    names = [cls.__name__ for cls in type(spec).__mro__]
-    for name, kind in _KINDS:
-        if name in names:
-            return kind
-    raise ValueError("kvx: KV cache spec %s is not supported (full, sliding-window, MLA and "
-                     "mamba attention are)" % type(spec).__name__)
+from .specs import is_ring, transfer_layer_specs, view_kind
 
 
 def _heads(spec, kind):
-    if kind in ("mla", "swa_mla", "mamba"):
+    if kind in ("mla", "swa_mla", "mamba", "ple", "scratch"):
         return 1
     return max(1, int(getattr(spec, "num_kv_heads", 1)))
 
@@ -38,25 +20,48 @@ def _tensors(value):
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _block_views(t, num_blocks):
-    """(offset from the tensor's start, page, stride) in bytes of each view of tensor `t`:
-    one for a block-major tensor [num_blocks, ...], two for [2 (K, V), num_blocks, ...]."""
+def _block_extent(block, esize):
+    """Bytes from a block's first byte to just past its last: its data span, whatever its
+    strides (a narrower view of a wider row is not contiguous)."""
+    if block.numel() == 0:
+        return 0
+    return (sum((n - 1) * st for n, st in zip(block.shape, block.stride())) + 1) * esize
+
+
+def _block_views(t, num_blocks, spec_page=None):
+    """(offset from the tensor's start, page, stride, dense) in bytes of each view of tensor
+    `t`: one for a block-major tensor [num_blocks, ...], two for [2 (K, V), num_blocks, ...].
+
+    A block-major view's page is the page vLLM sized for it (`spec_page`, the layer spec's
+    page_size_bytes, padding included) whenever the block's data lies inside it and it fits
+    the stride: kvx's region rules then see the padded pages of a packed row and register
+    the whole row once (spec/regions.md step 2), as vLLM's own NIXL connector does. `dense`
+    says whether the block is exactly its page, one contiguous run. Without a spec page (K
+    and V apart, mamba states) the page is the block's contiguous data."""
     esize = t.element_size()
     if t.dim() >= 1 and t.shape[0] == num_blocks:
         parts, block_dim = [0], 0
     elif t.dim() >= 2 and t.shape[0] == 2 and t.shape[1] == num_blocks:
-        parts, block_dim = [0, t.stride(0) * esize], 1
+        parts, block_dim, spec_page = [0, t.stride(0) * esize], 1, None
     else:
         raise ValueError("kvx: a KV cache tensor of shape %s has no dimension of %d blocks "
                          "first (or second, after K and V)" % (tuple(t.shape), num_blocks))
     block = t.select(block_dim, 0)
     if block_dim == 1:
         block = block.select(0, 0)
-    if not block.is_contiguous():
+    stride = t.stride(block_dim) * esize
+    extent = _block_extent(block, esize)
+    contiguous = block.is_contiguous()
+    if extent and spec_page is not None and extent <= spec_page <= stride:
+        page = spec_page
+    elif extent and contiguous:
+        page = extent
+    else:
         raise ValueError("kvx: a block of the KV cache tensor of shape %s is not contiguous "
-                         "(strides %s)" % (tuple(t.shape), t.stride()))
-    page = block.numel() * esize
-    return [(part, page, t.stride(block_dim) * esize) for part in parts]
+                         "(strides %s) and its spec's page (%s bytes) does not hold it"
+                         % (tuple(t.shape), t.stride(), spec_page))
+    dense = contiguous and extent == page
+    return [(part, page, stride, dense) for part in parts]
 
 
 def model_identity(vllm_config):
@@ -76,30 +81,38 @@ def model_identity(vllm_config):
     }
 
 
+def _group_block_sizes(kv_cache_config, block_size):
+    """The transfer groups' block sizes, as text for the compatibility hash, when one differs
+    from the engine's (DeepSeek-V4: 64, 4 and 8 beside 256); else None. Such a group's block
+    id names a row of the shared storage, so P and D must agree on every group's block size,
+    not only the engine's: a P/D pair that differs is refused at the handshake, naming it."""
+    sizes = [int(g.kv_cache_spec.block_size) for g in kv_cache_config.transfer_groups]
+    if all(size == block_size for size in sizes):
+        return None
+    return "kv cache group block sizes " + ",".join(map(str, sizes))
+
+
 def build(kv_caches, kv_cache_config, vllm_config):
     """(layout dict, {storage name: memory}) for kvx.Agent: one storage per distinct untyped
     storage (registered in place, no copy), one view per layer (two for split K and V) with
-    its transfer group's number, kind and heads."""
+    its transfer group's number, its own spec's kind, heads and padded page.
+
+    A group's blocks may hold another number of tokens than the engine's block size (the
+    group's own spec says how many): a block id names block b of each of the group's views,
+    whatever it holds, so only the window clipping (scheduler.py) reads that size."""
     num_blocks = kv_cache_config.num_blocks
-    group_of = kv_cache_config.transfer_group_index_by_layer
-    spec_of = {}
-    for group in kv_cache_config.kv_cache_groups:
-        for layer in group.layer_names:
-            spec_of[layer] = group.kv_cache_spec
+    specs = transfer_layer_specs(kv_cache_config)
     block_size = int(vllm_config.cache_config.block_size)
     storages = OrderedDict()  # storage base address -> (name, size, memory, mem, device)
     views = []
     for layer, value in kv_caches.items():
-        if layer not in group_of:
+        if layer not in specs:
             continue  # a group vLLM does not transfer (its KVCacheConfig says so)
-        spec = spec_of[layer]
+        group, spec = specs[layer]
         kind = view_kind(spec)
-        # a mamba block is one request's state, whatever its spec's token count (vLLM gives
-        # it max_model_len without prefix caching): its page is what moves
-        if kind != "mamba" and getattr(spec, "block_size", block_size) != block_size:
-            raise ValueError("kvx: layer %s has blocks of %d tokens, the engine %d: one block "
-                             "size for every group is supported" % (layer, spec.block_size,
-                                                                    block_size))
+        # a mamba block is one request's state, whatever its spec's token count; its conv and
+        # ssm tensors are views of their own, so the spec's page (their sum) is no one's
+        spec_page = None if kind in ("mamba", "ple") else int(spec.page_size_bytes)
         for t in _tensors(value):
             storage = t.untyped_storage()
             base = storage.data_ptr()
@@ -108,17 +121,24 @@ def build(kv_caches, kv_cache_config, vllm_config):
                                   "vram" if t.device.type == "cuda" else "dram",
                                   t.device.index or 0)
             name = storages[base][0]
-            for part, page, stride in _block_views(t, num_blocks):
-                views.append({"name": layer, "group": group_of[layer], "kind": kind,
-                              "storage": name, "offset": t.data_ptr() - base + part,
-                              "page": page, "stride": stride, "num_blocks": num_blocks,
+            for part, page, stride, dense in _block_views(t, num_blocks, spec_page):
+                views.append({"name": layer, "group": group, "kind": kind, "storage": name,
+                              "offset": t.data_ptr() - base + part, "page": page,
+                              "stride": stride, "num_blocks": num_blocks, "dense": dense,
                               "heads": _heads(spec, kind)})
     if not views:
         raise ValueError("kvx: the engine registered no KV cache tensor of a transfer group")
+    model = model_identity(vllm_config)
+    sizes = _group_block_sizes(kv_cache_config, block_size)
+    if sizes is not None:
+        model["backend"] = sizes
     layout = {
         "kvx_layout": 1,
         "block_size": block_size,
-        "model": model_identity(vllm_config),
+        # compressor rings (CircularBufferSpec): attention and state aliases of one row stay
+        # apart unless a packed MLA row covers them (spec/regions.md step 2)
+        "csa_linear": any(is_ring(spec) for _, spec in specs.values()),
+        "model": model,
         "storages": [{"name": name, "size": size, "mem": mem, "device": device}
                      for name, size, _, mem, device in storages.values()],
         "views": views,

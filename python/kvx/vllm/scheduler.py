@@ -12,6 +12,7 @@ import secrets
 import struct
 
 from .metadata import Hold, KvxMetadata, Load, Want
+from .specs import group_mamba_scratch, group_window_blocks
 
 logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
@@ -25,10 +26,6 @@ def prompt_digest(token_ids):
     return hashlib.sha256(struct.pack("<%dq" % len(ids), *ids)).hexdigest()[:32]
 
 
-def _cdiv(a, b):
-    return -(-a // b)
-
-
 class KvxScheduler:
     def __init__(self, vllm_config, kv_cache_config, settings):
         self.settings = settings
@@ -37,17 +34,13 @@ class KvxScheduler:
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.engine_id = vllm_config.kv_transfer_config.engine_id
         self.is_producer = vllm_config.kv_transfer_config.is_kv_producer
-        # transferred blocks per group: a sliding window keeps only its window's blocks
-        self.window_blocks = [
-            _cdiv(g.kv_cache_spec.sliding_window, self.block_size) + 1
-            if getattr(g.kv_cache_spec, "sliding_window", None) else 0
-            for g in kv_cache_config.transfer_groups]
+        # transferred blocks per group: a sliding window keeps only its window's blocks,
+        # counted in the group's own block size (DeepSeek-V4's windows have 64-, 4- and
+        # 8-token blocks beside the engine's 256)
+        self.window_blocks = [group_window_blocks(g) for g in kv_cache_config.transfer_groups]
         # a mamba group's blocks: [superseded states..., the running state, scratch slots for
         # speculative tokens]; only the running state moves. None for other groups.
-        self.scratch_blocks = [
-            g.kv_cache_spec.num_speculative_blocks
-            if any(c.__name__ == "MambaSpec" for c in type(g.kv_cache_spec).__mro__) else None
-            for g in kv_cache_config.transfer_groups]
+        self.scratch_blocks = [group_mamba_scratch(g) for g in kv_cache_config.transfer_groups]
         # Prompt tokens P leaves to D: a recurrent (mamba) state cannot take the last token
         # twice, and D computes it to sample its first token, so P stops one token short.
         self.backoff = 1 if kv_cache_config.has_mamba_layers else 0

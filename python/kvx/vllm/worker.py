@@ -33,9 +33,15 @@ class LoadRefused(Exception):
     """A load that is not even tried: its parameters are wrong for this request."""
 
 
+NULL_BLOCK = 0  # vLLM's null block (BlockPool's first): a placeholder, never a request's
+
+
 def _aligned(local, remote):
     """(local, remote) ids per group, paired from the end: D's blocks that hit its own prefix
-    cache are not loaded, so its list is P's tail. More local blocks than P sent is refused."""
+    cache are not loaded, so its list is P's tail. More local blocks than P sent is refused.
+    A sliding window's list starts with null placeholders for blocks that slid out: a pair
+    whose local block is null is dropped (D does not keep that block), and one whose remote
+    block is null while D's is not is refused (P no longer has what D would read)."""
     if len(local) != len(remote):
         raise LoadRefused("P sent block ids for %d groups, this engine has %d"
                           % (len(remote), len(local)))
@@ -43,8 +49,12 @@ def _aligned(local, remote):
     for g, (lo, re) in enumerate(zip(local, remote)):
         if len(lo) > len(re):
             raise LoadRefused("group %d: %d blocks to load, P holds %d" % (g, len(lo), len(re)))
-        out_local.append(list(lo))
-        out_remote.append(list(re[len(re) - len(lo):]))
+        pairs = [(a, b) for a, b in zip(lo, re[len(re) - len(lo):]) if a != NULL_BLOCK]
+        if any(b == NULL_BLOCK for _, b in pairs):
+            raise LoadRefused("group %d: P's block list has a null block where this engine "
+                              "keeps one (its window slid further)" % g)
+        out_local.append([a for a, _ in pairs])
+        out_remote.append([b for _, b in pairs])
     return out_local, out_remote
 
 
@@ -299,7 +309,7 @@ class KvxWorker:
         logger.warning("kvx: request %s: KV not loaded (%s: %s); vLLM's kv_load_failure_policy "
                        "decides", req_id, type(error).__name__, message)
         self._count(failures=1, seconds=time.monotonic() - start)
-        self._loaded(req_id, {b for ids in local_ids for b in ids})
+        self._loaded(req_id, {b for ids in local_ids for b in ids if b != NULL_BLOCK})
 
     def _loaded(self, req_id, failed_blocks):
         """Reports a load's end to vLLM, exactly once: a request vLLM ends because its load

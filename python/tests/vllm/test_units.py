@@ -11,8 +11,9 @@ from kvx.vllm import config, layout
 
 
 class FullAttentionSpec:
-    def __init__(self, heads=2, block_size=32):
+    def __init__(self, heads=2, block_size=32, page=None):
         self.num_kv_heads, self.block_size = heads, block_size
+        self.page_size_bytes = page or heads * block_size * 2 * 32 * 2  # K and V, bf16
 
 
 class SlidingWindowSpec(FullAttentionSpec):
@@ -32,7 +33,7 @@ def cache_config(groups, num_blocks):
     kv_groups = [types.SimpleNamespace(kv_cache_spec=spec, layer_names=names)
                  for spec, names in groups]
     return types.SimpleNamespace(
-        num_blocks=num_blocks, kv_cache_groups=kv_groups,
+        num_blocks=num_blocks, kv_cache_groups=kv_groups, transfer_groups=kv_groups,
         transfer_group_index_by_layer={n: g for g, (_, names) in enumerate(groups) for n in names})
 
 
