@@ -54,7 +54,7 @@ def progress_thread(agent, stop):
         agent.progress(0)
 
 
-def prefill(size, auth, conn):
+def prefill(size, auth, conn, spin):
     import kvx
 
     d = layout_of(size)
@@ -69,17 +69,21 @@ def prefill(size, auth, conn):
     thread = threading.Thread(target=progress_thread, args=(agent, stop), daemon=True)
     thread.start()
     conn.send((address, token, created))
+    if spin:  # vLLM's idle worker: its main thread polls a shared-memory queue, yielding
+        while not conn.poll():
+            for _ in range(100):
+                os.sched_yield()
     conn.recv()  # D is done
     stop.set()
     thread.join()
     agent.close()
 
 
-def one_run(size, auth):
+def one_run(size, auth, spin):
     import kvx
 
     here, there = multiprocessing.Pipe()
-    p = multiprocessing.get_context("spawn").Process(target=prefill, args=(size, auth, there))
+    p = multiprocessing.get_context("spawn").Process(target=prefill, args=(size, auth, there, spin))
     p.start()
     try:
         address, token, p_created = here.recv()
@@ -111,6 +115,8 @@ def main():
     parser.add_argument("--sizes", default="64M,1G,8G")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--loaded", action="store_true")
+    parser.add_argument("--spin", action="store_true",
+                        help="P's main thread spins as vLLM's idle worker does")
     parser.add_argument("--json")
     args = parser.parse_args()
     build = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build")
@@ -123,7 +129,7 @@ def main():
     rows = {}
     try:
         for text in args.sizes.split(","):
-            runs = [one_run(parse_size(text), auth) for _ in range(args.runs)]
+            runs = [one_run(parse_size(text), auth, args.spin) for _ in range(args.runs)]
             rows[text] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             rows[text]["max_first_load"] = max(r["first_load"] for r in runs)
     finally:

@@ -80,12 +80,156 @@ def _config(kind, layers):
             mamba_expand=2, mamba_chunk_size=32, position_embedding_type="rope",
             max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=3,
             dtype="bfloat16", tie_word_embeddings=False)
-    raise ValueError("model kind %r: llama, llama-bench, gemma2, deepseek_v2, jamba or "
-                     "granitemoehybrid" % kind)
+    raise ValueError("model kind %r: llama, llama-bench, gemma2, deepseek_v2, deepseek_v4, "
+                     "jamba or granitemoehybrid" % kind)
+
+
+def _deepseek_v4_config(layers):
+    """A tiny DeepSeek-V4 (shared/VLLM.md, "DeepSeek-V4 on CPU"), as the config.json vLLM's
+    DeepseekV4Config reads. Sizes the CPU kernels fix: head_dim 512 (448 NoPE + 64 RoPE),
+    index_head_dim 128, 64 routed experts (the CPU hash top-k takes 64, 128, 256 or 384).
+    Layers: 0 sliding-window only, 1 C4A (compressor of ratio 4 and the lightning indexer),
+    2 C128A; layer 0 routes by token hash (tid2eid), the others by score. The yarn table is
+    kept small (max_position_embeddings 4096) so the rotary caches stay small."""
+    return {
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+        "vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": layers,
+        "num_attention_heads": 16, "num_key_value_heads": 1, "head_dim": 512,
+        "qk_rope_head_dim": 64, "q_lora_rank": 128, "o_lora_rank": 128, "o_groups": 2,
+        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
+        "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
+        "n_routed_experts": 64, "n_shared_experts": 1, "num_experts_per_tok": 6,
+        "moe_intermediate_size": 64, "num_hash_layers": 1, "scoring_func": "sqrtsoftplus",
+        "topk_method": "noaux_tc", "norm_topk_prob": True, "routed_scaling_factor": 1.5,
+        "swiglu_limit": 10.0, "hidden_act": "silu",
+        "compress_ratios": ([0, 4, 128] + [0] * layers)[:layers], "sliding_window": 128,
+        "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+        "rope_scaling": {"type": "yarn", "rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": 1024, "beta_fast": 32,
+                         "beta_slow": 1},
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "num_nextn_predict_layers": 0, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def _deepseek_v4_weights(c):
+    """Random weights of config `c` in DeepSeek's checkpoint names (what vLLM's
+    DeepseekV4ForCausalLM.load_weights maps: wq_a and wkv fused, w1/w3 stacked, experts
+    per index, gate.bias the score-correction bias), drawn from the current torch seed:
+    matrices bf16 normal(0, 0.2); norms 1; the fp32 tensors DeepSeek keeps fp32 (attention
+    sinks, compressor position biases, the hyper-connection mixers and their scales and
+    bases, the router's correction bias) around their neutral values; tid2eid a random
+    choice of distinct experts per token. The hyper-connection mixers are drawn wide too
+    (std 0.2): at 0.02 the streams' mixing hardly depends on the input, and seed 0 answered
+    two of six prompts with 2-token cycles."""
+    import torch
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    h, hd, rope = c["hidden_size"], c["head_dim"], c["qk_rope_head_dim"]
+    heads, ql, ol, groups = (c["num_attention_heads"], c["q_lora_rank"], c["o_lora_rank"],
+                             c["o_groups"])
+    hc, experts, inter = c["hc_mult"], c["n_routed_experts"], c["moe_intermediate_size"]
+    mix = (2 + hc) * hc
+    w = {}
+
+    def mat(name, *shape):
+        w[name] = torch.empty(shape, dtype=fp32).normal_(0.0, 0.2).to(bf16)
+
+    def ones(name, n):
+        w[name] = torch.ones(n, dtype=bf16)
+
+    def f32(name, std, *shape, mean=0.0):
+        w[name] = torch.empty(shape, dtype=fp32).normal_(mean, std)
+
+    def compressor(prefix, ratio, dim):
+        coff = 2 if ratio == 4 else 1  # ratio 4 overlaps its windows: twice the width
+        f32(prefix + "ape", 0.2, ratio, coff * dim)
+        mat(prefix + "wkv.weight", coff * dim, h)
+        mat(prefix + "wgate.weight", coff * dim, h)
+        ones(prefix + "norm.weight", dim)
+
+    mat("embed.weight", c["vocab_size"], h)
+    for i in range(c["num_hidden_layers"]):
+        p = "layers.%d." % i
+        ones(p + "attn_norm.weight", h)
+        ones(p + "ffn_norm.weight", h)
+        for part in ("attn", "ffn"):
+            f32(p + "hc_%s_fn" % part, 0.2, mix, hc * h)
+            f32(p + "hc_%s_base" % part, 0.2, mix)
+            f32(p + "hc_%s_scale" % part, 0.1, 3, mean=1.0)
+        a = p + "attn."
+        f32(a + "attn_sink", 1.0, heads)
+        mat(a + "wq_a.weight", ql, h)
+        ones(a + "q_norm.weight", ql)
+        mat(a + "wq_b.weight", heads * hd, ql)
+        mat(a + "wkv.weight", hd, h)
+        ones(a + "kv_norm.weight", hd)
+        mat(a + "wo_a.weight", groups * ol, heads * hd // groups)
+        mat(a + "wo_b.weight", h, groups * ol)
+        ratio = c["compress_ratios"][i]
+        if ratio > 1:
+            compressor(a + "compressor.", ratio, hd)
+        if ratio == 4:  # C4A: the lightning indexer, with its own compressor
+            ih, idim = c["index_n_heads"], c["index_head_dim"]
+            mat(a + "indexer.wq_b.weight", ih * idim, ql)
+            mat(a + "indexer.weights_proj.weight", ih, h)
+            compressor(a + "indexer.compressor.", ratio, idim)
+        f = p + "ffn."
+        mat(f + "gate.weight", experts, h)
+        if i < c["num_hash_layers"]:
+            k = c["num_experts_per_tok"]
+            w[f + "gate.tid2eid"] = torch.rand(c["vocab_size"], experts).argsort(
+                dim=1)[:, :k].to(torch.int32).contiguous()
+        else:
+            f32(f + "gate.bias", 0.1, experts)
+        for e in range(experts):
+            mat(f + "experts.%d.w1.weight" % e, inter, h)
+            mat(f + "experts.%d.w2.weight" % e, h, inter)
+            mat(f + "experts.%d.w3.weight" % e, inter, h)
+        shared = inter * c["n_shared_experts"]
+        mat(f + "shared_experts.w1.weight", shared, h)
+        mat(f + "shared_experts.w2.weight", h, shared)
+        mat(f + "shared_experts.w3.weight", shared, h)
+    ones("norm.weight", h)
+    f32("hc_head_fn", 0.2, hc, hc * h)
+    f32("hc_head_base", 0.2, hc)
+    f32("hc_head_scale", 0.1, 1, mean=1.0)
+    mat("head.weight", c["vocab_size"], h)
+    return w
+
+
+def _make_deepseek_v4(path, seed, layers):
+    import torch
+    from safetensors.torch import save_file
+
+    config = _deepseek_v4_config(layers)
+    # "weights": the version of _deepseek_v4_weights' recipe, so that a model drawn by an
+    # older one is made again (the config's hash does not see it)
+    made = {"kind": "deepseek_v4", "seed": seed, "layers": layers, "weights": 2,
+            "config": hashlib.sha256(json.dumps(config, sort_keys=True).encode()
+                                     ).hexdigest()[:16]}
+    if os.path.exists(os.path.join(path, "kvx-model.json")):
+        with open(os.path.join(path, "kvx-model.json")) as f:
+            if json.load(f) == made:
+                return path
+    os.makedirs(path, exist_ok=True)
+    torch.manual_seed(seed)
+    save_file(_deepseek_v4_weights(config), os.path.join(path, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    _tokenizer(path)
+    with open(os.path.join(path, "kvx-model.json"), "w") as f:
+        json.dump(made, f)
+    return path
 
 
 def make(kind, path, seed=0, layers=None):
     """Writes model `kind` with weights from `seed` to `path` (once); returns path."""
+    if kind == "deepseek_v4":  # not a transformers model: config and weights by hand
+        return _make_deepseek_v4(path, seed, layers or 3)
     import torch
     import transformers
 

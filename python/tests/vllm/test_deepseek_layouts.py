@@ -68,10 +68,14 @@ def assert_every_view_moves_whole(d, regions):
 # ---- DeepSeek-V4, as recorded from the CPU engine ------------------------------------------
 
 def v4_spec(fields):
+    """vLLM's own spec class, made again from the recorded fields (the stride alignment, a
+    kernel detail that sizes nothing here, left out), checked to size the same page."""
+    import dataclasses
+
     cls = getattr(kv, fields["class"])
-    args = {k: v for k, v in fields.items() if k not in ("class", "page_size_bytes")}
-    if "dtype" in args:
-        args["dtype"] = getattr(torch, args["dtype"])
+    args = {f.name: fields[f.name] for f in dataclasses.fields(cls)
+            if f.init and f.name in fields and f.name != "block_stride_alignment"}
+    args["dtype"] = getattr(torch, args["dtype"])
     spec = cls(**args)
     assert spec.page_size_bytes == fields["page_size_bytes"], fields
     return spec
@@ -83,48 +87,51 @@ def v4_recorded():
 
 
 def v4_cache(rec, num_blocks):
+    """The recorded groups and views again, over a storage of `num_blocks` rows: what
+    register_kv_caches receives, with KVCacheConfig's groups in vLLM's own classes."""
     groups = []
     for g in rec["groups"]:
-        layer_specs = {name: v4_spec(s) for name, s in g["layers"].items()}
+        layer_specs = {name: v4_spec(f) for name, f in g["layer_specs"].items()}
         groups.append(kv.KVCacheGroupSpec(list(layer_specs), kv.UniformTypeKVCacheSpecs(
-            block_size=g["block_size"], kv_cache_specs=layer_specs)))
+            block_size=g["spec"]["block_size"], kv_cache_specs=layer_specs)))
     config = kv.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                               kv_cache_groups=groups)
-    row = rec["row_bytes"]
+    row = rec["views"][0]["stride"][0] * rec["views"][0]["element_size"]
     storage = torch.zeros(num_blocks * row, dtype=U8)
     tensors = views_of(storage, [
-        (t["name"], getattr(torch, t["dtype"]), [num_blocks] + t["shape"][1:],
-         [row] + t["byte_strides"][1:], t["byte_offset"]) for t in rec["tensors"]])
-    return tensors, config, storage
+        (v["name"], getattr(torch, v["dtype"]), [num_blocks] + v["shape"][1:],
+         [st * v["element_size"] for st in v["stride"]], v["offset_bytes"])
+        for v in rec["views"]])
+    return tensors, config, storage, row
 
 
 def test_v4_registers_one_packed_row_of_nine_members():
     rec = v4_recorded()
-    tensors, config, storage = v4_cache(rec, 64)
-    d, memory = layout.build(tensors, config, vllm_config(rec["block_size"]))
+    assert rec["num_blocks"] * 47808 == rec["views"][0]["storage_nbytes"]  # vLLM's 1 GiB
+    tensors, config, storage, row = v4_cache(rec, 64)
+    assert row == 47808
+    d, memory = layout.build(tensors, config, vllm_config(rec["cache_config_block_size"]))
     assert len(d["views"]) == 9 and {v["dense"] for v in d["views"]} == {False}
     assert not d["csa_linear"]
     regions = regions_of(d)
     assert [(r.offset, r.block_len, r.stride, r.group, r.mla, r.packed_row, len(r.members))
-            for r in regions] == [(0, rec["row_bytes"], rec["row_bytes"], -1, True, True, 9)]
+            for r in regions] == [(0, row, row, -1, True, True, 9)]
     assert sum(r.num_blocks for r in regions) == 64  # NIXL's table: one descriptor a row
     assert memory["kv_cache0"].nbytes == storage.numel()
     assert_every_view_moves_whole(d, regions)
     # a group's blocks hold their own number of tokens: P and D must agree on each
     assert d["model"]["backend"] == "kv cache group block sizes " + ",".join(
-        str(g["block_size"]) for g in rec["groups"])
+        str(g["spec"]["block_size"]) for g in rec["groups"])
 
 
 def test_v4_windows_clip_in_each_groups_own_block_size():
     rec = v4_recorded()
-    _, config, _ = v4_cache(rec, 8)
-    expected = []
-    for g in rec["groups"]:
-        windows = {s.get("sliding_window") for s in g["layers"].values()}
-        window = windows.pop() if len(windows) == 1 else None
-        expected.append(-(-window // g["block_size"]) + 1 if window else 0)
-    assert [specs.group_window_blocks(g) for g in config.transfer_groups] == expected
-    assert expected[:3] == [3, 3, 3]  # 128-token window, 64-token blocks
+    _, config, _, _ = v4_cache(rec, 8)
+    # the swa caches: a 128-token window in 64-token blocks; the compressed MLA and indexer
+    # group keeps every block; the compressor states: windows of 8 and 128 tokens in blocks
+    # of 4 and 8
+    assert [specs.group_window_blocks(g) for g in config.transfer_groups] == \
+        [3, 3, 3, 0, 3, 17]
 
 
 # ---- DeepSeek-V4.1's layout, without an engine ---------------------------------------------
