@@ -21,6 +21,7 @@
 
 #include "kvx.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -505,6 +506,8 @@ typedef struct {
     Py_buffer *memory;              /* GIL: views held by storage (obj NULL: kvx allocated it) */
     size_t num_storages;
     Py_ssize_t exports; /* GIL: storage() views alive: the C agent outlives them */
+    pthread_t progress_thread;   /* GIL: start_progress_thread()'s, joined by close() */
+    bool progress_thread_alive;  /* GIL */
 } AgentObject;
 
 /* One request's prefill ranks (one for TP 1): the C peers a transfer reads from together. */
@@ -724,6 +727,18 @@ static kvx_status_t agent_shutdown(AgentObject *self, bool destroy)
     return status;
 }
 
+/* Joins the progress thread, if one runs (GIL held, released while joining): the caller set
+ * `closed` and woke the pollers first, so it leaves after its turn. */
+static void progress_thread_join(AgentObject *self)
+{
+    if (!self->progress_thread_alive)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(self->progress_thread, NULL);
+    Py_END_ALLOW_THREADS
+    self->progress_thread_alive = false;
+}
+
 /* close(): closes the agent for every thread at once. A thread in progress() or wait() wakes
  * and raises InvalidError, and so does every later call on the agent, its peers and transfers
  * (but peer.close() and transfer.release(), which have nothing left to do). Transfers in
@@ -736,6 +751,7 @@ static PyObject *agent_close(AgentObject *self, PyObject *unused)
     (void)unused;
     atomic_store(&self->closed, true); /* before `exports` is read: no view is made after */
     wake_pollers(self);
+    progress_thread_join(self);
     status = agent_shutdown(self, self->exports == 0);
     if (status != KVX_OK)
         return raise_status(status, NULL);
@@ -774,6 +790,8 @@ static void agent_dealloc(AgentObject *self)
 
     /* Peers and views hold references to the agent: none is left. */
     atomic_store(&self->closed, true);
+    wake_pollers(self);
+    progress_thread_join(self);
     if (agent_shutdown(self, true) != KVX_OK && !told) {
         told = true;
         fprintf(stderr, "kvx: an agent could not be destroyed, left allocated: %s\n", kvx_errmsg());
@@ -1120,6 +1138,52 @@ static kvx_status_t agent_loop(AgentObject *self, XferObject *xfer, uint64_t tim
     if (busy)
         wake_pollers(self);
     return KVX_OK;
+}
+
+/* The progress thread's longest sleep between turns with nothing due: a bound only (events
+ * and the agent's own deadlines wake it sooner), so that close() is never kept waiting long
+ * by a poll that missed its wake. */
+#define PROGRESS_THREAD_SLEEP_MS 100
+
+/* The progress thread: agent_loop over and over, without the GIL ever, until close(). */
+static void *progress_thread_run(void *arg)
+{
+    AgentObject *self = arg;
+    enum gone gone;
+
+    while (agent_loop(self, NULL, PROGRESS_THREAD_SLEEP_MS, NULL, &gone) == KVX_OK)
+        ;
+    return NULL;
+}
+
+/* start_progress_thread(): a native thread that runs the agent's loop until close(), taking
+ * the lock one turn at a time as progress() does, and never the GIL. An engine's Python
+ * threads may be starved of the GIL for seconds (a busy model runner, a loaded machine),
+ * and whatever the agent answers for its peers (a side-channel handshake's ZAP answer,
+ * heartbeats, dones, served reads) must not wait for them. The release and log callbacks
+ * set with set_*_callback are not called from it: released() and logs() collect instead,
+ * or a progress() call of the caller's. Idempotent; the agent is made now if it was not. */
+static PyObject *agent_start_progress_thread(AgentObject *self, PyObject *unused)
+{
+    kvx_agent_t *agent;
+    int ret;
+
+    (void)unused;
+    if (self->progress_thread_alive)
+        Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
+    agent = agent_enter(self);
+    agent_leave(self);
+    Py_END_ALLOW_THREADS
+    if (agent == NULL)
+        return raise_gone(GONE_AGENT);
+    ret = pthread_create(&self->progress_thread, NULL, progress_thread_run, self);
+    if (ret != 0) {
+        errno = ret;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    self->progress_thread_alive = true;
+    Py_RETURN_NONE;
 }
 
 /* progress(timeout_ms): runs the agent's loop until the turn after an event, or the timeout;
@@ -1547,6 +1611,8 @@ static PyMethodDef agent_methods[] = {
     {"listen_address", (PyCFunction)agent_listen_address, METH_NOARGS, "HOST:PORT bound"},
     {"progress", (PyCFunction)agent_progress, METH_O, "run the loop up to TIMEOUT_MS"},
     {"fileno", (PyCFunction)agent_fileno, METH_NOARGS, "the descriptor to wait on"},
+    {"start_progress_thread", (PyCFunction)agent_start_progress_thread, METH_NOARGS,
+     "run the agent's loop on a native thread until close()"},
     {"stats", (PyCFunction)agent_stats, METH_NOARGS, "the counters, as a dict"},
     {"released", (PyCFunction)agent_released, METH_NOARGS,
      "request ids released since the last call"},

@@ -530,6 +530,15 @@ class Agent:
     def fileno(self):
         return self._agent().fileno()
 
+    def start_progress_thread(self):
+        """Runs the agent's loop on a native thread of its own until close(), never taking
+        the GIL: what the agent answers its peers (handshakes, heartbeats, dones, served reads)
+        then never waits for a Python thread, which a busy engine may starve of the GIL for
+        seconds. Transfers complete and holds are released on it; released(), logs() and
+        Transfer.done see them. The release and log callbacks are not called from it (a
+        progress() call of yours runs them). Idempotent."""
+        self._agent().start_progress_thread()
+
     def stats(self):
         """kvx's counters as a dict, and this layer's: released_dropped and logs_dropped count
         what released() and logs() could not keep (more than 2^20 ids, 1024 lines undrained)."""

@@ -143,3 +143,35 @@ def test_released_and_logs_before_the_agent_is_made_and_after_close():
     agent.close()
     with pytest.raises(kvx.InvalidError, match="the agent is closed"):
         agent.released()
+
+
+def starved_prefill(layout_path, mode):
+    process = subprocess.Popen([sys.executable, str(HERE / "starved_prefill.py"),
+                                str(layout_path), mode], stdout=subprocess.PIPE, text=True,
+                               env=dict(ENV, UCX_LOG_FILE="stderr"))
+    line = json.loads(process.stdout.readline())
+    return process, line["address"], bytes.fromhex(line["token"])
+
+
+@pytest.mark.parametrize("mode", ["thread", "python"])
+def test_a_prefill_starved_of_the_gil_serves_only_from_its_native_progress_thread(
+        layout_path, mode):
+    """A prefill whose Python never runs again once it holds a request (its main thread keeps
+    the GIL): with start_progress_thread its agent still answers the handshake (the ZAP answer
+    is the agent loop's), the read and the done, and the decode side gets every byte; with
+    its loop on a Python thread, the decode side's connect fails at its deadline."""
+    process, address, token = starved_prefill(layout_path, mode)
+    try:
+        layout = kvx.Layout.load(str(layout_path))
+        memory = np.zeros(65536, dtype=np.uint8)
+        with kvx.Agent(layout, {"kv": memory}, timeout_ms=3000) as agent:
+            if mode == "python":
+                with pytest.raises(kvx.Error):
+                    agent.connect(address)
+                return
+            peer = agent.connect(address)
+            peer.read({0: list(range(16))}, request_id=7, token=token)
+        assert np.array_equal(memory, patterns.filled(65536, 0, 0))
+    finally:
+        process.kill()
+        process.wait()

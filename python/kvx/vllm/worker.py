@@ -1,11 +1,16 @@
 """The connector's worker half, one per TP rank: the kvx agent over vLLM's own cache tensors,
-and the thread that drives it.
+and the threads that drive it.
+
+The agent's loop runs on its native progress thread (Agent.start_progress_thread), which
+never takes the GIL: a busy model runner, or a loaded machine, starves an engine's Python
+threads for seconds, and what P answers its peers (the side channel's handshake, heartbeats,
+dones, served reads) must not wait for them (a handshake P answered 5.5 s late was seen).
 
 vLLM calls the worker hooks from its model-runner thread, which must never wait on the
-network. So the hooks only hand orders to a progress thread and collect what it finished:
-every kvx call (connect, hold, read, write, progress) happens on that one thread, which
-sleeps on the agent's descriptor and wakes every millisecond while transfers are in flight
-(UCX does not signal every local completion)."""
+network. So the hooks only hand orders to an order thread and collect what it finished:
+every other kvx call (connect, hold, read, write) happens on that one Python thread, which
+wakes for each order and every millisecond while transfers or holds are in flight, to
+collect what completed."""
 
 import collections
 import logging
@@ -23,7 +28,7 @@ from .scheduler import PARAMS_VERSION
 
 logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
-IDLE_WAIT_S = 0.05   # the thread's sleep with nothing in flight (a new order wakes it at once)
+IDLE_WAIT_S = 0.05   # the order thread's sleep with nothing in flight (an order wakes it)
 BUSY_WAIT_S = 0.001  # while a transfer of ours is in flight, or P holds blocks
 UNREACHABLE_S = 1.0  # a P whose handshake failed is not asked again for this long
 ENDED_KEPT = 65536   # loads remembered as reported (an abort for one comes a step later)
@@ -80,7 +85,7 @@ class KvxWorker:
         self.failed_recving = set()
         self.load_errors = set()
         self.stats = {}
-        # owned by the progress thread
+        # owned by the order thread
         self.held = {}       # kvx request id -> vLLM request id (P)
         self.leases_expired = 0  # the agent's count, as last reported (P)
         self.transfers = {}  # vLLM request id -> (Transfer, local ids, start time) (D)
@@ -111,18 +116,17 @@ class KvxWorker:
         self.agent = kvx.Agent(self.layout, memory, **auth_of(self.settings), **params)
         if self.is_producer:
             self.address = self.agent.listen(listen_address(self.settings, self.tp_rank))
-        else:
-            self.agent.fileno()  # made now: its errors belong to start-up
+        self.agent.start_progress_thread()  # the agent is made now: its errors are start-up's
         regions = self.layout.regions()
         logger.info("kvx: %d views in %d groups, %d storages registered in place as %d "
                     "regions%s", len(layout["views"]), len({v["group"] for v in layout["views"]}),
                     len(layout["storages"]), len(regions),
                     ", listening at %s" % self.address if self.address else "")
-        self.thread = threading.Thread(target=self._run, name="kvx-progress", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="kvx-orders", daemon=True)
         self.thread.start()
 
     def handle(self, meta):
-        """This step's orders from the scheduler, for the progress thread."""
+        """This step's orders from the scheduler, for the order thread."""
         if meta is None or not (meta.holds or meta.loads or meta.wants or meta.unwants
                                 or meta.aborted):
             return
@@ -158,25 +162,22 @@ class KvxWorker:
             self.agent.close()
             self.agent = None
 
-    # ---- progress thread --------------------------------------------------------------
+    # ---- order thread ----------------------------------------------------------------
     def _run(self):
-        fd = self.agent.fileno()
         while not self.stopping:
             try:
                 self._take_orders()
-                # in flight: our transfers, or on P holds whose dones (or pushes) may come,
-                # answered within a millisecond (bench/vllm_pd.sh: P frees a little sooner)
+                # in flight: our transfers, or on P holds whose dones (or pushes) may come:
+                # what the agent's thread completed is collected within a millisecond
                 busy = self.transfers or self.held
-                wait = BUSY_WAIT_S if busy else IDLE_WAIT_S
-                select.select([fd, self.wake_r], [], [], wait)
+                select.select([self.wake_r], [], [], BUSY_WAIT_S if busy else IDLE_WAIT_S)
                 try:
                     os.read(self.wake_r, 4096)
                 except BlockingIOError:
                     pass
-                self.agent.progress(0)
                 self._collect()
             except Exception:  # never let the thread die silently: vLLM would hang
-                logger.exception("kvx: progress thread")
+                logger.exception("kvx: order thread")
                 time.sleep(IDLE_WAIT_S)
 
     def _take_orders(self):
@@ -241,7 +242,10 @@ class KvxWorker:
         try:
             peer = self.peers.get(key)
             if peer is None:
+                start = time.monotonic()
                 peer = self.peers[key] = self.agent.connect(list(addresses))
+                logger.info("kvx: connected to %s in %.1f ms", ",".join(addresses),
+                            1e3 * (time.monotonic() - start))
             elif peer.down_reason is not None:
                 peer.reconnect()
         except kvx.Error as e:

@@ -68,7 +68,8 @@ def pytest_runtest_makereport(item, call):
 
 
 class Engine:
-    """One engine process; `name` names its log file (work_dir()/NAME.log)."""
+    """One engine process; `name` names its log file (work_dir()/NAME.log). A spec's
+    "kv_space_gib" sizes the KV cache vLLM allocates (VLLM_CPU_KVCACHE_SPACE, default 1)."""
 
     def __init__(self, name, core, **spec):
         self.name = name
@@ -82,6 +83,8 @@ class Engine:
             json.dump(dict(spec, ready_file=self.ready_file), f)
         env = dict(engine_env(core), VLLM_ALLOW_INSECURE_SERIALIZATION="1",
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(next(_ports)))
+        if spec.get("kv_space_gib") is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(spec["kv_space_gib"])
         self.log = open(self.log_path, "w")
         STARTED.append(self)
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), spec_path],
