@@ -14,7 +14,8 @@ atomically, so the driver never reads half of one:
    "remote_decode": bool}  -> {"tokens", "finish", "params", "seconds"}
   {"op": "kvx_stats"}     -> {"stats": [the kvx agent's stats() of each worker]}
   {"op": "wait_freed"}    -> once P holds no request's blocks: {"held", "end"}
-  {"op": "transfer_seconds"} -> D's transfers so far: {"seconds", "count"} (kvx or NIXL)
+  {"op": "transfer_seconds"} -> D's transfers so far: {"seconds", "count", "bytes"} (kvx or
+                             NIXL)
   {"op": "abort"}         -> requests added and aborted before a step: {"aborted": n}
   {"op": "kv_caches"}     -> what each worker's KV connector is (or would be) given:
                              [kv_cache_dump() of each worker]
@@ -63,8 +64,8 @@ def held(worker):
 
 
 def transfer_seconds(worker):
-    """Runs in each worker: seconds D's transfers took so far (post to completion), and how
-    many. NIXL's telemetry is drained by vLLM each step, so its stats class's recorder is
+    """Runs in each worker: seconds D's transfers took so far (post to completion), how many,
+    and the bytes they moved. NIXL's telemetry is drained by vLLM each step, so its stats class's recorder is
     wrapped once to keep a running sum (a benchmark's instrument, nothing else; on the class,
     so that the stats objects vLLM pickles stay as they were)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
@@ -76,19 +77,20 @@ def transfer_seconds(worker):
         )
 
         if not hasattr(stats_class, "kvx_bench_total"):
-            stats_class.kvx_bench_total = [0.0, 0]
+            stats_class.kvx_bench_total = [0.0, 0, 0]
             record = stats_class.record_transfer
 
             def recording(self, res):
                 if res is not None:
                     stats_class.kvx_bench_total[0] += res.xferDuration / 1e6
                     stats_class.kvx_bench_total[1] += 1
+                    stats_class.kvx_bench_total[2] += res.totalBytes
                 record(self, res)
 
             stats_class.record_transfer = recording
         return tuple(stats_class.kvx_bench_total)
     stats = connector.worker.agent.stats()
-    return stats["transfer_us_sum"] / 1e6, stats["transfer_us_count"]
+    return stats["transfer_us_sum"] / 1e6, stats["transfer_us_count"], stats["bytes"]
 
 
 def _spec_fields(spec):
@@ -223,7 +225,8 @@ def main():
             out["held"] = sum(llm.collective_rpc(held))
             out["end"] = time.monotonic()
         elif cmd["op"] == "transfer_seconds":
-            out["seconds"], out["count"] = map(sum, zip(*llm.collective_rpc(transfer_seconds)))
+            out["seconds"], out["count"], out["bytes"] = map(
+                sum, zip(*llm.collective_rpc(transfer_seconds)))
         elif cmd["op"] == "abort":
             engine = llm.llm_engine
             ids = ["abort-%d-%d" % (os.getpid(), i) for i in range(len(cmd["prompts"]))]
