@@ -2,9 +2,11 @@
 
 A prefill process (P) and this process (D), each with an engine-sized cache of SIZE bytes in
 memory the engine owns (numpy, every page touched, as vLLM's torch.zeros cache), laid out as
-DeepSeek-V4's packed rows (47,808-byte rows, one whole-row region). P is driven the way the
-vLLM connector's worker drives it: a thread that sleeps on the agent's descriptor and calls
-progress(0). Printed per size, medians of --runs runs, in ms:
+DeepSeek-V4's packed rows (47,808-byte rows, one whole-row region). P's loop runs as the vLLM
+connector runs it: on the agent's native progress thread (--p-loop native), or, as before
+it, on a Python thread that sleeps on the agent's descriptor and calls progress(0)
+(--p-loop python). With --spin, P's main thread spins as an idle vLLM worker's does (polling
+its shared-memory queue, yielding). Printed per size, medians of --runs runs, in ms:
   - P create: kvx.Agent over the cache, then listen (registration included);
   - D create: kvx.Agent over the cache, then fileno() (the agent made);
   - connect: agent.connect(P) (side channel, handshake, UCX endpoint, remote keys);
@@ -14,7 +16,7 @@ With --loaded, two busy processes keep both cores occupied for the whole run (a 
 machine is the normal case). A benchmark: it asserts nothing. 2 noisy cores.
 
 usage: PYTHONPATH=build/python UCX_NET_DEVICES=lo python3 bench/connect_time.py
-           [--sizes 64M,1G,8G] [--runs 3] [--loaded]"""
+           [--sizes 64M,1G,8G] [--runs 3] [--loaded] [--spin] [--p-loop native|python]"""
 
 import argparse
 import json
@@ -54,7 +56,7 @@ def progress_thread(agent, stop):
         agent.progress(0)
 
 
-def prefill(size, auth, conn, spin):
+def prefill(size, auth, conn, spin, loop):
     import kvx
 
     d = layout_of(size)
@@ -67,7 +69,10 @@ def prefill(size, auth, conn, spin):
     token = agent.hold(1, {0: [7]})
     stop = threading.Event()
     thread = threading.Thread(target=progress_thread, args=(agent, stop), daemon=True)
-    thread.start()
+    if loop == "native":
+        agent.start_progress_thread()
+    else:
+        thread.start()
     conn.send((address, token, created))
     if spin:  # vLLM's idle worker: its main thread polls a shared-memory queue, yielding
         while not conn.poll():
@@ -75,15 +80,16 @@ def prefill(size, auth, conn, spin):
                 os.sched_yield()
     conn.recv()  # D is done
     stop.set()
-    thread.join()
+    if thread.is_alive():
+        thread.join()
     agent.close()
 
 
-def one_run(size, auth, spin):
+def one_run(size, auth, spin, loop):
     import kvx
 
     here, there = multiprocessing.Pipe()
-    p = multiprocessing.get_context("spawn").Process(target=prefill, args=(size, auth, there, spin))
+    p = multiprocessing.get_context("spawn").Process(target=prefill, args=(size, auth, there, spin, loop))
     p.start()
     try:
         address, token, p_created = here.recv()
@@ -117,6 +123,7 @@ def main():
     parser.add_argument("--loaded", action="store_true")
     parser.add_argument("--spin", action="store_true",
                         help="P's main thread spins as vLLM's idle worker does")
+    parser.add_argument("--p-loop", choices=("native", "python"), default="native")
     parser.add_argument("--json")
     args = parser.parse_args()
     build = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build")
@@ -129,15 +136,17 @@ def main():
     rows = {}
     try:
         for text in args.sizes.split(","):
-            runs = [one_run(parse_size(text), auth, args.spin) for _ in range(args.runs)]
+            runs = [one_run(parse_size(text), auth, args.spin, args.p_loop) for _ in range(args.runs)]
             rows[text] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             rows[text]["max_first_load"] = max(r["first_load"] for r in runs)
     finally:
         for hog in hogs:
             hog.kill()
-    print("kvx first load from a new prefill, %s machine (2 noisy cores%s), medians of %d "
-          "runs, ms" % ("loaded" if args.loaded else "quiet",
-                        ": two busy processes" if args.loaded else "", args.runs))
+    print("kvx first load from a new prefill, %s machine (2 noisy cores%s), P's loop on a %s "
+          "thread%s, medians of %d runs, ms" % (
+              "loaded" if args.loaded else "quiet", ": two busy processes" if args.loaded
+              else "", args.p_loop, ", P's main thread spinning" if args.spin else "",
+              args.runs))
     print("| cache | P create | D create | connect | first read | first load | worst load |")
     print("|---|---|---|---|---|---|---|")
     for text, r in rows.items():
