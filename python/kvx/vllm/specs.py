@@ -80,7 +80,3 @@ def group_mamba_scratch(group):
     if specs and all(_is(s, "MambaSpec") for s in specs):
         return int(getattr(specs[0], "num_speculative_blocks", 0))
     return None
-
-
-def group_block_size(group):
-    return int(group.kv_cache_spec.block_size)

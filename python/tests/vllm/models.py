@@ -127,7 +127,7 @@ def _deepseek_v4_weights(c):
     import torch
 
     bf16, fp32 = torch.bfloat16, torch.float32
-    h, hd, rope = c["hidden_size"], c["head_dim"], c["qk_rope_head_dim"]
+    h, hd = c["hidden_size"], c["head_dim"]
     heads, ql, ol, groups = (c["num_attention_heads"], c["q_lora_rank"], c["o_lora_rank"],
                              c["o_groups"])
     hc, experts, inter = c["hc_mult"], c["n_routed_experts"], c["moe_intermediate_size"]

@@ -142,3 +142,17 @@ def test_proxy_answers_every_request_naming_what_failed():
             assert e.value.code == status and part in e.value.read().decode()
     finally:
         http.shutdown()
+
+
+def test_null_placeholders_are_never_written_and_a_slid_window_is_refused():
+    """A sliding window's lists start with vLLM's null block (0) for blocks that slid out:
+    a pair whose block on D is null is not moved (the null block is shared), and a pair whose
+    block on P is null while D keeps one is refused (P no longer has what D would read)."""
+    from kvx.vllm.worker import LoadRefused, _aligned
+
+    local, remote = _aligned([[0, 0, 7, 8], [3]], [[0, 0, 0, 21, 22], [5, 9]])
+    assert (local, remote) == ([[7, 8], [3]], [[21, 22], [9]])  # paired from the end
+    with pytest.raises(LoadRefused, match="group 0: P's block list has a null block"):
+        _aligned([[6, 7, 8]], [[0, 21, 22]])
+    with pytest.raises(LoadRefused, match="group 0: 3 blocks to load, P holds 2"):
+        _aligned([[6, 7, 8]], [[21, 22]])
