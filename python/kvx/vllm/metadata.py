@@ -26,6 +26,7 @@ class Load:
     params: dict
     local_ids: list  # per transfer group: the blocks vLLM allocated for the loaded tokens
     prompt_digest: str  # of D's own prompt, checked against P's before a byte is read
+    num_tokens: int  # prompt tokens D takes from P: P's KV must cover exactly these
 
 
 @dataclasses.dataclass

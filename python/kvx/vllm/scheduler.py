@@ -166,8 +166,9 @@ class KvxScheduler:
             self.unwants.add(request.request_id)  # all local: P's hold ends at its lease
             return
         local = self.transfer_ids(blocks.get_unhashed_block_ids_all_groups())
-        self.loads.append(Load(request.request_id, params, local,
-                               prompt_digest(self.loaded_prompt(request))))
+        loaded = self.loaded_prompt(request)
+        self.loads.append(Load(request.request_id, params, local, prompt_digest(loaded),
+                               len(loaded)))
         self.loading.add(request.request_id)
 
     def update_connector_output(self, output):

@@ -265,6 +265,12 @@ class KvxWorker:
                                   % (p.get("kvx"), PARAMS_VERSION))
             if p.get("prompt_digest") != load.prompt_digest:
                 raise LoadRefused("kv_transfer_params belong to another prompt")
+            if p.get("remote_num_tokens") != load.num_tokens:
+                # D pairs its blocks with P's last ones: a P that generated past the prompt
+                # (a router that did not give it max_tokens 1) ends on other blocks
+                raise LoadRefused("P's KV covers %r tokens, this request loads the prompt's %d "
+                                  "(a P that generated past the prompt)"
+                                  % (p.get("remote_num_tokens"), load.num_tokens))
             addresses = p["remote_addresses"]
             if self.tp_size > len(addresses):
                 raise LoadRefused("decode TP %d reads a prefill of TP %d: more decode ranks "

@@ -138,6 +138,19 @@ def test_prefill_dead_before_read_is_recomputed(llama):
     assert refused(llama, params)["tokens"] == llama["ref"]
 
 
+def test_prefill_that_generated_past_the_prompt_is_refused_and_recomputed(llama):
+    """A router that does not give P max_tokens 1 (issue 35, finding 2): P's KV then covers
+    the prompt and the tokens P generated, its last blocks are not the prompt's, and a load
+    paired from the end would give D another position's KV. D refuses it before a byte is
+    read (P's remote_num_tokens against its prompt), and recomputes: one instance's output."""
+    out = llama["p"].generate(PROMPTS, max_tokens=40, remote_decode=True)
+    params = out["params"]
+    assert [p["remote_num_tokens"] for p in params] == \
+        [n + len(t) - 1 for n, t in zip(LENGTHS, out["tokens"])]
+    assert refused(llama, params)["tokens"] == llama["ref"]
+    assert "a P that generated past the prompt" in llama["d"].log_text()
+
+
 def test_requests_aborted_on_d_end_on_both_sides(llama):
     """Last, because vLLM's engine core may still load an aborted request after the abort
     returned (the abort reaches it asynchronously): D's requests end, and P's holds end with
