@@ -505,9 +505,9 @@ typedef struct {
     struct log_queue logs;          /* lock */
     Py_buffer *memory;              /* GIL: views held by storage (obj NULL: kvx allocated it) */
     size_t num_storages;
-    Py_ssize_t exports; /* GIL: storage() views alive: the C agent outlives them */
-    pthread_t progress_thread;   /* GIL: start_progress_thread()'s, joined by close() */
-    bool progress_thread_alive;  /* GIL */
+    Py_ssize_t exports;         /* GIL: storage() views alive: the C agent outlives them */
+    pthread_t progress_thread;  /* GIL: start_progress_thread()'s, joined by close() */
+    bool progress_thread_alive; /* GIL */
 } AgentObject;
 
 /* One request's prefill ranks (one for TP 1): the C peers a transfer reads from together. */
@@ -731,12 +731,14 @@ static kvx_status_t agent_shutdown(AgentObject *self, bool destroy)
  * `closed` and woke the pollers first, so it leaves after its turn. */
 static void progress_thread_join(AgentObject *self)
 {
+    pthread_t thread = self->progress_thread;
+
     if (!self->progress_thread_alive)
         return;
+    self->progress_thread_alive = false; /* before the GIL goes: one close() joins it */
     Py_BEGIN_ALLOW_THREADS
-    pthread_join(self->progress_thread, NULL);
+    pthread_join(thread, NULL);
     Py_END_ALLOW_THREADS
-    self->progress_thread_alive = false;
 }
 
 /* close(): closes the agent for every thread at once. A thread in progress() or wait() wakes
@@ -859,9 +861,9 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
     size_t n;
     kvx_status_t status;
     PyObject *value;
-    Py_buffer key   = {0};
+    Py_buffer key         = {0};
     kvx_log_level_t level = KVX_LOG_INFO;
-    bool any_memory = false;
+    bool any_memory       = false;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OO!", keywords, &LayoutType, &layout, &memory,
                                      &PyDict_Type, &params))
