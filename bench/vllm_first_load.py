@@ -1,4 +1,4 @@
-"""vLLM P/D with DeepSeek-V4: what D's first request from a prefill it has never seen costs,
+"""vLLM P/D with DeepSeek-V4 (or --model llama-bench): what D's first request from a prefill it has never seen costs,
 as the KV cache grows, with NixlConnector and with KvxConnector in one run (bench/vllm_pd.sh
 --first-load runs it).
 
@@ -26,9 +26,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "python", "tests", "vllm"))
 from conftest import Engine, auth_file, model  # noqa: E402
 import models  # noqa: E402
 
-ROW = 47808  # bytes of one DeepSeek-V4 row (six groups overlaid)
-V4 = dict(served="bench-deepseek-v4", tokenizer_mode="hf", max_model_len=512,
-          block_size=None)
+# per model: the engine's settings, and the bytes of one block (of all layers)
+MODELS = {
+    "deepseek_v4": (dict(served="bench-deepseek-v4", tokenizer_mode="hf", max_model_len=512,
+                         block_size=None), 47808),  # one row, six groups overlaid
+    "llama-bench": (dict(served="bench-llama", block_size=32), 32 * 16384),  # 16 KiB a token
+}
+SPEC, ROW = MODELS["deepseek_v4"]
 
 
 def cache_spec(size):
@@ -40,7 +44,7 @@ def cache_spec(size):
 
 
 def engine(connector, role, name, core, path, size, extra):
-    spec = dict(V4, **cache_spec(size))
+    spec = dict(SPEC, **cache_spec(size))
     if connector == "kvx":
         spec["extra"] = extra
     return Engine(name, core, model=path, role=role, connector=connector, **spec)
@@ -92,7 +96,7 @@ def measure(connector, size, runs, loaded, path, prompt_len):
 
 
 def reference(path, runs, prompt_len):
-    one = Engine("first-one", 0, model=path, connector=None, **dict(V4, num_blocks=1024))
+    one = Engine("first-one", 0, model=path, connector=None, **dict(SPEC, num_blocks=1024))
     try:
         return [(run, i, one.generate(models.prompts_ids([prompt_len], seed=1000 * run + i),
                                       1)["tokens"][0]) for run in range(runs) for i in range(4)]
@@ -112,18 +116,24 @@ def main():
     parser.add_argument("--prompt", type=int, default=130, help="prompt tokens")
     parser.add_argument("--loaded", action="store_true")
     parser.add_argument("--connectors", default="nixl,kvx")
+    parser.add_argument("--model", default="deepseek_v4", choices=sorted(MODELS))
     parser.add_argument("--json")
     args = parser.parse_args()
-    path = model("deepseek_v4", 0)
+    if args.model == "deepseek_v4" and models.deepseek_v4_missing():
+        sys.exit("vllm_first_load: %s" % models.deepseek_v4_missing())
+    global SPEC, ROW
+    SPEC, ROW = MODELS[args.model]
+    path = model(args.model, 0)
     one = reference(path, args.runs, args.prompt)
     results = {}
     for text in args.sizes.split(","):
         for connector in args.connectors.split(","):
             results[(text, connector)] = measure(connector, parse_size(text), args.runs,
                                                  args.loaded, path, args.prompt)
-    print("vLLM CPU build P/D, tiny DeepSeek-V4 (47,808-byte rows), %d-token prompts, a new P "
+    print("vLLM CPU build P/D, %s, %d-token prompts, a new P "
           "per run, D kept; medians of %d runs, ms; %s; 2 noisy cores (P core 0, D core 1)"
-          % (args.prompt, args.runs, "both cores busy with 4 other processes" if args.loaded
+          % ("tiny DeepSeek-V4 (47,808-byte rows)" if args.model == "deepseek_v4" else
+             "bench-llama (8 layers, 512 KiB blocks)", args.prompt, args.runs, "both cores busy with 4 other processes" if args.loaded
              else "quiet"))
     print("| cache | connector | D first TTFT | worst | D steady TTFT | first contact | "
           "P start s | D start s | failed requests | outputs = one instance |")

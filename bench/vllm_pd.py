@@ -97,6 +97,8 @@ def main():
     lengths = [int(x) for x in (args.lengths or ("100,200,300,500" if args.model ==
                                                  "deepseek_v4" else "256,512,1024,2048")
                                  ).split(",")]
+    if args.model == "deepseek_v4" and models.deepseek_v4_missing():
+        sys.exit("vllm_pd: %s" % models.deepseek_v4_missing())
     path = model(args.model, 0)
     spec = MODELS[args.model](args.block_size)
     one = reference(path, lengths, args.runs, spec)

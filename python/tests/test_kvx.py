@@ -487,6 +487,23 @@ def test_want_heartbeats_the_hold_until_a_read_or_unwant(tmp_path):
     assert report["stats"]["notifications"] >= 3
 
 
+def test_a_read_of_no_blocks_releases_the_hold_without_moving_a_byte(tmp_path):
+    """What the vLLM connector sends for a request that ends on D without loading (aborted in
+    D's queue, a full local prefix hit): a notify-only read with the hold's token releases
+    P's hold at once, moves nothing, and a second one is refused as the hold is gone."""
+    prefill = Prefill(write_layout(tmp_path, SMALL), {0: [1, 2]})
+    memory = np.zeros(65536, dtype=np.uint8)
+    with kvx.Agent(kvx.Layout.from_dict(SMALL), {"kv": memory}) as agent:
+        peer = agent.connect(prefill.address)
+        assert peer.read({0: []}, request_id=7, token=prefill.token).bytes == 0
+        with pytest.raises(kvx.PeerRefusedError, match="released already"):
+            peer.read({0: []}, request_id=7, token=prefill.token)
+        assert not memory.any()
+    report = prefill.finish()
+    assert report["stats"]["released"] == 1 and report["stats"]["held"] == 0
+    assert report["stats"]["served_bytes"] == 0 and report["intact"]
+
+
 def test_release_and_log_callbacks_name_the_request(tmp_path):
     """Issue 24 item 10: this process serves as the prefill side, a `kvx fetch` process reads
     request 7 with the hold's token and a second one with a wrong token; the release callback

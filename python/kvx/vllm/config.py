@@ -6,7 +6,7 @@ and a misspelt key is refused naming it rather than ignored."""
 import dataclasses
 import os
 
-from .. import AUTH_FILE_ENV, auth_file
+from .. import AUTH_FILE_ENV, auth_file, auth_key_load
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +64,12 @@ def auth_of(settings):
                          "%s to a key file both sides share (kvx auth-key FILE), or "
                          "\"insecure\": true on loopback" % AUTH_FILE_ENV)
     return {"auth": path}
+
+
+def secret_of(settings):
+    """The deployment's secret (bytes), or None when insecure; ValueError as auth_of."""
+    auth = auth_of(settings)
+    return None if auth.get("insecure") else auth_key_load(os.path.expanduser(auth["auth"]))
 
 
 def listen_address(settings, tp_rank):

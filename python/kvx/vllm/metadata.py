@@ -21,12 +21,11 @@ class Hold:
 
 @dataclasses.dataclass
 class Load:
-    """D: load a request's blocks from the P that `params` (P's kv_transfer_params) names."""
+    """D: load a request's blocks from the P that `params` (P's kv_transfer_params, accepted
+    by the scheduler: params.refusal) names."""
     req_id: str
     params: dict
     local_ids: list  # per transfer group: the blocks vLLM allocated for the loaded tokens
-    prompt_digest: str  # of D's own prompt, checked against P's before a byte is read
-    num_tokens: int  # prompt tokens D takes from P: P's KV must cover exactly these
 
 
 @dataclasses.dataclass
@@ -41,7 +40,7 @@ class KvxMetadata(KVConnectorMetadata):
     holds: list = dataclasses.field(default_factory=list)
     loads: list = dataclasses.field(default_factory=list)
     wants: list = dataclasses.field(default_factory=list)
-    unwants: set = dataclasses.field(default_factory=set)  # D: ended before their load
+    unwants: set = dataclasses.field(default_factory=set)  # D: ended before their load: release
     aborted: set = dataclasses.field(default_factory=set)  # D: requests that ended loading
 
 

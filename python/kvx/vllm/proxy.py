@@ -68,6 +68,8 @@ class Proxy:
                 print("kvx proxy: %s answered without kv_transfer_params: D computes such "
                       "requests itself (is P started with --kv-transfer-config?)" % p_url,
                       file=sys.stderr, flush=True)
+            # and without the client's own kv_transfer_params: D loads only what P handed over
+            body = {k: v for k, v in body.items() if k != "kv_transfer_params"}
             status, headers, data = post(d_url + path, body, self.timeout_s)
         else:
             status, headers, data = post(d_url + path, dict(body, kv_transfer_params=params),

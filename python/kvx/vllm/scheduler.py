@@ -6,29 +6,22 @@ P: request_finished -> a hold (kvx request id, token, block ids) for the worker,
 kv_transfer_params that carry the same to D. D: get_num_new_matched_tokens and
 update_state_after_alloc -> a load for the worker. docs/vllm.md has the flow."""
 
-import hashlib
 import logging
 import secrets
-import struct
 
+from . import params as transfer_params
+from .config import secret_of
 from .metadata import Hold, KvxMetadata, Load, Want
+from .params import prompt_digest
 from .specs import group_mamba_scratch, group_window_blocks
 
 logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
-
-PARAMS_VERSION = 1  # of the kv_transfer_params below; D refuses others
-
-
-def prompt_digest(token_ids):
-    """What D checks its prompt against before loading: a reference handed to another prompt
-    is refused without a byte read (SHA-256 of the token ids, 16 bytes hex)."""
-    ids = list(token_ids or ())
-    return hashlib.sha256(struct.pack("<%dq" % len(ids), *ids)).hexdigest()[:32]
 
 
 class KvxScheduler:
     def __init__(self, vllm_config, kv_cache_config, settings):
         self.settings = settings
+        self.key = transfer_params.signing_key(secret_of(settings))
         self.kv_cache_config = kv_cache_config
         self.block_size = vllm_config.cache_config.block_size
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
@@ -107,19 +100,11 @@ class KvxScheduler:
         self.next_id += 1
         token = secrets.token_bytes(16)
         self.holds.append(Hold(request.request_id, self.next_id, token, ids))
-        return True, {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "kvx": PARAMS_VERSION,
-            "remote_engine_id": self.engine_id,
-            "remote_request_id": self.next_id,
-            "remote_token": token.hex(),
-            "remote_block_ids": ids,
-            "remote_addresses": [self.addresses[r] for r in range(self.tp_size)],
-            "remote_num_tokens": request.num_computed_tokens,
-            "prompt_digest": prompt_digest(request.prompt_token_ids),
-            "transfer_mode": self.settings.transfer_mode,
-        }
+        return True, transfer_params.make(
+            self.key, engine_id=self.engine_id, request_id=self.next_id, token=token,
+            block_ids=ids, addresses=[self.addresses[r] for r in range(self.tp_size)],
+            num_tokens=request.num_computed_tokens, prompt_ids=request.prompt_token_ids,
+            transfer_mode=self.settings.transfer_mode)
 
     def on_new_request(self, request):
         params = request.kv_transfer_params
@@ -127,7 +112,7 @@ class KvxScheduler:
             return
         if params.get("do_remote_decode") and self.is_producer:
             self.truncate_for_prefill(request)
-        elif params.get("do_remote_prefill") and params.get("kvx") == PARAMS_VERSION:
+        elif params.get("do_remote_prefill") and self.accepted(request):
             self.wants.append(Want(request.request_id, params))
 
     def truncate_for_prefill(self, request):
@@ -150,9 +135,24 @@ class KvxScheduler:
         ids = list(request.prompt_token_ids or ())
         return ids[:len(ids) - self.backoff]
 
+    def accepted(self, request):
+        """Whether D may load with the request's kv_transfer_params (params.refusal); if not,
+        they are dropped, said once, and D computes the prompt itself: nothing is connected
+        to, read or held for params that a P of this deployment did not hand over for this
+        prompt (a client's own, a router's, another prompt's)."""
+        params = request.kv_transfer_params
+        loaded = self.loaded_prompt(request)
+        why = transfer_params.refusal(self.key, params, prompt_digest(loaded), len(loaded))
+        if why is None:
+            return True
+        logger.warning("kvx: request %s: kv_transfer_params refused (%s); the prompt is "
+                       "computed here", request.request_id, why)
+        params["do_remote_prefill"] = False
+        return False
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         params = request.kv_transfer_params
-        if not params or not params.get("do_remote_prefill"):
+        if not params or not params.get("do_remote_prefill") or not self.accepted(request):
             return 0, False
         count = len(self.loaded_prompt(request)) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
@@ -163,12 +163,10 @@ class KvxScheduler:
             return
         params["do_remote_prefill"] = False
         if num_external_tokens == 0:
-            self.unwants.add(request.request_id)  # all local: P's hold ends at its lease
+            self.unwants.add(request.request_id)  # all local: D releases P's hold
             return
         local = self.transfer_ids(blocks.get_unhashed_block_ids_all_groups())
-        loaded = self.loaded_prompt(request)
-        self.loads.append(Load(request.request_id, params, local, prompt_digest(loaded),
-                               len(loaded)))
+        self.loads.append(Load(request.request_id, params, local))
         self.loading.add(request.request_id)
 
     def update_connector_output(self, output):

@@ -24,7 +24,6 @@ import kvx
 
 from . import layout as engine_layout
 from .config import auth_of, listen_address
-from .scheduler import PARAMS_VERSION
 
 logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
@@ -91,7 +90,8 @@ class KvxWorker:
         self.transfers = {}  # vLLM request id -> (Transfer, local ids, start time) (D)
         self.aborted = set()
         self.ended = collections.OrderedDict()  # vLLM request ids whose load was reported
-        self.wanted = {}     # vLLM request id -> (Peer, kvx request id): heartbeated (D)
+        self.wanted = {}     # vLLM request id -> (Peer, kvx request id, token): heartbeated (D)
+        self.releasing = []  # notify-only Transfers releasing holds D will not read (D)
         self.peers = {}      # tuple of P addresses -> kvx.Peer
         self.unreachable = {}  # tuple of P addresses -> (when, error) of a failed handshake
         self.thread = None
@@ -156,9 +156,10 @@ class KvxWorker:
             self.thread.join(timeout=10)
             self.thread = None
         if self.agent is not None:
-            for transfer, _, _ in self.transfers.values():
+            for transfer in [t for t, _, _ in self.transfers.values()] + self.releasing:
                 transfer.release()
             self.transfers.clear()
+            self.releasing.clear()
             self.agent.close()
             self.agent = None
 
@@ -169,7 +170,7 @@ class KvxWorker:
                 self._take_orders()
                 # in flight: our transfers, or on P holds whose dones (or pushes) may come:
                 # what the agent's thread completed is collected within a millisecond
-                busy = self.transfers or self.held
+                busy = self.transfers or self.held or self.releasing
                 select.select([self.wake_r], [], [], BUSY_WAIT_S if busy else IDLE_WAIT_S)
                 try:
                     os.read(self.wake_r, 4096)
@@ -192,7 +193,7 @@ class KvxWorker:
             for want in meta.wants:
                 self._want(want)
             for req_id in meta.unwants:
-                self._unwant(req_id)
+                self._release(req_id)
             for load in meta.loads:
                 self._load(load)
             for req_id in meta.aborted:
@@ -200,6 +201,7 @@ class KvxWorker:
                     del self.ended[req_id]  # reported already: vLLM ended it for that report
                     self.aborted.discard(req_id)
                 elif req_id not in self.transfers:
+                    self._release(req_id)
                     self._loaded(req_id, None)  # never posted: nothing writes its blocks
 
     def _hold(self, hold):
@@ -218,18 +220,36 @@ class KvxWorker:
         try:
             peer = self._peer(want.params["remote_addresses"])
             kvx_id = int(want.params["remote_request_id"])
-            peer.want(kvx_id, bytes.fromhex(want.params["remote_token"]))
-            self.wanted[want.req_id] = (peer, kvx_id)
+            token = bytes.fromhex(want.params["remote_token"])
+            peer.want(kvx_id, token)
+            self.wanted[want.req_id] = (peer, kvx_id, token)
         except (kvx.Error, KeyError, TypeError, ValueError):
             pass  # the load tries again, and reports what fails
 
     def _unwant(self, req_id):
-        peer, kvx_id = self.wanted.pop(req_id, (None, None))
-        if peer is not None:
+        """Stops heartbeating the request; returns what _want kept of it, or None."""
+        wanted = self.wanted.pop(req_id, None)
+        if wanted is not None:
             try:
-                peer.unwant(kvx_id)
+                wanted[0].unwant(wanted[1])
             except kvx.Error:
                 pass  # a closed peer heartbeats nothing
+        return wanted
+
+    def _release(self, req_id):
+        """A request that ends on D without a transfer (aborted or rejected in D's queue, a
+        full local prefix hit, a refused load): tells P at once with a notify-only done (the
+        hold's token, no blocks), so that P frees the blocks now, not at the lease's end."""
+        wanted = self._unwant(req_id)
+        if wanted is None:
+            return  # never connected for it: its hold ends at the lease
+        peer, kvx_id, token = wanted
+        try:
+            self.releasing.append(peer.read_async({0: []}, request_id=kvx_id,
+                                                     token=token))
+        except kvx.Error as e:
+            logger.info("kvx: request %s: P's hold not released (%s); it ends at its lease",
+                        req_id, e.args[0])
 
     def _peer(self, addresses):
         """The connected Peer of P's ranks. A handshake that just failed is not tried again
@@ -259,18 +279,7 @@ class KvxWorker:
             return
         start = time.monotonic()
         try:
-            p = load.params
-            if p.get("kvx") != PARAMS_VERSION:
-                raise LoadRefused("kv_transfer_params are not kvx's (version %r, this is %d)"
-                                  % (p.get("kvx"), PARAMS_VERSION))
-            if p.get("prompt_digest") != load.prompt_digest:
-                raise LoadRefused("kv_transfer_params belong to another prompt")
-            if p.get("remote_num_tokens") != load.num_tokens:
-                # D pairs its blocks with P's last ones: a P that generated past the prompt
-                # (a router that did not give it max_tokens 1) ends on other blocks
-                raise LoadRefused("P's KV covers %r tokens, this request loads the prompt's %d "
-                                  "(a P that generated past the prompt)"
-                                  % (p.get("remote_num_tokens"), load.num_tokens))
+            p = load.params  # accepted by the scheduler (params.refusal)
             addresses = p["remote_addresses"]
             if self.tp_size > len(addresses):
                 raise LoadRefused("decode TP %d reads a prefill of TP %d: more decode ranks "
@@ -283,6 +292,7 @@ class KvxWorker:
             post = peer.write_async if push else peer.read_async
             transfer = post(local, remote, request_id=int(p["remote_request_id"]), token=token)
         except (kvx.Error, LoadRefused, KeyError, TypeError, ValueError) as e:
+            self._release(load.req_id)  # nothing was posted: P's hold is of no use now
             self._failed(load.req_id, load.local_ids, e, start)
             return
         self.transfers[load.req_id] = (transfer, load.local_ids, start)
@@ -301,6 +311,14 @@ class KvxWorker:
             else:
                 self._count(bytes=stats.bytes, transfers=1, seconds=time.monotonic() - start)
                 self._loaded(req_id, None)
+            finally:
+                transfer.release()
+        for transfer in [t for t in self.releasing if t.done]:
+            self.releasing.remove(transfer)
+            try:
+                transfer.result()
+            except kvx.Error as e:  # P died, or the hold ended meanwhile: nothing to free
+                logger.info("kvx: a hold's release was not counted (%s)", e.args[0])
             finally:
                 transfer.release()
         if self.is_producer:

@@ -210,6 +210,18 @@ def auth_file():
     return key
 
 
+def resign(params):
+    """Signs kv_transfer_params a test changed with the deployment's key: what only a holder
+    of the secret (an insider, or a faulty P) could hand D, past its signature check."""
+    import kvx
+    from kvx.vllm import params as transfer_params
+
+    key = transfer_params.signing_key(kvx.auth_key_load(auth_file()))
+    for p in params:
+        p["signature"] = transfer_params.signature(key, p)
+    return params
+
+
 def delta(after, before, key):
     """How much worker 0's kvx counter `key` grew."""
     return after[0][key] - before[0][key]

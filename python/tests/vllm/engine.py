@@ -183,7 +183,8 @@ def main():
 
     # null block_size: vLLM's choice (the CPU platform's; 256 for DeepSeek-V4, whatever is
     # asked); null num_blocks: vLLM's cache size (VLLM_CPU_KVCACHE_SPACE, conftest.py)
-    options = {key: spec[key] for key in ("tokenizer_mode", "max_num_batched_tokens")
+    options = {key: spec[key] for key in ("tokenizer_mode", "max_num_batched_tokens",
+                                          "disable_hybrid_kv_cache_manager")
                if spec.get(key) is not None}
     llm = LLM(model=spec["model"], served_model_name=spec.get("served"), dtype="bfloat16",
               block_size=spec.get("block_size", 32),

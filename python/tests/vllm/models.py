@@ -226,6 +226,23 @@ def _make_deepseek_v4(path, seed, layers):
     return path
 
 
+def deepseek_v4_missing():
+    """Why vLLM 0.32's CPU wheel cannot run DeepSeek-V4 on this CPU, or None when it can: its
+    V4 kernels (flash_mla_with_kvcache_cpu, convert_weight_packed, the fused V4 inserts) are
+    only in the build it loads where the CPU has AVX512 with bf16 (vllm/_C; vllm/platforms/
+    cpu.py import_kernels), not in _C_AVX512 or _C_AVX2: elsewhere the engine dies loading its
+    weights ("'_C' object has no attribute 'convert_weight_packed'")."""
+    if os.uname().machine != "x86_64":
+        return None
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f
+                      if line.startswith("flags")), [])
+    if "avx512_bf16" in flags:
+        return None
+    return ("vLLM 0.32's CPU wheel has DeepSeek-V4's kernels only in its AVX512-BF16 build; "
+            "this CPU has no avx512_bf16")
+
+
 def make(kind, path, seed=0, layers=None):
     """Writes model `kind` with weights from `seed` to `path` (once); returns path."""
     if kind == "deepseek_v4":  # not a transformers model: config and weights by hand

@@ -16,6 +16,9 @@ import pytest
 from conftest import Engine, auth_file, delta, model, running, wait_for
 import models
 
+pytestmark = pytest.mark.skipif(models.deepseek_v4_missing() is not None,
+                                reason=str(models.deepseek_v4_missing()))
+
 LENGTHS = (1, 5, 100, 130, 300, 400)
 PROMPTS = models.prompts_ids(LENGTHS, seed=4)
 V4 = dict(served="tiny-deepseek-v4", connector="kvx", tokenizer_mode="hf", max_model_len=512,

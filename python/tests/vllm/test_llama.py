@@ -8,7 +8,7 @@ import copy
 import time
 import warnings
 
-from conftest import LENGTHS, PROMPTS, delta, prefill, wait_for
+from conftest import LENGTHS, PROMPTS, delta, prefill, resign, wait_for
 
 
 def test_holds_nobody_reads_end_at_their_lease(llama):
@@ -83,11 +83,13 @@ def test_other_weights_change_the_output(llama):
 
 
 def refused(llama, params, engine="d"):
-    """Runs D on `params`: every load must fail and be recomputed; returns D's output."""
+    """Runs D on `params`: every load must fail and be recomputed, not a byte moved (a load
+    refused before its transfer releases P's hold with a notify-only done: a transfer of
+    nothing); returns D's output."""
     before = llama[engine].kvx_stats()
     out = llama[engine].generate(PROMPTS, params=params)
     after = llama[engine].kvx_stats()
-    assert delta(after, before, "transfers") == 0
+    assert delta(after, before, "bytes") == 0
     return out
 
 
@@ -99,11 +101,30 @@ def test_reference_used_twice_is_refused_and_recomputed(llama):
     assert "released already" in llama["d"].log_text()
 
 
+def test_changed_params_are_refused_before_anything(llama):
+    """Issue 35 finding 5: kv_transfer_params a client (or a router) made or changed are not
+    P's: D refuses them unread, connects to nobody and computes the prompt. Among them an
+    all-zero token for a request nobody holds naming another request's held blocks."""
+    held = prefill(llama["p"])
+    forged = copy.deepcopy(held)
+    for p in forged:
+        p.update(remote_token="00" * 16, remote_request_id=p["remote_request_id"] + 10**9)
+    p_before = llama["p"].kvx_stats()
+    assert refused(llama, forged)["tokens"] == llama["ref"]
+    assert "not signed by a P of this deployment" in llama["d"].log_text()
+    assert resign(forged) and refused(llama, forged)["tokens"] == llama["ref"]
+    assert "no hold token" in llama["d"].log_text()
+    assert delta(llama["p"].kvx_stats(), p_before, "served_transfers") == 0
+    # and the held request's own params still load
+    assert llama["d"].generate(PROMPTS, params=held)["tokens"] == llama["ref"]
+
+
 def test_wrong_token_is_refused(llama):
+    """Past the signature (a holder of the secret): P refuses a token that is not its hold's."""
     params = prefill(llama["p"])
     for p in params:
-        p["remote_token"] = "00" * 16
-    assert refused(llama, params)["tokens"] == llama["ref"]
+        p["remote_token"] = "01" * 16
+    assert refused(llama, resign(params))["tokens"] == llama["ref"]
     assert "wrong token" in llama["d"].log_text()
 
 
@@ -111,7 +132,7 @@ def test_block_ids_out_of_range_are_refused(llama):
     params = prefill(llama["p"])
     for p in params:
         p["remote_block_ids"] = [[10**6 + b for b in g] for g in p["remote_block_ids"]]
-    assert refused(llama, params)["tokens"] == llama["ref"]
+    assert refused(llama, resign(params))["tokens"] == llama["ref"]
 
 
 def test_another_prompts_reference_is_refused(llama):
@@ -125,7 +146,7 @@ def test_refusal_under_policy_fail_fails_the_request(llama):
     params = prefill(llama["p"])
     for p in params:
         p["remote_token"] = "11" * 16
-    out = llama["d_push"].generate(PROMPTS, params=params)
+    out = llama["d_push"].generate(PROMPTS, params=resign(params))
     assert out.get("error") or out["finish"] == ["error"] * len(PROMPTS), out
     assert not any(out.get("tokens") or [])
     # and D lives on: each failed load was reported to vLLM once
@@ -154,11 +175,16 @@ def test_prefill_that_generated_past_the_prompt_is_refused_and_recomputed(llama)
 def test_requests_aborted_on_d_end_on_both_sides(llama):
     """Last, because vLLM's engine core may still load an aborted request after the abort
     returned (the abort reaches it asynchronously): D's requests end, and P's holds end with
-    the done of a load that began or at their lease; then P holds nothing, and the holds
-    nobody read (the first test) ended at their lease."""
+    a done at once, not at their lease (issue 35 finding 7): the done of a load that began,
+    or the notify-only done D sends for a request that ended unread. Then P holds nothing, and
+    the holds nobody read (the first test) ended at their lease."""
     params = prefill(llama["p"], PROMPTS[2:4])
+    p_before = llama["p"].kvx_stats()
     out = llama["d"].call("abort", prompts=PROMPTS[2:4], params=params)
     assert out["aborted"] == 2
+    llama["d"].generate(PROMPTS[:1])  # steps D's engine: its connector's orders go out
+    wait_for(lambda: released_by_dones(llama["p"].kvx_stats(), p_before) == 2,
+             "P releases the aborted requests' holds by D's dones")
     before = llama["abandon_before"]
 
     def ended():

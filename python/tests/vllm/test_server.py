@@ -34,8 +34,9 @@ def servers():
         d.stop()
 
 
-def complete(url, prompt):
-    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 8, "temperature": 0}
+def complete(url, prompt, **extra):
+    body = dict({"model": "tiny-llama", "prompt": prompt, "max_tokens": 8, "temperature": 0},
+                **extra)
     request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=300) as r:
@@ -49,3 +50,17 @@ def test_completions_through_p_and_d_equal_one_instance(servers):
     with open(servers["d"].log_path, errors="replace") as f:
         log = f.read()
     assert "KV not loaded" not in log  # D loaded every prompt's KV, recomputed none
+
+
+def test_a_clients_own_kv_transfer_params_never_reach_d(servers):
+    """Issue 35 finding 5: a client that sends its own kv_transfer_params, for a prompt P
+    hands nothing over for (one token), gets one instance's answer, and D never sees them:
+    the proxy passes D only what P handed over (and D would refuse unsigned ones)."""
+    forged = {"do_remote_prefill": True, "kvx": 1, "remote_request_id": 1,
+              "remote_token": "00" * 16, "remote_block_ids": [[1, 2, 3]],
+              "remote_addresses": ["127.0.0.1:1"], "remote_num_tokens": 1}
+    prompt = PROMPTS[0]  # one token
+    one = complete(servers["p"].url, prompt)
+    assert complete(servers["proxy"], prompt, kv_transfer_params=forged) == one
+    with open(servers["d"].log_path, errors="replace") as f:
+        assert "kv_transfer_params refused" not in f.read()
