@@ -4,6 +4,7 @@ Pure Python, no vLLM: what a user writes in --kv-transfer-config becomes one fro
 and a misspelt key is refused naming it rather than ignored."""
 
 import dataclasses
+import logging
 import os
 
 from .. import AUTH_FILE_ENV, auth_file, auth_key_load
@@ -22,10 +23,40 @@ class Settings:
 
 _INTS = ("timeout_ms", "lease_ms", "verify_one_in")
 
+# NixlConnector's documented keys (vLLM 0.32), so that a NIXL config switches to kvx by its
+# connector name alone: the one that means what a kvx setting means becomes it, the others
+# are said once and ignored (kvx has no such knob, or decides it itself)
+NIXL_KEYS = {"kv_lease_duration": "lease_ms"}  # seconds there, milliseconds here
+NIXL_IGNORED = {
+    "backends": "kvx moves bytes with UCX, choosing its transports itself",
+    "num_threads": "kvx's transfers run on its own progress thread",
+    "enforce_handshake_compat": "kvx always refuses an incompatible peer at its handshake",
+    "engine_ttl": "not supported",
+    "kv_recompute_threshold": "D loads every prompt P hands over",
+    "decoder_kv_blocks_ttl": "not supported",
+    "bidirectional_kv_xfer": "not supported",
+    "push_registration_timeout": "kvx's push takes timeout_ms",
+}
+logger = logging.getLogger("vllm.kvx")
+
 
 def settings_from(extra):
     """Settings from kv_connector_extra_config (a dict or None); ValueError naming the key."""
     extra = dict(extra or {})
+    for key in sorted(set(extra) & set(NIXL_IGNORED)):
+        logger.warning("kvx: kv_connector_extra_config.%s is NixlConnector's, ignored: %s",
+                       key, NIXL_IGNORED[key])
+        del extra[key]
+    for key, ours in NIXL_KEYS.items():
+        if key in extra:
+            seconds = extra.pop(key)
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+                    not 0 < seconds < 2**32 / 1000:
+                raise ValueError("kv_connector_extra_config.%s: %r is not a number of seconds"
+                                 % (key, seconds))
+            if extra.get(ours, round(seconds * 1000)) != round(seconds * 1000):
+                raise ValueError("kv_connector_extra_config: %s and %s disagree" % (key, ours))
+            extra[ours] = round(seconds * 1000)
     fields = {f.name for f in dataclasses.fields(Settings)}
     unknown = sorted(set(extra) - fields)
     if unknown:
@@ -72,12 +103,13 @@ def secret_of(settings):
     return None if auth.get("insecure") else auth_key_load(os.path.expanduser(auth["auth"]))
 
 
-def listen_address(settings, tp_rank):
+def listen_address(settings, worker):
     """HOST:PORT P's side channel binds: settings.listen, else VLLM_HOST_IP or 127.0.0.1 on a
-    free port. A port given for TP rank r > 0 becomes port + r, one per worker."""
+    free port. A port given becomes port + worker, one per worker on the host (its TP rank
+    plus its data-parallel rank times the TP size)."""
     listen = settings.listen or os.environ.get("VLLM_HOST_IP") or "127.0.0.1"
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or (":" in host and not host.startswith("[")):
         host, port = listen, "0"  # no port, or an IPv6 literal without brackets
     port = int(port)
-    return "%s:%d" % (host, port + tp_rank if port else 0)
+    return "%s:%d" % (host, port + worker if port else 0)

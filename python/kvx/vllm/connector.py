@@ -74,9 +74,20 @@ class KvxPromMetrics(KVConnectorPromMetrics):
                 self.counters[key][engine_idx].inc(value)
 
 
+def refuse_unsupported(parallel_config):
+    """Context parallelism splits a request's tokens over ranks in a way the connector does
+    not map yet: refused at start-up, by name, rather than moving the wrong rows."""
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        size = getattr(parallel_config, name, 1)
+        if size > 1:
+            raise ValueError("kvx: %s %d is not supported (docs/vllm.md, \"Limits\")"
+                             % (name, size))
+
+
 class KvxConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
+        refuse_unsupported(vllm_config.parallel_config)
         self.settings = settings_from(vllm_config.kv_transfer_config.kv_connector_extra_config)
         self.scheduler = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
@@ -148,7 +159,7 @@ class KvxConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def get_finished(self, finished_req_ids):
-        sending, recving, _ = self.worker.take_results()
+        sending, recving, _ = self.worker.take_results(as_block_errors=True)
         return sending or None, recving or None
 
     def get_transfer_results(self, finished_req_ids):

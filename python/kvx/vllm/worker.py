@@ -81,7 +81,7 @@ class KvxWorker:
         self.results_lock = threading.Lock()  # the sets below, between the two threads
         self.finished_sending = set()
         self.finished_recving = set()
-        self.failed_recving = set()
+        self.failed_recving = {}  # vLLM request id -> its blocks, of every group
         self.load_errors = set()
         self.stats = {}
         # owned by the order thread
@@ -115,7 +115,9 @@ class KvxWorker:
         self.layout = kvx.Layout.from_dict(layout)
         self.agent = kvx.Agent(self.layout, memory, **auth_of(self.settings), **params)
         if self.is_producer:
-            self.address = self.agent.listen(listen_address(self.settings, self.tp_rank))
+            dp_rank = getattr(self.vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+            self.address = self.agent.listen(listen_address(
+                self.settings, self.tp_rank + dp_rank * self.tp_size))
         self.agent.start_progress_thread()  # the agent is made now: its errors are start-up's
         regions = self.layout.regions()
         logger.info("kvx: %d views in %d groups, %d storages registered in place as %d "
@@ -133,10 +135,17 @@ class KvxWorker:
         self.orders.put(meta)
         os.write(self.wake_w, b"x")
 
-    def take_results(self):
+    def take_results(self, as_block_errors=False):
+        """(finished sending, finished receiving, failed receiving) since the last call. With
+        as_block_errors (a caller of the older get_finished, which has no failed set), a failed
+        load's blocks become load errors of every group: a block id of another group's request
+        may be recomputed needlessly, but no failed load passes for a loaded one."""
         with self.results_lock:
-            out = (self.finished_sending, self.finished_recving, self.failed_recving)
-            self.finished_sending, self.finished_recving, self.failed_recving = set(), set(), set()
+            out = (self.finished_sending, self.finished_recving, set(self.failed_recving))
+            if as_block_errors:
+                for blocks in self.failed_recving.values():
+                    self.load_errors |= blocks
+            self.finished_sending, self.finished_recving, self.failed_recving = set(), set(), {}
         return out
 
     def take_load_errors(self):
@@ -189,20 +198,39 @@ class KvxWorker:
                 return
             self.aborted |= meta.aborted
             for hold in meta.holds:
-                self._hold(hold)
+                self._each(hold.req_id, self._hold, hold, on_error=self._sent)
             for want in meta.wants:
-                self._want(want)
+                self._each(want.req_id, self._want, want)
             for req_id in meta.unwants:
-                self._release(req_id)
+                self._each(req_id, self._release, req_id)
             for load in meta.loads:
-                self._load(load)
+                self._each(load.req_id, self._load, load, on_error=lambda req_id, e, load=load:
+                           self._failed(req_id, load.local_ids, e, time.monotonic()))
             for req_id in meta.aborted:
-                if req_id in self.ended:
-                    del self.ended[req_id]  # reported already: vLLM ended it for that report
-                    self.aborted.discard(req_id)
-                elif req_id not in self.transfers:
-                    self._release(req_id)
-                    self._loaded(req_id, None)  # never posted: nothing writes its blocks
+                self._each(req_id, self._abort, req_id)
+
+    def _each(self, req_id, order, *args, on_error=None):
+        """Carries out one order. An error none of them expects is logged with its trace and
+        ends that request's order (on_error), never the step's other orders."""
+        try:
+            order(*args)
+        except Exception as e:
+            logger.exception("kvx: request %s: %s", req_id, order.__name__.strip("_"))
+            if on_error is not None and req_id not in self.ended and req_id not in self.transfers:
+                on_error(req_id, e)
+
+    def _sent(self, req_id, error=None):
+        """P: the request's blocks may be freed (held, or never to be)."""
+        with self.results_lock:
+            self.finished_sending.add(req_id)
+
+    def _abort(self, req_id):
+        if req_id in self.ended:
+            del self.ended[req_id]  # reported already: vLLM ended it for that report
+            self.aborted.discard(req_id)
+        elif req_id not in self.transfers:
+            self._release(req_id)
+            self._loaded(req_id, None)  # never posted: nothing writes its blocks
 
     def _hold(self, hold):
         try:
@@ -211,8 +239,7 @@ class KvxWorker:
         except kvx.Error as e:
             logger.error("kvx: request %s: not held (%s); its blocks are freed now",
                          hold.req_id, e.args[0])
-            with self.results_lock:
-                self.finished_sending.add(hold.req_id)
+            self._sent(hold.req_id)
 
     def _want(self, want):
         """Connects to P now (the load then finds the peer ready) and heartbeats the request
@@ -351,7 +378,7 @@ class KvxWorker:
         with self.results_lock:
             self.finished_recving.add(req_id)
             if failed_blocks is not None:
-                self.failed_recving.add(req_id)
+                self.failed_recving[req_id] = failed_blocks
                 if self.single_group:  # block ids are unique only within a group
                     self.load_errors |= failed_blocks
 

@@ -1,13 +1,14 @@
 """The connector's pure parts without an engine: vLLM's cache tensors to a kvx layout that kvx
 itself accepts (layout.py), and kv_connector_extra_config checked by name (config.py)."""
 
+import json
 import types
 
 import pytest
 import torch
 
 import kvx
-from kvx.vllm import config, layout
+from kvx.vllm import config, layout, params
 
 
 class FullAttentionSpec:
@@ -99,6 +100,51 @@ def test_extra_config_keys_are_checked_by_name():
             config.settings_from(bad)
 
 
+def test_nixl_keys_switch_with_the_connector_name(caplog):
+    """Issue 35 finding 9: a NixlConnector config is accepted: its lease (seconds) becomes
+    kvx's, the keys kvx has no use for are said and ignored, and a disagreement is refused."""
+    with caplog.at_level("WARNING", logger="vllm.kvx"):
+        s = config.settings_from({"backends": ["UCX"], "kv_lease_duration": 45,
+                                  "num_threads": 8})
+    assert s == config.Settings(lease_ms=45000)
+    assert "backends is NixlConnector's, ignored" in caplog.text
+    assert "num_threads is NixlConnector's, ignored" in caplog.text
+    for bad, part in [({"kv_lease_duration": 45, "lease_ms": 5}, "disagree"),
+                      ({"kv_lease_duration": "long"}, "kv_lease_duration")]:
+        with pytest.raises(ValueError, match=part):
+            config.settings_from(bad)
+
+
+def signed_params(key, **changes):
+    made = params.make(key, engine_id="e", request_id=7, token=bytes(range(1, 17)),
+                       block_ids=[[3, 4]], addresses=["127.0.0.1:5000"], num_tokens=40,
+                       prompt_ids=list(range(40)), transfer_mode="pull")
+    made.update(changes)
+    return made
+
+
+def test_params_d_accepts_only_what_a_p_of_the_deployment_signed_for_this_prompt():
+    """Issue 35 finding 5: kv_transfer_params are accepted only signed with the deployment's
+    key, unchanged (through JSON, as a router passes them), for this prompt and its token
+    count, with a real token; without a key (insecure) the rest is still checked."""
+    key, digest = params.signing_key(b"s" * 32), params.prompt_digest(list(range(40)))
+    good = json.loads(json.dumps(signed_params(key)))
+    assert params.refusal(key, good, digest, 40) is None
+    assert "not signed" in params.refusal(params.signing_key(b"t" * 32), good, digest, 40)
+    for change in ({"remote_block_ids": [[5, 6]]}, {"remote_request_id": 8},
+                   {"remote_addresses": ["10.0.0.1:1"]}, {"signature": None}):
+        assert "not signed" in params.refusal(key, dict(good, **change), digest, 40), change
+    assert "another prompt" in params.refusal(key, good, params.prompt_digest([1]), 40)
+    assert "generated past the prompt" in params.refusal(key, good, digest, 39)
+    assert "not kvx's" in params.refusal(key, dict(good, kvx=2), digest, 40)
+    unsigned = signed_params(None, remote_token="00" * 16)
+    assert "signature" not in unsigned
+    assert "no hold token" in params.refusal(None, unsigned, digest, 40)
+    assert params.refusal(None, signed_params(None), digest, 40) is None
+    assert "block ids" in params.refusal(None, signed_params(None, remote_block_ids=[[-1]]),
+                                         digest, 40)
+
+
 def test_no_secret_says_how_to_give_one(monkeypatch):
     monkeypatch.delenv("KVX_AUTH_FILE", raising=False)
     with pytest.raises(ValueError, match="KVX_AUTH_FILE"):
@@ -111,6 +157,22 @@ def test_listen_address_per_rank(monkeypatch):
     assert config.listen_address(config.Settings(), 1) == "10.0.0.5:0"
     assert config.listen_address(config.Settings(listen="10.0.0.6:7000"), 2) == "10.0.0.6:7002"
     assert config.listen_address(config.Settings(listen="[::1]:7000"), 0) == "[::1]:7000"
+
+
+def test_context_parallel_is_refused_and_dp_ranks_listen_apart():
+    """Issue 35 finding 13: DCP/PCP refused by name at start-up; with a fixed port, each
+    data-parallel rank's workers take ports of their own."""
+    from kvx.vllm.connector import refuse_unsupported
+
+    refuse_unsupported(types.SimpleNamespace(decode_context_parallel_size=1,
+                                             prefill_context_parallel_size=1))
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        with pytest.raises(ValueError, match="%s 2 is not supported" % name):
+            refuse_unsupported(types.SimpleNamespace(**{name: 2}))
+    listen = config.Settings(listen="10.0.0.6:7000")
+    # TP 2, DP 2: ranks (dp 0, tp 0..1) and (dp 1, tp 0..1) as the worker numbers them
+    assert [config.listen_address(listen, tp + dp * 2) for dp in (0, 1) for tp in (0, 1)] == \
+        ["10.0.0.6:%d" % p for p in (7000, 7001, 7002, 7003)]
 
 
 def test_proxy_answers_every_request_naming_what_failed():
