@@ -13,7 +13,7 @@ from . import params as transfer_params
 from .config import secret_of
 from .metadata import Hold, KvxMetadata, Load, Want
 from .params import prompt_digest
-from .specs import group_mamba_scratch, group_window_blocks
+from .specs import group_mamba_scratch, group_tokens_per_block, group_window_blocks
 
 logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
@@ -34,6 +34,10 @@ class KvxScheduler:
         # a mamba group's blocks: [superseded states..., the running state, scratch slots for
         # speculative tokens]; only the running state moves. None for other groups.
         self.scratch_blocks = [group_mamba_scratch(g) for g in kv_cache_config.transfer_groups]
+        # tokens per block where a block list indexes token positions (None elsewhere): a P
+        # that generated past the prompt hands over the prompt's blocks only where known
+        self.tokens_per_block = [group_tokens_per_block(g)
+                                 for g in kv_cache_config.transfer_groups]
         # Prompt tokens P leaves to D: a recurrent (mamba) state cannot take the last token
         # twice, and D computes it to sample its first token, so P stops one token short.
         self.backoff = 1 if kv_cache_config.has_mamba_layers else 0
@@ -53,13 +57,16 @@ class KvxScheduler:
         for tp_rank, meta in metadata.items():
             self.addresses[int(tp_rank)] = meta.address
 
-    def transfer_ids(self, block_ids):
+    def transfer_ids(self, block_ids, tokens=None):
         """The block ids kvx moves: the transfer groups', a window's last blocks only, a mamba
-        group's running state only."""
+        group's running state only; with `tokens`, only the blocks of the first `tokens`."""
         groups = self.kv_cache_config.select_transfer_block_ids(block_ids)
         out = []
-        for ids, window, scratch in zip(groups, self.window_blocks, self.scratch_blocks):
+        for ids, window, scratch, size in zip(groups, self.window_blocks, self.scratch_blocks,
+                                              self.tokens_per_block):
             ids = list(ids)
+            if tokens is not None:
+                ids = ids[:-(-tokens // size)]
             if scratch is not None and ids:
                 ids = ids[:len(ids) - min(scratch, len(ids) - 1)][-1:]
             elif window:
@@ -85,8 +92,17 @@ class KvxScheduler:
         if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED,
                                   RequestStatus.FINISHED_STOPPED):
             return False, None  # aborted or failed on P: nothing to hand over
-        ids = self.transfer_ids(block_ids)
-        if not any(ids) or request.num_prompt_tokens <= self.backoff:
+        tokens = request.num_prompt_tokens
+        if request.num_computed_tokens < tokens:
+            return False, None  # P did not compute the whole prompt: nothing to hand over
+        past = request.num_computed_tokens > tokens
+        if past and None in self.tokens_per_block:
+            # P generated past the prompt (a router that did not give it max_tokens 1), and
+            # a group's blocks (a compressed cache, a mamba state) cannot be cut back to the
+            # prompt's: D computes the prompt itself
+            return False, None
+        ids = self.transfer_ids(block_ids, tokens if past else None)
+        if not any(ids) or tokens <= self.backoff:
             return False, None  # nothing D would load: it computes the prompt itself
         if self.backoff and request.num_prompt_tokens > self.block_size:
             # a mamba hybrid's state past its first block does not give D one instance's
@@ -103,7 +119,7 @@ class KvxScheduler:
         return True, transfer_params.make(
             self.key, engine_id=self.engine_id, request_id=self.next_id, token=token,
             block_ids=ids, addresses=[self.addresses[r] for r in range(self.tp_size)],
-            num_tokens=request.num_computed_tokens, prompt_ids=request.prompt_token_ids,
+            num_tokens=tokens, prompt_ids=request.prompt_token_ids,
             transfer_mode=self.settings.transfer_mode)
 
     def on_new_request(self, request):

@@ -80,3 +80,20 @@ def group_mamba_scratch(group):
     if specs and all(_is(s, "MambaSpec") for s in specs):
         return int(getattr(specs[0], "num_speculative_blocks", 0))
     return None
+
+
+# specs whose i-th block holds the tokens [i * block_size, (i + 1) * block_size) for sure
+_TOKEN_ROWS = ("FullAttentionSpec", "SlidingWindowSpec", "MLAAttentionSpec")
+
+
+def group_tokens_per_block(group):
+    """Tokens per block of a group whose block list indexes token positions (full, sliding-
+    window and MLA attention, exactly those classes, uncompressed), so that a prefix of the
+    tokens is a prefix of the list; None where that is not known (compressed or ring
+    caches, mamba states, layers that disagree)."""
+    specs = list(layer_specs(group.kv_cache_spec, group.layer_names).values())
+    if not specs or any(type(s).__name__ not in _TOKEN_ROWS or
+                        getattr(s, "compress_ratio", 1) not in (None, 1) for s in specs):
+        return None
+    sizes = {int(s.block_size) for s in specs}
+    return sizes.pop() if len(sizes) == 1 else None

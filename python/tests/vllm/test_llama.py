@@ -159,17 +159,20 @@ def test_prefill_dead_before_read_is_recomputed(llama):
     assert refused(llama, params)["tokens"] == llama["ref"]
 
 
-def test_prefill_that_generated_past_the_prompt_is_refused_and_recomputed(llama):
+def test_prefill_that_generated_past_the_prompt_hands_over_the_prompts_blocks(llama):
     """A router that does not give P max_tokens 1 (issue 35, finding 2): P's KV then covers
-    the prompt and the tokens P generated, its last blocks are not the prompt's, and a load
-    paired from the end would give D another position's KV. D refuses it before a byte is
-    read (P's remote_num_tokens against its prompt), and recomputes: one instance's output."""
+    the prompt and the tokens P generated, and its last blocks are not the prompt's: a load
+    paired from the end gave D another position's KV (2 of 3 outputs wrong). P hands over
+    the prompt's blocks and count only, and D loads them: one instance's output. A count that
+    is not D's prompt's is refused before a byte is read (test_units: params.refusal)."""
     out = llama["p"].generate(PROMPTS, max_tokens=40, remote_decode=True)
+    assert sum(map(len, out["tokens"])) > len(PROMPTS)  # P did generate past the prompts
     params = out["params"]
-    assert [p["remote_num_tokens"] for p in params] == \
-        [n + len(t) - 1 for n, t in zip(LENGTHS, out["tokens"])]
-    assert refused(llama, params)["tokens"] == llama["ref"]
-    assert "a P that generated past the prompt" in llama["d"].log_text()
+    assert [p["remote_num_tokens"] for p in params] == list(LENGTHS)
+    assert [len(p["remote_block_ids"][0]) for p in params] == [-(-n // 32) for n in LENGTHS]
+    before = llama["d"].kvx_stats()
+    assert llama["d"].generate(PROMPTS, params=params)["tokens"] == llama["ref"]
+    assert delta(llama["d"].kvx_stats(), before, "transfers") == len(PROMPTS)
 
 
 def test_requests_aborted_on_d_end_on_both_sides(llama):
