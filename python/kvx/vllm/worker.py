@@ -29,7 +29,8 @@ logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
 IDLE_WAIT_S = 0.05   # the order thread's sleep with nothing in flight (an order wakes it)
 BUSY_WAIT_S = 0.001  # while a transfer of ours is in flight, or P holds blocks
-UNREACHABLE_S = 1.0  # a P whose handshake failed is not asked again for this long
+UNREACHABLE_S = 1.0  # a P whose handshake failed is not asked again for this long, doubled
+UNREACHABLE_MAX_S = 60.0  # with each failure in a row up to this
 ENDED_KEPT = 65536   # loads remembered as reported (an abort for one comes a step later)
 
 
@@ -93,7 +94,7 @@ class KvxWorker:
         self.wanted = {}     # vLLM request id -> (Peer, kvx request id, token): heartbeated (D)
         self.releasing = []  # notify-only Transfers releasing holds D will not read (D)
         self.peers = {}      # tuple of P addresses -> kvx.Peer
-        self.unreachable = {}  # tuple of P addresses -> (when, error) of a failed handshake
+        self.unreachable = {}  # tuple of P addresses -> (until, failures, error) (handshakes)
         self.thread = None
         self.stopping = False
         self.wake_r, self.wake_w = os.pipe()
@@ -279,13 +280,14 @@ class KvxWorker:
                         req_id, e.args[0])
 
     def _peer(self, addresses):
-        """The connected Peer of P's ranks. A handshake that just failed is not tried again
-        for UNREACHABLE_S: the requests of a P that died fail at once instead of each one
-        waiting out the handshake's deadline on this thread."""
+        """The connected Peer of P's ranks. A P whose handshake failed is not tried again for
+        UNREACHABLE_S, doubled with each failure in a row (up to UNREACHABLE_MAX_S): the
+        requests of a P that died, or that takes connections and never answers, fail at once
+        instead of each one waiting out the handshake's deadline on this thread."""
         key = tuple(addresses)
-        failed = self.unreachable.get(key)
-        if failed is not None and time.monotonic() - failed[0] < UNREACHABLE_S:
-            raise failed[1]
+        until, failures, error = self.unreachable.get(key, (0.0, 0, None))
+        if time.monotonic() < until:
+            raise error
         try:
             peer = self.peers.get(key)
             if peer is None:
@@ -296,7 +298,8 @@ class KvxWorker:
             elif peer.down_reason is not None:
                 peer.reconnect()
         except kvx.Error as e:
-            self.unreachable[key] = (time.monotonic(), e)
+            wait = min(UNREACHABLE_S * 2 ** failures, UNREACHABLE_MAX_S)
+            self.unreachable[key] = (time.monotonic() + wait, failures + 1, e)
             raise
         self.unreachable.pop(key, None)
         return peer
