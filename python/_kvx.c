@@ -416,7 +416,56 @@ static PyObject *regions_storage_names(RegionsObject *self, PyObject *unused)
 
 static PySequenceMethods regions_sequence = {.sq_length = (lenfunc)regions_len};
 
+/* probe(address, auth_key, insecure, timeout_ms, tp_rank, tp_size): kvx_peer_probe against
+ * this table, with the GIL released and no agent involved: a caller can learn whether a peer
+ * answers, and whether it is compatible, on a thread of its own while its agent works on. An
+ * auth_key of None with insecure false is kvx's refusal to run without a secret. */
+static PyObject *regions_probe(RegionsObject *self, PyObject *args)
+{
+    const char *address;
+    PyObject *auth_key;
+    int insecure;
+    unsigned int timeout_ms, tp_rank, tp_size;
+    Py_buffer key            = {0};
+    kvx_agent_params_t p     = {0};
+    kvx_status_t status;
+
+    if (!PyArg_ParseTuple(args, "sOpIII", &address, &auth_key, &insecure, &timeout_ms, &tp_rank,
+                          &tp_size))
+        return NULL;
+    if (auth_key != Py_None) {
+        if (PyObject_GetBuffer(auth_key, &key, PyBUF_SIMPLE) != 0)
+            return NULL;
+        if (key.len != KVX_AUTH_KEY_LEN) {
+            PyBuffer_Release(&key);
+            return PyErr_Format(PyExc_ValueError, "auth key: %zd bytes, not %d", key.len,
+                                KVX_AUTH_KEY_LEN);
+        }
+        p.field_mask |= KVX_AGENT_PARAM_FIELD_AUTH_KEY;
+        p.auth_key = key.buf;
+    }
+    if (insecure) {
+        p.field_mask |= KVX_AGENT_PARAM_FIELD_INSECURE;
+        p.insecure = true;
+    }
+    p.field_mask |= KVX_AGENT_PARAM_FIELD_TIMEOUT_MS | KVX_AGENT_PARAM_FIELD_TP_RANK |
+                    KVX_AGENT_PARAM_FIELD_TP_SIZE;
+    p.timeout_ms = timeout_ms;
+    p.tp_rank    = tp_rank;
+    p.tp_size    = tp_size;
+    Py_BEGIN_ALLOW_THREADS
+    status = kvx_peer_probe(self->regions, &p, address);
+    Py_END_ALLOW_THREADS
+    if (key.obj != NULL)
+        PyBuffer_Release(&key);
+    if (status != KVX_OK)
+        return raise_status(status, NULL);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef regions_methods[] = {
+    {"probe", (PyCFunction)regions_probe, METH_VARARGS,
+     "probe(address, auth_key, insecure, timeout_ms, tp_rank, tp_size)"},
     {"get", (PyCFunction)regions_get, METH_O, "region INDEX as a tuple"},
     {"to_json", (PyCFunction)regions_to_json, METH_NOARGS, "the kvx_plan document"},
     {"storage_names", (PyCFunction)regions_storage_names, METH_NOARGS, "storages, by index"},
@@ -2425,7 +2474,8 @@ PyMODINIT_FUNC PyInit__kvx(void)
     if (error_base == NULL || PyModule_AddObject(m, "Error", error_base) != 0)
         return NULL;
     Py_INCREF(error_base);
-    if (PyModule_AddStringConstant(m, "AUTH_FILE_ENV", KVX_AUTH_FILE_ENV) != 0)
+    if (PyModule_AddStringConstant(m, "AUTH_FILE_ENV", KVX_AUTH_FILE_ENV) != 0 ||
+        PyModule_AddIntConstant(m, "DEFAULT_TIMEOUT_MS", KVX_DEFAULT_TIMEOUT_MS) != 0)
         return NULL;
     for (size_t i = 0; i < sizeof(error_types) / sizeof(error_types[0]); i++) {
         char name[64];

@@ -80,6 +80,19 @@ class Regions:
         """The handshake's compatibility hash (docs/wire.md), 32 bytes."""
         return self._table.compat_hash(push)
 
+    def probe(self, address, *, auth=None, insecure=False, timeout_ms=None, tp_rank=0,
+              tp_size=1):
+        """Whether the prefill agent at "HOST:PORT" answers and would pass a connect's checks
+        against this table (kvx_peer_probe): its metadata over the side channel, the
+        compatibility hash, the region table. No agent is involved and the GIL is released,
+        so a thread can wait for a peer that may never answer while an agent works on. Raises
+        what a connect would (PeerDownError when nothing listens, PeerTimeoutError when it
+        does not answer within timeout_ms, MismatchError naming what differs)."""
+        key = None if insecure else Agent._auth_key(auth)
+        self._table.probe(address, key, insecure,
+                          _kvx.DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms,
+                          tp_rank, tp_size)
+
     def to_json(self):
         """The kvx_plan document, byte for byte what `kvx plan --json` prints (the table, then
         the pull-mode compatibility hash)."""

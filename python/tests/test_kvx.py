@@ -504,6 +504,47 @@ def test_a_read_of_no_blocks_releases_the_hold_without_moving_a_byte(tmp_path):
     assert report["stats"]["served_bytes"] == 0 and report["intact"]
 
 
+def test_probe_answers_without_an_agent_while_a_silent_peer_waits_apart(tmp_path):
+    """Regions.probe (what the vLLM connector does before connecting to a P it does not know,
+    on a thread of its own): a live prefill passes; nothing listening is PeerDownError; a
+    peer that takes the TCP connection and never answers is PeerTimeoutError at the probe's
+    deadline; and a probe of that silent peer on another thread leaves an agent's reads
+    from the live prefill alone."""
+    import socket
+
+    prefill = Prefill(write_layout(tmp_path, SMALL), {0: [1]})
+    layout = kvx.Layout.from_dict(SMALL)
+    regions = layout.regions()
+    regions.probe(prefill.address)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(kvx.PeerDownError):
+        regions.probe("127.0.0.1:%d" % port, timeout_ms=2000)
+    silent = socket.create_server(("127.0.0.1", 0))
+    silent_address = "127.0.0.1:%d" % silent.getsockname()[1]
+
+    def wait_for_silence():
+        try:
+            regions.probe(silent_address, timeout_ms=600000)
+        except kvx.Error:
+            pass
+
+    waiting = threading.Thread(target=wait_for_silence, daemon=True)
+    waiting.start()
+    accepted, _ = silent.accept()  # the probe is waiting on the silent peer now
+    memory = np.zeros(65536, dtype=np.uint8)
+    with kvx.Agent(layout, {"kv": memory}) as agent:
+        peer = agent.connect(prefill.address)
+        assert peer.read({0: [1]}, request_id=7, token=prefill.token).bytes == 4096
+    assert waiting.is_alive()  # the read did not wait for it
+    with pytest.raises(kvx.PeerTimeoutError):
+        regions.probe(silent_address, timeout_ms=200)
+    accepted.close()
+    silent.close()
+    assert prefill.finish()["stats"]["released"] == 1
+
+
 def test_release_and_log_callbacks_name_the_request(tmp_path):
     """Issue 24 item 10: this process serves as the prefill side, a `kvx fetch` process reads
     request 7 with the hold's token and a second one with a wrong token; the release callback

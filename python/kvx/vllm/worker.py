@@ -38,6 +38,14 @@ class LoadRefused(Exception):
     """A load that is not even tried: its parameters are wrong for this request."""
 
 
+class Probing(Exception):
+    """A P not connected yet is probed on a thread of its own first: wait for the answer."""
+
+    def __init__(self, key):
+        super().__init__("probing %s" % ",".join(key))
+        self.key = key
+
+
 NULL_BLOCK = 0  # vLLM's null block (BlockPool's first): a placeholder, never a request's
 
 
@@ -95,6 +103,9 @@ class KvxWorker:
         self.releasing = []  # notify-only Transfers releasing holds D will not read (D)
         self.peers = {}      # tuple of P addresses -> kvx.Peer
         self.unreachable = {}  # tuple of P addresses -> (until, failures, error) (handshakes)
+        self.answered = set()  # P address tuples whose probe just passed: connect now
+        self.parked = {}       # P address tuple -> [(order, Want or Load, start)] (probing)
+        self.probed = queue.SimpleQueue()  # (P address tuple, error or None), from probes
         self.thread = None
         self.stopping = False
         self.wake_r, self.wake_w = os.pipe()
@@ -120,7 +131,7 @@ class KvxWorker:
             self.address = self.agent.listen(listen_address(
                 self.settings, self.tp_rank + dp_rank * self.tp_size))
         self.agent.start_progress_thread()  # the agent is made now: its errors are start-up's
-        regions = self.layout.regions()
+        self.regions = regions = self.layout.regions()
         logger.info("kvx: %d views in %d groups, %d storages registered in place as %d "
                     "regions%s", len(layout["views"]), len({v["group"] for v in layout["views"]}),
                     len(layout["storages"]), len(regions),
@@ -177,6 +188,7 @@ class KvxWorker:
     def _run(self):
         while not self.stopping:
             try:
+                self._take_probes()
                 self._take_orders()
                 # in flight: our transfers, or on P holds whose dones (or pushes) may come:
                 # what the agent's thread completed is collected within a millisecond
@@ -205,10 +217,33 @@ class KvxWorker:
             for req_id in meta.unwants:
                 self._each(req_id, self._release, req_id)
             for load in meta.loads:
-                self._each(load.req_id, self._load, load, on_error=lambda req_id, e, load=load:
-                           self._failed(req_id, load.local_ids, e, time.monotonic()))
+                self._take_load(load, time.monotonic())
             for req_id in meta.aborted:
                 self._each(req_id, self._abort, req_id)
+
+    def _take_load(self, load, start):
+        self._each(load.req_id, self._load, load, start,
+                   on_error=lambda req_id, e: self._failed(req_id, load.local_ids, e, start))
+
+    def _take_probes(self):
+        """Carries on with the orders parked on P's probe: connects and loads once it
+        answered, fails the loads if it did not (and backs off from that P)."""
+        while True:
+            try:
+                key, error = self.probed.get_nowait()
+            except queue.Empty:
+                return
+            parked = [(order, what, start) for order, what, start in self.parked.pop(key, [])
+                      if what.req_id not in self.ended]  # not aborted while it waited
+            if error is not None:
+                self._unreachable(key, error)
+            elif parked:
+                self.answered.add(key)
+            for order, what, start in parked:
+                if order == "want":
+                    self._each(what.req_id, self._want, what)
+                else:
+                    self._take_load(what, start)
 
     def _each(self, req_id, order, *args, on_error=None):
         """Carries out one order. An error none of them expects is logged with its trace and
@@ -247,6 +282,12 @@ class KvxWorker:
         until its load completes, so that P's lease outlasts D's queue."""
         try:
             peer = self._peer(want.params["remote_addresses"])
+        except Probing as probing:
+            self.parked[probing.key].append(("want", want, None))
+            return
+        except kvx.Error:
+            return  # the load tries again, and reports what fails
+        try:
             kvx_id = int(want.params["remote_request_id"])
             token = bytes.fromhex(want.params["remote_token"])
             peer.want(kvx_id, token)
@@ -280,34 +321,70 @@ class KvxWorker:
                         req_id, e.args[0])
 
     def _peer(self, addresses):
-        """The connected Peer of P's ranks. A P whose handshake failed is not tried again for
-        UNREACHABLE_S, doubled with each failure in a row (up to UNREACHABLE_MAX_S): the
-        requests of a P that died, or that takes connections and never answers, fail at once
-        instead of each one waiting out the handshake's deadline on this thread."""
+        """The connected Peer of P's ranks. A P not connected (or down) is probed first, on a
+        thread of its own (Probing: the order waits for the answer), because kvx's connect is
+        one blocking call under the agent's lock: a P that takes connections and never
+        answers would otherwise stop every transfer of this worker until the handshake's
+        deadline. A P whose probe or handshake failed is not tried again for UNREACHABLE_S,
+        doubled with each failure in a row (up to UNREACHABLE_MAX_S), so the requests of a
+        dead P fail at once."""
         key = tuple(addresses)
         until, failures, error = self.unreachable.get(key, (0.0, 0, None))
         if time.monotonic() < until:
             raise error
+        peer = self.peers.get(key)
+        if peer is not None and peer.down_reason is None:
+            return peer
+        if key not in self.answered:
+            self._probe(key)
+            raise Probing(key)
+        self.answered.discard(key)  # once: a P that goes down later is probed again
         try:
-            peer = self.peers.get(key)
+            start = time.monotonic()
             if peer is None:
-                start = time.monotonic()
                 peer = self.peers[key] = self.agent.connect(list(addresses))
-                logger.info("kvx: connected to %s in %.1f ms", ",".join(addresses),
-                            1e3 * (time.monotonic() - start))
-            elif peer.down_reason is not None:
+            else:
                 peer.reconnect()
+            logger.info("kvx: connected to %s in %.1f ms", ",".join(addresses),
+                        1e3 * (time.monotonic() - start))
         except kvx.Error as e:
-            wait = min(UNREACHABLE_S * 2 ** failures, UNREACHABLE_MAX_S)
-            self.unreachable[key] = (time.monotonic() + wait, failures + 1, e)
+            self._unreachable(key, e)
             raise
         self.unreachable.pop(key, None)
         return peer
 
-    def _load(self, load):
+    def _unreachable(self, key, error):
+        _, failures, _ = self.unreachable.get(key, (0.0, 0, None))
+        wait = min(UNREACHABLE_S * 2 ** failures, UNREACHABLE_MAX_S)
+        self.unreachable[key] = (time.monotonic() + wait, failures + 1, error)
+
+    def _probe(self, key):
+        """Starts a probe of P's ranks (Regions.probe: its metadata and the connect's checks,
+        no agent involved) on a thread of its own, unless one runs; its answer comes back
+        through self.probed and wakes the order thread."""
+        if key in self.parked:
+            return  # one runs: the order parks beside the others
+        self.parked[key] = []
+        auth = auth_of(self.settings)
+
+        def probe():
+            error = None
+            try:
+                for address in key:
+                    self.regions.probe(address, timeout_ms=self.settings.timeout_ms,
+                                       tp_rank=self.tp_rank, tp_size=self.tp_size, **auth)
+            except kvx.Error as e:
+                error = e
+            except Exception as e:  # never lose the answer: the parked orders wait on it
+                error = kvx.InternalError("probe: %r" % (e,), -201)
+            self.probed.put((key, error))
+            os.write(self.wake_w, b"x")
+
+        threading.Thread(target=probe, name="kvx-probe", daemon=True).start()
+
+    def _load(self, load, start):
         if load.req_id in self.aborted:
             return
-        start = time.monotonic()
         try:
             p = load.params  # accepted by the scheduler (params.refusal)
             addresses = p["remote_addresses"]
@@ -316,7 +393,11 @@ class KvxWorker:
                                   "than prefill ranks is not supported" % (self.tp_size,
                                                                            len(addresses)))
             token = bytes.fromhex(p["remote_token"])
-            peer = self._peer(addresses)  # kvx's handshake first: it names what differs
+            try:
+                peer = self._peer(addresses)  # kvx's handshake first: it names what differs
+            except Probing as probing:
+                self.parked[probing.key].append(("load", load, start))
+                return
             local, remote = _aligned(load.local_ids, p["remote_block_ids"])
             push = self.settings.transfer_mode == "push"  # D's own setting decides
             post = peer.write_async if push else peer.read_async

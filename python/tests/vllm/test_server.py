@@ -2,26 +2,29 @@
 completion through P then D equals the same request to one instance, token for token."""
 
 import json
+import socket
 import threading
 import urllib.request
 
 import pytest
 
-from conftest import PROMPTS, Server, auth_file, model
+from conftest import PROMPTS, Server, auth_file, model, resign
 from kvx.vllm.proxy import Proxy
 
 
-def kvx_config(role):
+def kvx_config(role, **extra):
     return {"kv_connector": "KvxConnector", "kv_connector_module_path": "kvx.vllm",
             "kv_role": role, "kv_buffer_device": "cpu",
-            "kv_connector_extra_config": {"auth_file": auth_file()}}
+            "kv_connector_extra_config": dict({"auth_file": auth_file()}, **extra)}
 
 
 @pytest.fixture(scope="module")
 def servers():
     path = model("llama", 0)
     p = Server("server-p", 0, path, "tiny-llama", kvx_config("kv_producer"))
-    d = Server("server-d", 1, path, "tiny-llama", kvx_config("kv_consumer"))
+    # D's handshake deadline far beyond any test: a P that never answers holds its probe
+    # for the whole module (test_a_silent_prefill_never_holds_up_another_request)
+    d = Server("server-d", 1, path, "tiny-llama", kvx_config("kv_consumer", timeout_ms=600000))
     try:
         p.wait_ready()
         d.wait_ready()
@@ -34,13 +37,17 @@ def servers():
         d.stop()
 
 
-def complete(url, prompt, **extra):
+def post(url, prompt, **extra):
     body = dict({"model": "tiny-llama", "prompt": prompt, "max_tokens": 8, "temperature": 0},
                 **extra)
     request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=300) as r:
-        return json.loads(r.read())["choices"][0]["text"]
+        return json.loads(r.read())
+
+
+def complete(url, prompt, **extra):
+    return post(url, prompt, **extra)["choices"][0]["text"]
 
 
 def test_completions_through_p_and_d_equal_one_instance(servers):
@@ -64,3 +71,27 @@ def test_a_clients_own_kv_transfer_params_never_reach_d(servers):
     assert complete(servers["proxy"], prompt, kv_transfer_params=forged) == one
     with open(servers["d"].log_path, errors="replace") as f:
         assert "kv_transfer_params refused" not in f.read()
+
+
+def test_a_silent_prefill_never_holds_up_another_request(servers):
+    """Issue 35 finding 6: one request names a P that takes TCP connections and never answers
+    (a hung host); D probes it on a thread of its own, so another request, through the proxy
+    from the live P, completes meanwhile with one instance's answer. kvx's connect is one
+    blocking call under the agent's lock: made on D's order thread, it held every other load
+    of that worker until its deadline (10 s by default; 600 s here, so that nothing but the
+    probe's thread could let the second request through). Last: the silent request stays."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    silent.settimeout(300)  # D must probe it: a D that does not fails here, not hangs
+    stuck_prompt, prompt = PROMPTS[5], PROMPTS[4]
+    params = post(servers["p"].url, stuck_prompt, max_tokens=1,
+                  kv_transfer_params={"do_remote_decode": True})["kv_transfer_params"]
+    params["remote_addresses"] = ["127.0.0.1:%d" % silent.getsockname()[1]]
+    stuck = threading.Thread(target=post, args=(servers["d"].url, stuck_prompt),
+                             kwargs={"kv_transfer_params": resign([params])[0]}, daemon=True)
+    stuck.start()
+    accepted, _ = silent.accept()  # D's probe waits on the silent P now
+    one = complete(servers["p"].url, prompt)
+    assert complete(servers["proxy"], prompt) == one
+    assert stuck.is_alive()
+    accepted.close()
+    silent.close()
