@@ -18,20 +18,21 @@ class Settings:
     listen: str | None = None  # P's kvx address, HOST or HOST:PORT (port 0: a free one)
     timeout_ms: int | None = None  # handshake and transfer deadline (kvx.h KVX_DEFAULT_TIMEOUT_MS)
     lease_ms: int | None = None  # how long P holds blocks nobody reads (KVX_DEFAULT_LEASE_MS)
+    peer_ttl_ms: int | None = None  # D drops a P idle this long (KVX_DEFAULT_PEER_TTL_MS)
     verify_one_in: int = 0  # verify every Nth transfer with checksums (0: none)
 
 
-_INTS = ("timeout_ms", "lease_ms", "verify_one_in")
+_INTS = ("timeout_ms", "lease_ms", "peer_ttl_ms", "verify_one_in")
 
 # NixlConnector's documented keys (vLLM 0.32), so that a NIXL config switches to kvx by its
 # connector name alone: the one that means what a kvx setting means becomes it, the others
 # are said once and ignored (kvx has no such knob, or decides it itself)
-NIXL_KEYS = {"kv_lease_duration": "lease_ms"}  # seconds there, milliseconds here
+NIXL_KEYS = {"kv_lease_duration": "lease_ms",  # seconds there, milliseconds here
+             "engine_ttl": "peer_ttl_ms"}
 NIXL_IGNORED = {
     "backends": "kvx moves bytes with UCX, choosing its transports itself",
     "num_threads": "kvx's transfers run on its own progress thread",
     "enforce_handshake_compat": "kvx always refuses an incompatible peer at its handshake",
-    "engine_ttl": "not supported",
     "kv_recompute_threshold": "D loads every prompt P hands over",
     "decoder_kv_blocks_ttl": "not supported",
     "bidirectional_kv_xfer": "not supported",

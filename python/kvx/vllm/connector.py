@@ -18,6 +18,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.utils import create_metric_per_engine
 
+try:  # vLLM counts prefix-cache hits by where they came from (0.32 on)
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+except ImportError:
+    CacheHitSource = None
+
 from .config import settings_from
 from .metadata import KvxHandshake, KvxMetadata
 
@@ -25,17 +30,22 @@ from .metadata import KvxHandshake, KvxMetadata
 @dataclasses.dataclass
 class KvxStats(KVConnectorStats):
     """Per interval and summed over workers: bytes and transfers loaded, failed loads, and
-    seconds from post to completion."""
+    seconds from post to completion; and lists of samples (PROM_HISTOGRAMS), joined."""
 
     def aggregate(self, other):
         for key, value in other.data.items():
-            self.data[key] = self.data.get(key, 0) + value
+            self.data[key] = self.data.get(key, [] if isinstance(value, list) else 0) + value
         return self
 
     def reduce(self):
-        out = dict(self.data)
+        out = {k: v for k, v in self.data.items() if not isinstance(v, list)}
         if out.get("transfers"):
             out["avg_transfer_ms"] = round(1000 * out.get("seconds", 0) / out["transfers"], 3)
+        for key in PROM_HISTOGRAMS:  # logged as the median and the worst, in ms
+            samples = sorted(self.data.get(key) or ())
+            if samples:
+                out[key.replace("seconds", "ms_p50")] = round(1e3 * samples[len(samples) // 2], 3)
+                out[key.replace("seconds", "ms_max")] = round(1e3 * samples[-1], 3)
         return out
 
     def is_empty(self):
@@ -56,7 +66,19 @@ PROM_COUNTERS = {
                        "released their hold (done or lease)"),
     "leases_expired": ("vllm:kvx_leases_expired", "Holds P released at their lease: nobody "
                        "read them in time"),
+    "handshake_failures": ("vllm:kvx_handshake_failures", "Probes and handshakes with a P that "
+                           "failed (nothing listening, no answer, incompatible)"),
 }
+# Prometheus histograms: each a KvxStats key whose value is a list of samples, in seconds
+PROM_HISTOGRAMS = {
+    "load_seconds": ("vllm:kvx_load_time_seconds", "KV load time on D, post to completion"),
+    "post_seconds": ("vllm:kvx_post_time_seconds", "Time from D's load order to its post "
+                     "(a probe and handshake with a new P included)"),
+    "handshake_seconds": ("vllm:kvx_handshake_time_seconds", "kvx handshakes with a P: the "
+                          "connect after its probe"),
+}
+BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+           30.0]
 
 
 class KvxPromMetrics(KVConnectorPromMetrics):
@@ -67,11 +89,19 @@ class KvxPromMetrics(KVConnectorPromMetrics):
                 self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
                 per_engine_labelvalues)
             for key, (name, doc) in PROM_COUNTERS.items()}
+        self.histograms = {
+            key: create_metric_per_engine(
+                self._histogram_cls(name=name, documentation=doc, buckets=BUCKETS,
+                                    labelnames=labelnames), per_engine_labelvalues)
+            for key, (name, doc) in PROM_HISTOGRAMS.items()}
 
     def observe(self, transfer_stats_data, engine_idx=0):
         for key, value in transfer_stats_data.items():
             if key in self.counters and value:
                 self.counters[key][engine_idx].inc(value)
+            elif key in self.histograms:
+                for sample in value:
+                    self.histograms[key][engine_idx].observe(sample)
 
 
 def refuse_unsupported(parallel_config):
@@ -85,6 +115,8 @@ def refuse_unsupported(parallel_config):
 
 
 class KvxConnector(KVConnectorBase_V1, SupportsHMA):
+    _cache_hit_source = getattr(CacheHitSource, "P2P", None)  # loaded tokens came from a peer
+
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         refuse_unsupported(vllm_config.parallel_config)

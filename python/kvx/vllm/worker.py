@@ -32,6 +32,8 @@ BUSY_WAIT_S = 0.001  # while a transfer of ours is in flight, or P holds blocks
 UNREACHABLE_S = 1.0  # a P whose handshake failed is not asked again for this long, doubled
 UNREACHABLE_MAX_S = 60.0  # with each failure in a row up to this
 ENDED_KEPT = 65536   # loads remembered as reported (an abort for one comes a step later)
+SWEEP_S = 60.0       # how often the order thread forgets peers that are down and unused (at
+                     # most; more often with a shorter peer_ttl_ms)
 
 
 class LoadRefused(Exception):
@@ -106,6 +108,8 @@ class KvxWorker:
         self.answered = set()  # P address tuples whose probe just passed: connect now
         self.parked = {}       # P address tuple -> [(order, Want or Load, start)] (probing)
         self.probed = queue.SimpleQueue()  # (P address tuple, error or None), from probes
+        self.swept = time.monotonic()
+        self.sweep_s = min(SWEEP_S, (settings.peer_ttl_ms or SWEEP_S * 1000) / 1000)
         self.thread = None
         self.stopping = False
         self.wake_r, self.wake_w = os.pipe()
@@ -117,7 +121,7 @@ class KvxWorker:
         params = {"name": "vllm-%s-%d" % (self.engine_id[:16], self.tp_rank),
                   "tp_rank": self.tp_rank, "tp_size": self.tp_size,
                   "engine_id": str(self.engine_id)[:64]}
-        for key in ("timeout_ms", "lease_ms"):
+        for key in ("timeout_ms", "lease_ms", "peer_ttl_ms"):
             if getattr(self.settings, key) is not None:
                 params[key] = getattr(self.settings, key)
         if self.settings.verify_one_in:
@@ -199,6 +203,8 @@ class KvxWorker:
                 except BlockingIOError:
                     pass
                 self._collect()
+                if time.monotonic() - self.swept > self.sweep_s:
+                    self._sweep()
             except Exception:  # never let the thread die silently: vLLM would hang
                 logger.exception("kvx: order thread")
                 time.sleep(IDLE_WAIT_S)
@@ -236,6 +242,7 @@ class KvxWorker:
             parked = [(order, what, start) for order, what, start in self.parked.pop(key, [])
                       if what.req_id not in self.ended]  # not aborted while it waited
             if error is not None:
+                self._count(handshake_failures=1)
                 self._unreachable(key, error)
             elif parked:
                 self.answered.add(key)
@@ -347,11 +354,35 @@ class KvxWorker:
                 peer.reconnect()
             logger.info("kvx: connected to %s in %.1f ms", ",".join(addresses),
                         1e3 * (time.monotonic() - start))
+            self._sample("handshake_seconds", time.monotonic() - start)
         except kvx.Error as e:
+            self._count(handshake_failures=1)
             self._unreachable(key, e)
             raise
         self.unreachable.pop(key, None)
         return peer
+
+    def _sweep(self):
+        """Forgets the Ps this worker no longer talks to: a peer kvx took down (dead, or idle
+        past peer_ttl_ms: its connection is closed then) that no waiting request uses is
+        closed and dropped, and back-offs long over are dropped, so that Ps restarted on new
+        ports or scaled away leave nothing behind. A later request for one starts afresh."""
+        now = self.swept = time.monotonic()
+        used = {id(peer) for peer, _, _ in self.wanted.values()}
+        forgotten = []
+        for key, peer in list(self.peers.items()):
+            if peer.down_reason is not None and id(peer) not in used:
+                try:
+                    peer.close()
+                except kvx.Error:
+                    continue  # a transfer of it not collected yet: the next sweep
+                del self.peers[key]
+                forgotten.append("%s (%s)" % (",".join(key), peer.down_reason))
+        if forgotten:
+            logger.info("kvx: forgot %d peers: %s", len(forgotten), "; ".join(forgotten))
+        for key, (until, _, _) in list(self.unreachable.items()):
+            if now - until > UNREACHABLE_MAX_S:
+                del self.unreachable[key]
 
     def _unreachable(self, key, error):
         _, failures, _ = self.unreachable.get(key, (0.0, 0, None))
@@ -402,6 +433,7 @@ class KvxWorker:
             push = self.settings.transfer_mode == "push"  # D's own setting decides
             post = peer.write_async if push else peer.read_async
             transfer = post(local, remote, request_id=int(p["remote_request_id"]), token=token)
+            self._sample("post_seconds", time.monotonic() - start)
         except (kvx.Error, LoadRefused, KeyError, TypeError, ValueError) as e:
             self._release(load.req_id)  # nothing was posted: P's hold is of no use now
             self._failed(load.req_id, load.local_ids, e, start)
@@ -421,6 +453,7 @@ class KvxWorker:
                 self._failed(req_id, local_ids, e, start)
             else:
                 self._count(bytes=stats.bytes, transfers=1, seconds=time.monotonic() - start)
+                self._sample("load_seconds", stats.seconds)
                 self._loaded(req_id, None)
             finally:
                 transfer.release()
@@ -470,3 +503,8 @@ class KvxWorker:
         with self.results_lock:
             for key, value in counts.items():
                 self.stats[key] = self.stats.get(key, 0) + value
+
+    def _sample(self, key, seconds):
+        """One sample of a histogram (connector.PROM_HISTOGRAMS)."""
+        with self.results_lock:
+            self.stats.setdefault(key, []).append(seconds)

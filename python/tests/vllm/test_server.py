@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from conftest import PROMPTS, Server, auth_file, model, resign
+from conftest import PROMPTS, Server, auth_file, model, resign, wait_for
 from kvx.vllm.proxy import Proxy
 
 
@@ -23,8 +23,10 @@ def servers():
     path = model("llama", 0)
     p = Server("server-p", 0, path, "tiny-llama", kvx_config("kv_producer"))
     # D's handshake deadline far beyond any test: a P that never answers holds its probe
-    # for the whole module (test_a_silent_prefill_never_holds_up_another_request)
-    d = Server("server-d", 1, path, "tiny-llama", kvx_config("kv_consumer", timeout_ms=600000))
+    # for the whole module (test_a_silent_prefill_never_holds_up_another_request); and P
+    # dropped after 3 idle seconds (test_an_idle_prefill_is_forgotten_and_found_again)
+    d = Server("server-d", 1, path, "tiny-llama", kvx_config("kv_consumer", timeout_ms=600000,
+                                                             peer_ttl_ms=3000))
     try:
         p.wait_ready()
         d.wait_ready()
@@ -71,6 +73,22 @@ def test_a_clients_own_kv_transfer_params_never_reach_d(servers):
     assert complete(servers["proxy"], prompt, kv_transfer_params=forged) == one
     with open(servers["d"].log_path, errors="replace") as f:
         assert "kv_transfer_params refused" not in f.read()
+
+
+def d_log(servers):
+    with open(servers["d"].log_path, errors="replace") as f:
+        return f.read()
+
+
+def test_an_idle_prefill_is_forgotten_and_found_again(servers):
+    """Issue 35 finding 8: a P that D no longer uses (idle past peer_ttl_ms; restarted on a
+    new port, or scaled away) is dropped by kvx and then forgotten by the worker, so nothing
+    of it stays; a later request from it connects afresh and equals one instance."""
+    one = complete(servers["p"].url, PROMPTS[3])
+    assert complete(servers["proxy"], PROMPTS[3]) == one
+    wait_for(lambda: "kvx: forgot 1 peers" in d_log(servers), "D forgets the idle P")
+    assert complete(servers["proxy"], PROMPTS[3]) == one
+    assert d_log(servers).count("kvx: connected to") >= 2
 
 
 def test_a_silent_prefill_never_holds_up_another_request(servers):

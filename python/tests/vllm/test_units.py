@@ -105,8 +105,8 @@ def test_nixl_keys_switch_with_the_connector_name(caplog):
     kvx's, the keys kvx has no use for are said and ignored, and a disagreement is refused."""
     with caplog.at_level("WARNING", logger="vllm.kvx"):
         s = config.settings_from({"backends": ["UCX"], "kv_lease_duration": 45,
-                                  "num_threads": 8})
-    assert s == config.Settings(lease_ms=45000)
+                                  "num_threads": 8, "engine_ttl": 600})
+    assert s == config.Settings(lease_ms=45000, peer_ttl_ms=600000)
     assert "backends is NixlConnector's, ignored" in caplog.text
     assert "num_threads is NixlConnector's, ignored" in caplog.text
     for bad, part in [({"kv_lease_duration": 45, "lease_ms": 5}, "disagree"),
@@ -173,6 +173,21 @@ def test_context_parallel_is_refused_and_dp_ranks_listen_apart():
     # TP 2, DP 2: ranks (dp 0, tp 0..1) and (dp 1, tp 0..1) as the worker numbers them
     assert [config.listen_address(listen, tp + dp * 2) for dp in (0, 1) for tp in (0, 1)] == \
         ["10.0.0.6:%d" % p for p in (7000, 7001, 7002, 7003)]
+
+
+def test_stats_join_samples_for_histograms_and_log_their_median():
+    from kvx.vllm.connector import KvxConnector
+
+    a = KvxConnector.build_kv_connector_stats({"transfers": 1, "seconds": 0.004,
+                                               "load_seconds": [0.004]})
+    b = KvxConnector.build_kv_connector_stats({"transfers": 2, "seconds": 0.002,
+                                               "load_seconds": [0.001, 0.001],
+                                               "handshake_failures": 1})
+    joined = a.aggregate(b)
+    assert joined.data["load_seconds"] == [0.004, 0.001, 0.001]
+    assert joined.reduce() == {"transfers": 3, "seconds": 0.006, "handshake_failures": 1,
+                               "avg_transfer_ms": 2.0, "load_ms_p50": 1.0, "load_ms_max": 4.0}
+    assert KvxConnector._cache_hit_source.value == "p2p"
 
 
 def test_proxy_answers_every_request_naming_what_failed():
