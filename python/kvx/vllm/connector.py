@@ -131,6 +131,16 @@ class KvxConnector(KVConnectorBase_V1, SupportsHMA):
 
             self.worker = KvxWorker(vllm_config, kv_cache_config, self.settings)
 
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        """Heads outermost inside a block (vLLM's LBHNC; the CPU backend's only one): a
+        TP-mismatched load splits each block's bytes by head ranges, right only in that order.
+        MLA has one latent head that every rank keeps whole: any order."""
+        model_config = getattr(vllm_config, "model_config", None)
+        if model_config is None or getattr(model_config, "use_mla", False):
+            return None
+        return "LBHNC"
+
     # ---- scheduler side ---------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         return self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)

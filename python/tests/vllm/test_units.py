@@ -190,6 +190,19 @@ def test_stats_join_samples_for_histograms_and_log_their_median():
     assert KvxConnector._cache_hit_source.value == "p2p"
 
 
+def test_heads_outermost_in_a_block_is_required_except_for_mla():
+    """Issue 35 finding 12: a TP-mismatched load splits a block by head ranges, so the
+    connector asks vLLM for heads outermost inside a block (LBHNC), as NIXL does; MLA's one
+    latent head is kept whole by every rank."""
+    from kvx.vllm.connector import KvxConnector
+
+    def config(use_mla):
+        return types.SimpleNamespace(model_config=types.SimpleNamespace(use_mla=use_mla))
+
+    assert KvxConnector.get_required_kvcache_layout(config(False)) == "LBHNC"
+    assert KvxConnector.get_required_kvcache_layout(config(True)) is None
+
+
 def test_proxy_answers_every_request_naming_what_failed():
     """kvx.vllm.proxy with no server behind it: a 502 naming the prefill server, a 400 for a
     body that is not a JSON object, a 404 elsewhere; never a dropped connection."""
