@@ -371,13 +371,14 @@ class KvxWorker:
         used = {id(peer) for peer, _, _ in self.wanted.values()}
         forgotten = []
         for key, peer in list(self.peers.items()):
-            if peer.down_reason is not None and id(peer) not in used:
+            reason = peer.down_reason
+            if reason is not None and id(peer) not in used:
                 try:
                     peer.close()
-                except kvx.Error:
+                except RuntimeError:
                     continue  # a transfer of it not collected yet: the next sweep
                 del self.peers[key]
-                forgotten.append("%s (%s)" % (",".join(key), peer.down_reason))
+                forgotten.append("%s (%s)" % (",".join(key), reason))
         if forgotten:
             logger.info("kvx: forgot %d peers: %s", len(forgotten), "; ".join(forgotten))
         for key, (until, _, _) in list(self.unreachable.items()):
