@@ -321,8 +321,7 @@ class KvxWorker:
             return  # never connected for it: its hold ends at the lease
         peer, kvx_id, token = wanted
         try:
-            self.releasing.append(peer.read_async({0: []}, request_id=kvx_id,
-                                                     token=token))
+            self.releasing.append(peer.read_async({0: []}, request_id=kvx_id, token=token))
         except kvx.Error as e:
             logger.info("kvx: request %s: P's hold not released (%s); it ends at its lease",
                         req_id, e.args[0])
