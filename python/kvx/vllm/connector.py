@@ -132,6 +132,20 @@ class KvxConnector(KVConnectorBase_V1, SupportsHMA):
             self.worker = KvxWorker(vllm_config, kv_cache_config, self.settings)
 
     @classmethod
+    def kv_cache_access(cls, kv_transfer_config):
+        """vLLM 0.34 asks how a connector reaches the cache: kvx registers it in place with
+        UCX (host or device memory alike), so each segment must be one physical allocation."""
+        from vllm.config.kv_transfer import KVCacheAccess
+
+        return KVCacheAccess.REGISTERS
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config):
+        """vLLM 0.34: sleep mode remaps the cache, and kvx's registrations (its regions' keys,
+        which peers hold) would then name memory that moved: not followed, so refused."""
+        return False
+
+    @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
         """Heads outermost inside a block (vLLM's LBHNC; the CPU backend's only one): a
         TP-mismatched load splits each block's bytes by head ranges, right only in that order.

@@ -190,6 +190,25 @@ def test_stats_join_samples_for_histograms_and_log_their_median():
     assert KvxConnector._cache_hit_source.value == "p2p"
 
 
+def test_the_connector_says_it_registers_the_cache_for_vllm_034(monkeypatch):
+    """vLLM 0.34 constructs out-of-tree connectors with kv_cache_config as the third argument
+    (KvxConnector's is) and asks kv_cache_access(); 0.32 has no KVCacheAccess, so 0.34's
+    flags (vllm/config/kv_transfer.py, read from its wheel) stand in for it here."""
+    import enum
+    import inspect
+
+    import vllm.config.kv_transfer
+    from kvx.vllm.connector import KvxConnector
+
+    flags = enum.IntFlag("KVCacheAccess", ["REGISTERS", "EXPORTS_FD", "EXPORTS_FABRIC",
+                                           "LEGACY_IPC"])
+    monkeypatch.setattr(vllm.config.kv_transfer, "KVCacheAccess", flags, raising=False)
+    assert KvxConnector.kv_cache_access(None) == flags.REGISTERS
+    assert KvxConnector.supports_sleep_mode(None) is False
+    assert list(inspect.signature(KvxConnector).parameters)[:3] == \
+        ["vllm_config", "role", "kv_cache_config"]
+
+
 def test_heads_outermost_in_a_block_is_required_except_for_mla():
     """Issue 35 finding 12: a TP-mismatched load splits a block by head ranges, so the
     connector asks vLLM for heads outermost inside a block (LBHNC), as NIXL does; MLA's one
