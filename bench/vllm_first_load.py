@@ -1,6 +1,6 @@
-"""vLLM P/D with DeepSeek-V4 (or --model llama-bench): what D's first request from a prefill it has never seen costs,
-as the KV cache grows, with NixlConnector and with KvxConnector in one run (bench/vllm_pd.sh
---first-load runs it).
+"""vLLM P/D with DeepSeek-V4 (or --model llama-bench): what D's first request from a prefill
+it has never seen costs, as the KV cache grows, with NixlConnector and with KvxConnector in
+one run (bench/vllm_pd.sh --first-load runs it).
 
 Per connector and cache size (vLLM's cache: 64 MiB, 1 GiB, 8 GiB, on P and D alike), D stays
 up and each run starts a new P, so every run is a first sight (the connector's handshake,
@@ -30,7 +30,8 @@ import models  # noqa: E402
 MODELS = {
     "deepseek_v4": (dict(served="bench-deepseek-v4", tokenizer_mode="hf", max_model_len=512,
                          block_size=None), 47808),  # one row, six groups overlaid
-    "llama-bench": (dict(served="bench-llama", block_size=32), 32 * 16384),  # 16 KiB a token
+    "llama-bench": (dict(served="bench-llama", block_size=32, max_model_len=2048),
+                    32 * 16384),  # 16 KiB a token
 }
 SPEC, ROW = MODELS["deepseek_v4"]
 
@@ -133,7 +134,8 @@ def main():
     print("vLLM CPU build P/D, %s, %d-token prompts, a new P "
           "per run, D kept; medians of %d runs, ms; %s; 2 noisy cores (P core 0, D core 1)"
           % ("tiny DeepSeek-V4 (47,808-byte rows)" if args.model == "deepseek_v4" else
-             "bench-llama (8 layers, 512 KiB blocks)", args.prompt, args.runs, "both cores busy with 4 other processes" if args.loaded
+             "bench-llama (8 layers, 512 KiB blocks)", args.prompt, args.runs,
+             "both cores busy with 4 other processes" if args.loaded
              else "quiet"))
     print("| cache | connector | D first TTFT | worst | D steady TTFT | first contact | "
           "P start s | D start s | failed requests | outputs = one instance |")

@@ -5,8 +5,9 @@
 # transfer time and P's time until the blocks are freed, with kvx's ratio to NIXL
 # (bench/vllm_pd.py says what each figure measures). A benchmark: it asserts nothing.
 # --model deepseek_v4: the tiny DeepSeek-V4 (six KV cache groups in one packed row) instead of
-# the 8-layer Llama. vllm_pd.sh --first-load [--sizes 64M,1G,8G] [--loaded]: what D's first
-# request from a new P costs as the cache grows (bench/vllm_first_load.py).
+# the 8-layer Llama. vllm_pd.sh --first-load [--sizes 64M,1G,8G] [--loaded] [--model
+# llama-bench]: what D's first request from a new P costs as the cache grows
+# (bench/vllm_first_load.py; DeepSeek-V4 by default, which needs a CPU with avx512_bf16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps --vllm >&2
