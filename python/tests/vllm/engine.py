@@ -7,7 +7,8 @@ SPEC: {"model", "served", "connector" ("kvx", "nixl" or null: no connector), "ro
 "policy" (kv_load_failure_policy), "block_size" (default 32; null: vLLM's choice),
 "max_model_len" (default 4096), "num_blocks" (the KV cache's, default 512: several engines
 share one small machine; null: vLLM's size, VLLM_CPU_KVCACHE_SPACE), "tp" (tensor parallel
-size, default 1), "tokenizer_mode" and "max_num_batched_tokens" (default: vLLM's)}.
+size, default 1), "tokenizer_mode", "max_num_batched_tokens" and
+"disable_hybrid_kv_cache_manager" (default: vLLM's), "prefix_caching" (default off)}.
 Each stdin line is a command; its answer (JSON) is written to the command's "out" path,
 atomically, so the driver never reads half of one:
   {"op": "generate", "prompts": [[ids]], "max_tokens": N, "params": [dict] | null,
@@ -189,7 +190,7 @@ def main():
     llm = LLM(model=spec["model"], served_model_name=spec.get("served"), dtype="bfloat16",
               block_size=spec.get("block_size", 32),
               max_model_len=spec.get("max_model_len", 4096), enforce_eager=True, seed=0,
-              enable_prefix_caching=False, max_num_seqs=16,
+              enable_prefix_caching=bool(spec.get("prefix_caching")), max_num_seqs=16,
               num_gpu_blocks_override=spec.get("num_blocks", 512),
               tensor_parallel_size=spec.get("tp", 1),
               kv_transfer_config=transfer_config(spec), **options)
