@@ -1,9 +1,9 @@
 """vLLM P/D on kvx with the flags a vLLM maintainer turns on before merging a connector
 (issue 35): prefix caching on D, so that a prompt whose first blocks D computed before loads
-only the rest (its block list is P's tail: docs/vllm.md), and chunked prefill on P (32
-tokens a step, so P computes a long prompt over several steps before it hands it over).
-D's greedy output equals one instance's for every prompt, each load moving only the blocks
-D did not have."""
+only the rest (its block list is P's tail: docs/vllm.md), chunked prefill on P (32 tokens a
+step, so P computes a long prompt over several steps before it hands it over), and a D whose
+cache is too small for its batch, so that vLLM preempts requests that loaded their KV and
+recomputes them later. D's greedy output equals one instance's for every prompt."""
 
 import pytest
 
@@ -22,6 +22,9 @@ def flags():
                     **common),
         "d": Engine("flags-d-prefix-cache", 1, role="kv_consumer", policy="recompute",
                     prefix_caching=True, **common),
+        # 24 blocks of 32 tokens for 6 requests of 100 + 64 tokens (6 blocks each)
+        "d_small": Engine("flags-d-small-cache", 1, role="kv_consumer", policy="recompute",
+                          num_blocks=24, max_model_len=512, **common),
     }
     with running(e, reference=False):
         yield e
@@ -47,3 +50,17 @@ def test_partial_prefix_hits_on_d_load_only_the_rest(flags):
     # D loaded 5 - 3 and 4 - 3 blocks, not the 3 of A it had: 16 KiB each (2 layers, K and
     # V, 2 heads of 32, bf16, 32 tokens)
     assert delta(after, before, "bytes") == 3 * 16384
+
+
+def test_preempted_requests_that_loaded_their_kv_equal_one_instance(flags):
+    """D's cache holds 24 blocks; six 100-token prompts that each grow to 164 tokens need 36:
+    vLLM preempts running requests (whose KV came from P) and recomputes them when blocks
+    free up. Every output equals one instance's, and every load moved bytes."""
+    prompts = models.prompts_ids([100] * 6, seed=21)
+    one = flags["p"].generate(prompts, max_tokens=64)["tokens"]
+    before = flags["d_small"].kvx_stats()
+    out = flags["d_small"].generate(prompts, max_tokens=64, params=prefill(flags["p"], prompts))
+    assert out["tokens"] == one
+    after = flags["d_small"].kvx_stats()
+    assert delta(after, before, "transfers") == len(prompts)
+    assert delta(after, before, "transfers_failed") == 0
