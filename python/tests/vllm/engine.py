@@ -18,6 +18,9 @@ atomically, so the driver never reads half of one:
   {"op": "transfer_seconds"} -> D's transfers so far: {"seconds", "count", "bytes"} (kvx or
                              NIXL)
   {"op": "abort"}         -> requests added and aborted before a step: {"aborted": n}
+  {"op": "abort_some", "prompts", "params", "max_tokens", "steps", "abort": [indices], "tag"}
+                          -> all added, `steps` steps, those aborted, the rest run to the end:
+                             {"tokens": [ids or None], "finish": [reason or None]}
   {"op": "kv_caches"}     -> what each worker's KV connector is (or would be) given:
                              [kv_cache_dump() of each worker]
 """
@@ -240,6 +243,24 @@ def main():
             while engine.has_unfinished_requests():
                 engine.step()
             out["aborted"] = len(ids)
+        elif cmd["op"] == "abort_some":  # all added, `steps` steps, some aborted, the rest run
+            engine = llm.llm_engine
+            ids = ["some-%d-%d-%d" % (os.getpid(), cmd["tag"], i)
+                   for i in range(len(cmd["prompts"]))]
+            for req_id, p, kv in zip(ids, cmd["prompts"], cmd["params"]):
+                engine.add_request(req_id, TokensPrompt(prompt_token_ids=p),
+                                   SamplingParams(temperature=0, max_tokens=cmd["max_tokens"],
+                                                  extra_args={"kv_transfer_params": kv}))
+            done = {}
+            for _ in range(cmd["steps"]):
+                done.update((o.request_id, o) for o in engine.step() if o.finished)
+            engine.abort_request([ids[i] for i in cmd["abort"]])
+            while engine.has_unfinished_requests():
+                done.update((o.request_id, o) for o in engine.step() if o.finished)
+            out["tokens"] = [list(done[r].outputs[0].token_ids) if r in done else None
+                             for r in ids]
+            out["finish"] = [done[r].outputs[0].finish_reason if r in done else None
+                             for r in ids]
         elif cmd["op"] == "kv_caches":
             out["workers"] = llm.collective_rpc(kv_cache_dump)
         elif cmd["op"] == "quit":

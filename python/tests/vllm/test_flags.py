@@ -7,7 +7,7 @@ recomputes them later. D's greedy output equals one instance's for every prompt.
 
 import pytest
 
-from conftest import Engine, auth_file, delta, model, prefill, running
+from conftest import Engine, auth_file, delta, model, prefill, running, wait_for
 import models
 
 BLOCK = 32
@@ -64,3 +64,24 @@ def test_preempted_requests_that_loaded_their_kv_equal_one_instance(flags):
     after = flags["d_small"].kvx_stats()
     assert delta(after, before, "transfers") == len(prompts)
     assert delta(after, before, "transfers_failed") == 0
+
+
+def test_48_in_flight_with_aborts_among_them(flags):
+    """48 requests with P's KV at once on D, one in four aborted after D's first step (some
+    loading, some queued, some loaded). The others equal one instance's; every hold P made
+    ends by a done (a load's, or D's notify-only release), none at the lease, and P holds
+    nothing afterwards."""
+    prompts = models.prompts_ids([5, 40, 100] * 16, seed=31)
+    one = flags["p"].generate(prompts)["tokens"]
+    p_before = flags["p"].kvx_stats()
+    params = prefill(flags["p"], prompts)
+    aborted = set(range(0, 48, 4))
+    out = flags["d_small"].call("abort_some", prompts=prompts, params=params, max_tokens=8,
+                                steps=1, abort=sorted(aborted), tag=1)
+    for i, (tokens, ref) in enumerate(zip(out["tokens"], one)):
+        if i not in aborted:
+            assert tokens == ref, "request %d" % i
+    wait_for(lambda: flags["p"].kvx_stats()[0]["held"] == 0, "P holds nothing")
+    p_after = flags["p"].kvx_stats()
+    assert delta(p_after, p_before, "released") == 48
+    assert delta(p_after, p_before, "leases_expired") == 0
