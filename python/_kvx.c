@@ -426,8 +426,8 @@ static PyObject *regions_probe(RegionsObject *self, PyObject *args)
     PyObject *auth_key;
     int insecure;
     unsigned int timeout_ms, tp_rank, tp_size;
-    Py_buffer key            = {0};
-    kvx_agent_params_t p     = {0};
+    Py_buffer key        = {0};
+    kvx_agent_params_t p = {0};
     kvx_status_t status;
 
     if (!PyArg_ParseTuple(args, "sOpIII", &address, &auth_key, &insecure, &timeout_ms, &tp_rank,
