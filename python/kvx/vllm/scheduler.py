@@ -157,9 +157,13 @@ class KvxScheduler:
         to, read or held for params that a P of this deployment did not hand over for this
         prompt (a client's own, a router's, another prompt's)."""
         params = request.kv_transfer_params
+        if getattr(request, "_kvx_accepted", False):
+            return True  # judged once: vLLM asks for a waiting request at every step
         loaded = self.loaded_prompt(request)
         why = transfer_params.refusal(self.key, params, prompt_digest(loaded), len(loaded))
         if why is None:
+            # on vLLM's Request, never in the params: those are the client's to write
+            request._kvx_accepted = True
             return True
         logger.warning("kvx: request %s: kv_transfer_params refused (%s); the prompt is "
                        "computed here", request.request_id, why)
