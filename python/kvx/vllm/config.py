@@ -20,9 +20,10 @@ class Settings:
     lease_ms: int | None = None  # how long P holds blocks nobody reads (KVX_DEFAULT_LEASE_MS)
     peer_ttl_ms: int | None = None  # D drops a P idle this long (KVX_DEFAULT_PEER_TTL_MS)
     verify_one_in: int = 0  # verify every Nth transfer with checksums (0: none)
+    decode_tp_size: int | None = None  # P: the TP size of the Ds it serves, when larger than P's
 
 
-_INTS = ("timeout_ms", "lease_ms", "peer_ttl_ms", "verify_one_in")
+_INTS = ("timeout_ms", "lease_ms", "peer_ttl_ms", "verify_one_in", "decode_tp_size")
 
 # NixlConnector's documented keys (vLLM 0.32), so that a NIXL config switches to kvx by its
 # connector name alone: the one that means what a kvx setting means becomes it, the others
@@ -79,10 +80,28 @@ def settings_from(extra):
     for key in ("auth_file", "listen"):
         if extra.get(key) is not None and not isinstance(extra[key], str):
             raise ValueError("kv_connector_extra_config.%s: %r is not a string" % (key, extra[key]))
+    if extra.get("decode_tp_size") == 0:
+        raise ValueError("kv_connector_extra_config.decode_tp_size: 0 is not a TP size")
     settings = Settings(**extra)
     if settings.insecure and settings.auth_file is not None:
         raise ValueError("kv_connector_extra_config: auth_file and insecure: choose one")
     return settings
+
+
+def consumers_per_rank(settings, tp_size):
+    """How many D ranks read each of this P's ranks, so how many dones release a hold: with
+    decode_tp_size M larger than P's TP N, M / N (each rank's heads are split among them);
+    otherwise 1 (a D rank reads one or several P ranks whole). P cannot learn D's TP from a
+    request, so a deployment whose Ds have more ranks than its Ps says so here; D checks the
+    count P signed (params.refusal) and computes the prompt itself when it is not its own.
+    ValueError when M is larger than N and not a multiple of it."""
+    decode = settings.decode_tp_size or 1
+    if decode <= tp_size:
+        return 1
+    if decode % tp_size:
+        raise ValueError("kv_connector_extra_config.decode_tp_size %d is not a multiple of "
+                         "this prefill's TP size %d" % (decode, tp_size))
+    return decode // tp_size
 
 
 def auth_of(settings):

@@ -19,7 +19,8 @@ TOKEN_LEN = 16
 
 # the fields the signature covers: everything D acts on (do_remote_* are flags D rewrites)
 SIGNED = ("kvx", "remote_engine_id", "remote_request_id", "remote_token", "remote_block_ids",
-          "remote_addresses", "remote_num_tokens", "prompt_digest", "transfer_mode")
+          "remote_addresses", "remote_num_tokens", "prompt_digest", "transfer_mode",
+          "remote_consumers")
 
 
 def prompt_digest(token_ids):
@@ -45,7 +46,7 @@ def signature(key, params):
 
 
 def make(key, *, engine_id, request_id, token, block_ids, addresses, num_tokens, prompt_ids,
-         transfer_mode):
+         transfer_mode, consumers=1):
     """P's params for D, signed when there is a key."""
     params = {
         "do_remote_prefill": True,
@@ -59,16 +60,28 @@ def make(key, *, engine_id, request_id, token, block_ids, addresses, num_tokens,
         "remote_num_tokens": num_tokens,
         "prompt_digest": prompt_digest(prompt_ids),
         "transfer_mode": transfer_mode,
+        "remote_consumers": consumers,  # the D ranks each P rank's hold waits for
     }
     if key is not None:
         params["signature"] = signature(key, params)
     return params
 
 
-def refusal(key, params, digest, num_tokens):
-    """Why D must not load with `params` for the `num_tokens` prompt tokens of `digest` that it
-    takes from P, or None when it may: the version, the signature (with a key), the prompt,
-    the token count, a real token and well-formed fields."""
+def consumers_needed(decode_tp, prefill_tp):
+    """The dones each P rank's hold must wait for when a D of `decode_tp` ranks reads a P of
+    `prefill_tp`: decode_tp / prefill_tp when D has more ranks (each reads a part of one P
+    rank), else 1; None when neither TP size divides the other (kvx's plan refuses those)."""
+    big, small = max(decode_tp, prefill_tp), min(decode_tp, prefill_tp)
+    if big % small:
+        return None
+    return decode_tp // prefill_tp if decode_tp > prefill_tp else 1
+
+
+def refusal(key, params, digest, num_tokens, decode_tp=1):
+    """Why D (of `decode_tp` ranks) must not load with `params` for the `num_tokens` prompt
+    tokens of `digest` that it takes from P, or None when it may: the version, the signature
+    (with a key), the prompt, the token count, a real token, well-formed fields, and holds that
+    wait for as many dones as D's ranks will send."""
     if params.get("kvx") != VERSION:
         return "not kvx's (version %r, this is %d)" % (params.get("kvx"), VERSION)
     if key is not None:
@@ -99,4 +112,15 @@ def refusal(key, params, digest, num_tokens):
             isinstance(ids, list) and all(isinstance(b, int) and b >= 0 for b in ids)
             for ids in blocks):
         return "the block ids are not lists of integers per group"
+    needed = consumers_needed(decode_tp, len(addresses))
+    held_for = params.get("remote_consumers", 1)
+    if needed is None:
+        return "a decode TP of %d cannot read a prefill TP of %d (neither divides the other)" \
+            % (decode_tp, len(addresses))
+    if held_for != needed:
+        # fewer: P would release its blocks at the first done while other ranks still read;
+        # more: P would hold them for dones that never come, to the lease's end
+        return "P's holds wait for %r decode ranks per prefill rank, this D's TP %d needs %d " \
+            "(set kv_connector_extra_config.decode_tp_size to %d on P)" \
+            % (held_for, decode_tp, needed, decode_tp)
     return None

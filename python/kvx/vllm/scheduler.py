@@ -10,7 +10,7 @@ import logging
 import secrets
 
 from . import params as transfer_params
-from .config import secret_of
+from .config import consumers_per_rank, secret_of
 from .metadata import Hold, KvxMetadata, Load, Want
 from .params import prompt_digest
 from .specs import group_mamba_scratch, group_tokens_per_block, group_window_blocks
@@ -25,6 +25,7 @@ class KvxScheduler:
         self.kv_cache_config = kv_cache_config
         self.block_size = vllm_config.cache_config.block_size
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.consumers = consumers_per_rank(settings, self.tp_size)  # P: dones per hold
         self.engine_id = vllm_config.kv_transfer_config.engine_id
         self.is_producer = vllm_config.kv_transfer_config.is_kv_producer
         # transferred blocks per group: a sliding window keeps only its window's blocks,
@@ -120,7 +121,7 @@ class KvxScheduler:
             self.key, engine_id=self.engine_id, request_id=self.next_id, token=token,
             block_ids=ids, addresses=[self.addresses[r] for r in range(self.tp_size)],
             num_tokens=tokens, prompt_ids=request.prompt_token_ids,
-            transfer_mode=self.settings.transfer_mode)
+            transfer_mode=self.settings.transfer_mode, consumers=self.consumers)
 
     def on_new_request(self, request):
         params = request.kv_transfer_params
@@ -160,7 +161,8 @@ class KvxScheduler:
         if getattr(request, "_kvx_accepted", False):
             return True  # judged once: vLLM asks for a waiting request at every step
         loaded = self.loaded_prompt(request)
-        why = transfer_params.refusal(self.key, params, prompt_digest(loaded), len(loaded))
+        why = transfer_params.refusal(self.key, params, prompt_digest(loaded), len(loaded),
+                                      decode_tp=self.tp_size)
         if why is None:
             # on vLLM's Request, never in the params: those are the client's to write
             request._kvx_accepted = True

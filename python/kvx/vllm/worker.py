@@ -23,7 +23,7 @@ import time
 import kvx
 
 from . import layout as engine_layout
-from .config import auth_of, listen_address
+from .config import auth_of, consumers_per_rank, listen_address
 
 logger = logging.getLogger("vllm.kvx")  # under vLLM's own handlers
 
@@ -82,6 +82,7 @@ class KvxWorker:
         self.settings = settings
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.tp_rank = get_tensor_model_parallel_rank() if self.tp_size > 1 else 0
+        self.consumers = consumers_per_rank(settings, self.tp_size)  # P: dones per hold
         ktc = vllm_config.kv_transfer_config
         self.is_producer = ktc.is_kv_producer
         self.engine_id = ktc.engine_id
@@ -277,7 +278,8 @@ class KvxWorker:
 
     def _hold(self, hold):
         try:
-            self.agent.hold(hold.kvx_id, hold.block_ids, token=hold.token)
+            self.agent.hold(hold.kvx_id, hold.block_ids, consumers=self.consumers,
+                            token=hold.token)
             self.held[hold.kvx_id] = hold.req_id
         except kvx.Error as e:
             logger.error("kvx: request %s: not held (%s); its blocks are freed now",
@@ -418,11 +420,7 @@ class KvxWorker:
             return
         try:
             p = load.params  # accepted by the scheduler (params.refusal)
-            addresses = p["remote_addresses"]
-            if self.tp_size > len(addresses):
-                raise LoadRefused("decode TP %d reads a prefill of TP %d: more decode ranks "
-                                  "than prefill ranks is not supported" % (self.tp_size,
-                                                                           len(addresses)))
+            addresses = p["remote_addresses"]  # as many as P's ranks (params.refusal)
             token = bytes.fromhex(p["remote_token"])
             try:
                 peer = self._peer(addresses)  # kvx's handshake first: it names what differs

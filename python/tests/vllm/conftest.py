@@ -90,7 +90,7 @@ class Engine:
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), spec_path],
                                      stdin=subprocess.PIPE, stdout=self.log,
                                      stderr=subprocess.STDOUT, env=env, text=True,
-                                     start_new_session=True)  # killed with its children
+                                     process_group=0)  # killed with its children
         self.ready = False
         self.seq = 0
 
@@ -282,7 +282,7 @@ class Server:
         env = engine_env(core)
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     process_group=0)
 
     def wait_ready(self):
         import urllib.request

@@ -115,10 +115,11 @@ def test_nixl_keys_switch_with_the_connector_name(caplog):
             config.settings_from(bad)
 
 
-def signed_params(key, **changes):
+def signed_params(key, addresses=("127.0.0.1:5000",), consumers=1, **changes):
+    """P's params (signed with `key`, for `addresses` and `consumers`), then `changes`."""
     made = params.make(key, engine_id="e", request_id=7, token=bytes(range(1, 17)),
-                       block_ids=[[3, 4]], addresses=["127.0.0.1:5000"], num_tokens=40,
-                       prompt_ids=list(range(40)), transfer_mode="pull")
+                       block_ids=[[3, 4]], addresses=list(addresses), num_tokens=40,
+                       prompt_ids=list(range(40)), transfer_mode="pull", consumers=consumers)
     made.update(changes)
     return made
 
@@ -143,6 +144,31 @@ def test_params_d_accepts_only_what_a_p_of_the_deployment_signed_for_this_prompt
     assert params.refusal(None, signed_params(None), digest, 40) is None
     assert "block ids" in params.refusal(None, signed_params(None, remote_block_ids=[[-1]]),
                                          digest, 40)
+
+
+def test_holds_wait_for_as_many_dones_as_d_has_ranks_per_p_rank():
+    """Issue 35 finding 11: a P told its Ds' TP (decode_tp_size) holds each request for
+    decode / prefill dones per rank and signs that count; D refuses params whose holds would
+    wait for another number of its ranks (fewer: P would free blocks another rank still
+    reads), and TP sizes of which neither divides the other."""
+    assert config.consumers_per_rank(config.Settings(), 2) == 1
+    assert config.consumers_per_rank(config.Settings(decode_tp_size=4), 2) == 2
+    assert config.consumers_per_rank(config.Settings(decode_tp_size=1), 2) == 1
+    with pytest.raises(ValueError, match="not a multiple"):
+        config.consumers_per_rank(config.Settings(decode_tp_size=3), 2)
+    with pytest.raises(ValueError, match="not a TP size"):
+        config.settings_from({"decode_tp_size": 0})
+    key, digest = params.signing_key(b"s" * 32), params.prompt_digest(list(range(40)))
+    one_rank = signed_params(key)  # P of TP 1, holds for one done
+    assert params.refusal(key, one_rank, digest, 40, decode_tp=1) is None
+    assert "decode_tp_size to 2 on P" in params.refusal(key, one_rank, digest, 40, decode_tp=2)
+    two = signed_params(key, consumers=2)
+    assert params.refusal(key, two, digest, 40, decode_tp=2) is None
+    assert "wait for 2 decode ranks" in params.refusal(key, two, digest, 40, decode_tp=1)
+    assert "not signed" in params.refusal(key, dict(two, remote_consumers=1), digest, 40)
+    two_ranks = signed_params(key, addresses=["127.0.0.1:1", "127.0.0.1:2"])
+    assert params.refusal(key, two_ranks, digest, 40, decode_tp=1) is None  # D reads both
+    assert "neither divides" in params.refusal(key, two_ranks, digest, 40, decode_tp=3)
 
 
 def test_no_secret_says_how_to_give_one(monkeypatch):
