@@ -124,7 +124,28 @@ void conn_close(struct conn *conn)
     kvx_peer_plan_destroy(conn->plan);
     kvx_metadata_destroy(conn->metadata);
     free(conn->remote_bases);
+    free(conn->push_metadata);
     free(conn);
+}
+
+kvx_status_t conn_push_metadata(struct conn *conn, const void *own, size_t own_size,
+                                const void **buf_p, size_t *size_p)
+{
+    if (conn->push_metadata == NULL) {
+        void *address = NULL;
+        size_t address_size;
+        kvx_status_t status = transport_conn_address(conn->transport, &address, &address_size);
+
+        if (status == KVX_OK)
+            status = wire_metadata_readdress(own, own_size, address, address_size,
+                                             &conn->push_metadata, &conn->push_metadata_size);
+        free(address);
+        if (status != KVX_OK)
+            return status;
+    }
+    *buf_p  = conn->push_metadata;
+    *size_p = conn->push_metadata_size;
+    return KVX_OK;
 }
 
 const char *conn_transports(struct conn *conn)

@@ -19,6 +19,8 @@ struct conn {
     uint8_t table_digest[CONN_DIGEST_LEN]; /* equal digests: the same table, the same pairs */
     char transports[256];                  /* what UCX chose, once described */
     enum { CONN_HOST_UNKNOWN, CONN_HOST_THIS, CONN_HOST_OTHER } one_host; /* conn_one_host */
+    void *push_metadata; /* ours as registered with this peer (conn_push_metadata), or NULL */
+    size_t push_metadata_size;
 };
 
 /* Decodes and checks a peer's metadata for `mode` and connects to it. Pull (we read, the
@@ -32,6 +34,12 @@ kvx_status_t conn_open(struct transport *t, const kvx_regions_t *local, uint32_t
 /* Closes the transport connection (bounded: transport_conn_destroy) and frees the rest.
  * NULL-safe. */
 void conn_close(struct conn *conn);
+
+/* Our push metadata for this peer: `own` (the agent's) naming this connection's worker, so
+ * that the peer's writer connects there and closing the connection ends its writes
+ * (transport_conn_address). Made once per connection; owned by it. */
+kvx_status_t conn_push_metadata(struct conn *conn, const void *own, size_t own_size,
+                                const void **buf_p, size_t *size_p);
 
 /* The transports UCX really chose, described once the endpoint was wired up. */
 const char *conn_transports(struct conn *conn);

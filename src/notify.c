@@ -170,7 +170,8 @@ bool alive_answer_parse(const void *data, size_t size, uint64_t *instance_p,
 /* The codes' words on the wire, by enum error_code. */
 static const char *const error_code_words[] = {
     [ERROR_CODE_NONE]         = NULL,
-    [ERROR_CODE_UNREGISTERED] = "unregistered",
+    [ERROR_CODE_UNREGISTERED]  = "unregistered",
+    [ERROR_CODE_WRITER_FAILED] = "writer-failed",
 };
 
 size_t error_answer_format(char *text, size_t size, enum error_code code, const char *message)

@@ -38,6 +38,9 @@ enum error_code {
     ERROR_CODE_NONE,         /* no code, or one this version does not know: report it */
     ERROR_CODE_UNREGISTERED, /* "[unregistered]": a push named a writer this connection does
                                 not have (evicted, or never registered): register again */
+    ERROR_CODE_WRITER_FAILED, /* "[writer-failed]": a push job failed once it may have
+                                 written; bytes of its writer may still be on their way:
+                                 close the connection they come by (docs/agent.md, "Write") */
 };
 /* "kvx-error [CODE] MESSAGE" (or without a code for ERROR_CODE_NONE) into `text`; returns
  * its length, 0 when it does not fit. */

@@ -920,9 +920,15 @@ kvx_status_t peer_push_handle(kvx_peer_t *peer, const void *metadata, size_t siz
         return KVX_OK;
     }
     if (peer->push_register_id == 0) {
-        kvx_status_t status = peer_request_send(peer, VERB_PUSH_REGISTER, metadata, size,
-                                                push_answer_take, peer, &peer->push_register_id);
+        /* ours naming the worker of our connection to this peer: its writer writes there */
+        kvx_status_t status = link->conn != NULL
+                                  ? conn_push_metadata(link->conn, metadata, size, &metadata, &size)
+                                  : error_set(KVX_ERR_PEER_DOWN, "peer %s: not connected",
+                                              peer->address);
 
+        if (status == KVX_OK)
+            status = peer_request_send(peer, VERB_PUSH_REGISTER, metadata, size,
+                                       push_answer_take, peer, &peer->push_register_id);
         if (status != KVX_OK)
             return status;
     }

@@ -231,7 +231,7 @@ static void job_fail(struct push_job *job)
     struct push_server *s = job->server;
     struct push_writer *w = job->writer;
 
-    reply_error(s, &job->origin);
+    reply_error_code(s, &job->origin, ERROR_CODE_WRITER_FAILED); /* its bytes may trail it */
     job_free(job);
     writer_fail(s, w, KVX_ERR_PEER_DOWN, "its writer failed");
 }

@@ -194,6 +194,8 @@ unsigned transport_conn_progress(struct transport_conn *conn)
         am_receives_start(conn);
     if (conn->waiting != NULL)
         am_waiting_send(conn);
+    if (conn->t->queued != NULL) /* writes to our storages, from the writer it serves */
+        am_writes_receive(conn->t);
     return events;
 }
 
@@ -402,18 +404,28 @@ kvx_status_t transport_mem_pack_rkey(struct transport *t, struct transport_mem *
     return status;
 }
 
-kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t *size_p)
+static kvx_status_t worker_address(ucp_worker_h worker, void **buf_p, size_t *size_p)
 {
     ucp_address_t *address;
     size_t size;
-    ucs_status_t st = ucp_worker_get_address(t->worker, &address, &size);
+    ucs_status_t st = ucp_worker_get_address(worker, &address, &size);
     kvx_status_t status;
 
     if (st != UCS_OK)
         return transport_ucs_error("reading the worker address", st);
     status = bytes_copy(address, size, buf_p, size_p);
-    ucp_worker_release_address(t->worker, address);
+    ucp_worker_release_address(worker, address);
     return status;
+}
+
+kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t *size_p)
+{
+    return worker_address(t->worker, buf_p, size_p);
+}
+
+kvx_status_t transport_conn_address(struct transport_conn *conn, void **buf_p, size_t *size_p)
+{
+    return worker_address(conn->worker, buf_p, size_p);
 }
 
 /* Where UCX mapped a peer's storage into this process (ucp_rkey_ptr: shared memory the peer
@@ -529,6 +541,8 @@ static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
     return KVX_OK;
 }
 
+static kvx_status_t am_slots_conn_set(struct transport_conn *conn);
+
 kvx_status_t transport_conn_create(struct transport *t, const void *address, size_t size,
                                    const struct transport_remote_mem *mems, size_t num_mems,
                                    struct transport_conn **conn_p)
@@ -551,7 +565,8 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
         return error_no_memory("a connection");
     status = worker_create(t->context, &conn->worker);
     if (status == KVX_OK && ((status = am_conn_set(conn)) != KVX_OK ||
-                             (status = msg_conn_set(conn)) != KVX_OK))
+                             (status = msg_conn_set(conn)) != KVX_OK ||
+                             (status = am_slots_conn_set(conn)) != KVX_OK))
         ucp_worker_destroy(conn->worker);
     if (status != KVX_OK) {
         conn_unalloc(conn);
@@ -615,6 +630,8 @@ static bool conn_settle_round(struct transport_conn *conn, double until, size_t 
 {
     double now = clock_seconds();
 
+    if (conn->writes_receiving > 0)
+        return false; /* parked at once (conn_settled): progress would land those bytes */
     while (conn_has_pending(conn) && conn->settle_idle < TRANSPORT_SETTLE_IDLE && now < until &&
            now < conn->settle_deadline) {
         conn->t->progressing++;
@@ -649,7 +666,7 @@ static void conn_settled(struct transport_conn *conn)
         return;
     }
     conn->settling = false;
-    if (!conn_has_pending(conn))
+    if (!conn_has_pending(conn) && conn->writes_receiving == 0)
         conn_free(conn);
     else
         conn_park(conn);
@@ -1063,6 +1080,19 @@ kvx_status_t transport_am_set_handler(struct transport *t, unsigned id,
                          TRANSPORT_AM_IDS);
     t->am[id] = (struct am_slot){handler, arg};
     return transport_worker_set_handler(t->worker, id, am_received, &t->am[id]);
+}
+
+/* A connection's worker takes the active messages the main one does: a peer's push writer
+ * is connected to it (transport_conn_address) and sends its proof there. */
+static kvx_status_t am_slots_conn_set(struct transport_conn *conn)
+{
+    kvx_status_t status = KVX_OK;
+
+    for (unsigned id = 0; id < TRANSPORT_AM_IDS && status == KVX_OK; id++) {
+        if (conn->t->am[id].handler != NULL)
+            status = transport_worker_set_handler(conn->worker, id, am_received, &conn->t->am[id]);
+    }
+    return status;
 }
 
 /* Parses ucp_ep_print_info's lane lines, "lane[0]:  3:cma/memory.0 md[3] -> md[3]/cma/...

@@ -77,6 +77,10 @@ bool transport_log_next(struct transport *t, char *line, size_t size);
 
 /* The main worker's address, as a malloc'd copy the caller frees. */
 kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t *size_p);
+/* The address of a connection's own worker (malloc'd): a peer's push writer connects there,
+ * so that closing the connection ends whatever that writer still sends (it is never
+ * progressed again), where writes to the main worker could land after a push failed. */
+kvx_status_t transport_conn_address(struct transport_conn *conn, void **buf_p, size_t *size_p);
 
 /* One storage of the peer: its packed remote key and where it is in the peer's process. */
 struct transport_remote_mem {

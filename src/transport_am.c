@@ -119,7 +119,10 @@ struct am_reply {
     struct transport *t;
     ucp_ep_h ep;
     struct am_answer_header header;
-    /* A write's rendezvous, received once progress returned (am_writes_receive). */
+    /* A write's rendezvous, received once progress returned (am_writes_receive) by the
+     * worker it arrived on: the main one, or a connection's (conn, counted there). */
+    ucp_worker_h worker;
+    struct transport_conn *conn;
     void *desc;
     void *dest;
     uint64_t length;
@@ -297,7 +300,7 @@ void am_writes_receive(struct transport *t)
         ucs_status_ptr_t sp;
 
         queued = r->next_queued;
-        sp     = ucp_am_recv_data_nbx(t->worker, r->desc, r->dest, r->length, &recv);
+        sp     = ucp_am_recv_data_nbx(r->worker, r->desc, r->dest, r->length, &recv);
         if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
             /* Done in place, or failed: the endpoint may be gone by now, so nothing is sent
              * on a failure; the writer's deadline answers it. */
@@ -305,6 +308,8 @@ void am_writes_receive(struct transport *t)
                 reply_send(r, AM_WRITTEN, NULL, 0, 0);
             else
                 reply_free(r);
+        } else if (r->conn != NULL) {
+            r->conn->writes_receiving++;
         }
     }
 }
@@ -450,18 +455,24 @@ static void written_received(void *request, ucs_status_t status, size_t length, 
 
     (void)length;
     ucp_request_free(request);
-    if (status != UCS_OK) { /* the writer went away, or UCX cancelled it: none to answer */
+    if (r->conn != NULL)
+        r->conn->writes_receiving--;
+    /* the writer went away, or UCX cancelled it (or a closed connection's worker is being
+     * destroyed, its endpoints with it): none to answer */
+    if (status != UCS_OK || (r->conn != NULL && (r->conn->parked || r->conn->settling))) {
         reply_free(r);
         return;
     }
     reply_send(r, AM_WRITTEN, NULL, 0, 0);
 }
 
-static ucs_status_t write_served(void *arg, const void *header, size_t header_length, void *data,
-                                 size_t length, const ucp_am_recv_param_t *param)
+/* A write to our storages, arrived on `worker` (of connection `conn`, or NULL: the main one). */
+static ucs_status_t write_serve(struct transport *t, ucp_worker_h worker,
+                                struct transport_conn *conn, const void *header,
+                                size_t header_length, void *data, size_t length,
+                                const ucp_am_recv_param_t *param)
 {
-    struct transport *t = arg;
-    bool rendezvous     = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     struct am_write_header h;
     struct transport_mem *mem;
     struct am_reply *r;
@@ -475,8 +486,10 @@ static ucs_status_t write_served(void *arg, const void *header, size_t header_le
     if ((r = reply_create(t, param->reply_ep, h.cookie, 0)) == NULL)
         return rendezvous ? UCS_ERR_NO_RESOURCE : UCS_OK;
     mem = granted(t, h.storage, h.offset, length);
-    /* Device memory takes no memcpy: its writer must send it by rendezvous. */
-    if (!token_equal(h.token, t->write_token) || mem == NULL || (mem->device && !rendezvous)) {
+    /* Device memory takes no memcpy: its writer must send it by rendezvous. A closing
+     * connection takes nothing more: its owner was told its writes ended. */
+    if (!token_equal(h.token, t->write_token) || mem == NULL || (mem->device && !rendezvous) ||
+        (conn != NULL && (conn->settling || conn->parked))) {
         t->counters.refused++;
         r->header.status = AM_STATUS_REFUSED;
         reply_send(r, AM_WRITTEN, NULL, 0, 0);
@@ -488,12 +501,33 @@ static ucs_status_t write_served(void *arg, const void *header, size_t header_le
         reply_send(r, AM_WRITTEN, NULL, 0, 0);
         return UCS_OK;
     }
+    r->worker      = worker;
+    r->conn        = conn;
     r->desc        = data; /* received once progress returned (am_writes_receive) */
     r->dest        = (char *)mem->address + h.offset;
     r->length      = length;
     r->next_queued = t->queued;
     t->queued      = r;
     return UCS_INPROGRESS;
+}
+
+static ucs_status_t write_served(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param)
+{
+    struct transport *t = arg;
+
+    return write_serve(t, t->worker, NULL, header, header_length, data, length, param);
+}
+
+/* A write that came to a connection's own worker: the writer a peer connected to the
+ * address we registered with it (transport_conn_address), so that closing that connection
+ * ends its writes (transport_conn_destroy). */
+static ucs_status_t conn_write_served(void *arg, const void *header, size_t header_length,
+                                      void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    struct transport_conn *conn = arg;
+
+    return write_serve(conn->t, conn->worker, conn, header, header_length, data, length, param);
 }
 
 static kvx_status_t handler_set(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb,
@@ -661,6 +695,8 @@ kvx_status_t am_conn_set(struct transport_conn *conn)
 {
     kvx_status_t status = handler_set(conn->worker, AM_DATA, data_arrived, conn);
 
+    if (status == KVX_OK)
+        status = handler_set(conn->worker, AM_WRITE, conn_write_served, conn);
     return status == KVX_OK ? handler_set(conn->worker, AM_WRITTEN, written_arrived, conn) : status;
 }
 

@@ -158,6 +158,7 @@ struct transport_conn {
     struct transport_conn *next_settling; /* in t->settling, then in t->unmapping */
     double settle_deadline;               /* clock_seconds() when settling gives up */
     unsigned settle_idle;                 /* progress calls in a row that did nothing */
+    size_t writes_receiving; /* a writer's rendezvous bytes being received by its worker */
     bool parked;
     bool settling; /* closing (transport_settle_run): completions tell no owner */
 };

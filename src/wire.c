@@ -277,3 +277,55 @@ out:
     free(reg_ptrs);
     return status;
 }
+
+kvx_status_t wire_metadata_readdress(const void *buf, size_t size, const void *address,
+                                     size_t address_size, void **buf_p, size_t *size_p)
+{
+    Kvx__Envelope *env       = kvx__envelope__unpack(NULL, size, buf);
+    Kvx__AgentMetadata *body = env != NULL ? kvx__agent_metadata__unpack(NULL, env->body.len,
+                                                                         env->body.data)
+                                           : NULL;
+    ProtobufCBinaryData own_body;
+    ProtobufCBinaryData own_address = {0, NULL};
+    kvx_status_t status = KVX_OK;
+    uint8_t *packed     = NULL;
+    uint8_t *out        = NULL;
+    size_t body_size;
+
+    if (body == NULL) {
+        status = error_set(KVX_ERR_INTERNAL, "metadata: our own bytes do not decode");
+        goto out;
+    }
+    own_address             = body->transport_address;
+    body->transport_address = (ProtobufCBinaryData){address_size, (uint8_t *)address};
+    body_size               = kvx__agent_metadata__get_packed_size(body);
+    packed                  = malloc(body_size > 0 ? body_size : 1);
+    if (packed == NULL) {
+        status = error_no_memory("metadata");
+        goto out;
+    }
+    kvx__agent_metadata__pack(body, packed);
+    own_body  = env->body;
+    env->body = (ProtobufCBinaryData){body_size, packed};
+    size      = kvx__envelope__get_packed_size(env);
+    out       = malloc(size);
+    if (out != NULL)
+        kvx__envelope__pack(env, out);
+    env->body = own_body; /* freed by the unpacker's own free */
+    if (out == NULL) {
+        status = error_no_memory("metadata");
+        goto out;
+    }
+    *buf_p  = out;
+    *size_p = size;
+
+out:
+    free(packed);
+    if (body != NULL) {
+        body->transport_address = own_address; /* the unpacker's, freed with it */
+        kvx__agent_metadata__free_unpacked(body, NULL);
+    }
+    if (env != NULL)
+        kvx__envelope__free_unpacked(env, NULL);
+    return status;
+}

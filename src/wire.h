@@ -51,6 +51,12 @@ void wire_factors_fill(const kvx_regions_t *regions, kvx_transfer_mode_t mode,
 kvx_status_t wire_factors_hash(const struct Kvx__CompatFactors *factors,
                                uint8_t hash[KVX_COMPAT_HASH_LEN]);
 
+/* Our own packed metadata (kvx_metadata_pack's bytes) with another transport address, into
+ * a malloc'd *buf_p: the push metadata registered with one peer names the worker of our
+ * connection to it (transport_conn_address). */
+kvx_status_t wire_metadata_readdress(const void *buf, size_t size, const void *address,
+                                     size_t address_size, void **buf_p, size_t *size_p);
+
 /* UCX's own TCP segment sizes, bytes (uct/tcp/tcp_iface.c, the same from 1.13 to 1.22): what
  * a process uses that sets neither, and what a peer that states none is taken to use. */
 #define WIRE_UCX_TCP_TX_DEFAULT (8u << 10)

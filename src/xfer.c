@@ -36,6 +36,7 @@ struct xfer_leg {
     uint64_t bytes;             /* pull: read from this peer (its done says so) */
     struct peer_push_wait wait; /* push: waiting for our writer's registration with the peer */
     bool bytes_asked;           /* push: its rank may answer with the bytes (push_bytes_place) */
+    bool answered;              /* push: its rank answered (its job, if any, ended there) */
     /* pull: its done went with its read (one message, transport_op_attach), and the answer
      * that came before the data is kept here until the data is (pull_notify) */
     bool attached;
@@ -304,6 +305,25 @@ static void count_transfer(struct core *core, const kvx_read_stats_t *stats, kvx
     histogram_add(&s->transfer_descriptors, (double)stats->posted);
 }
 
+/* A failed push's ranks that did not answer may still write into the blocks its caller owns
+ * again once told (a stopped prefill that continues reads the request then, and writes for
+ * its own job's deadline; a rank still writing beside one that refused): they are taken
+ * down, and their connections close in the failed-peers phase, before the completion runs.
+ * Their writers write to those connections' workers (conn_push_metadata), never progressed
+ * again, so nothing of theirs lands after that (issue 35 finding 3). A rank that answered
+ * wrote all it will (a refusal comes before any put), unless its answer says its job failed
+ * after it may have written ("[writer-failed]": bytes may trail the answer). */
+static void push_writers_close(kvx_xfer_t *x)
+{
+    char reason[300];
+
+    snprintf(reason, sizeof(reason), "closed: write %" PRIu64 " failed", x->request_id);
+    for (size_t i = 0; i < x->num_reads; i++) {
+        if (!x->legs[i].answered)
+            peer_down(x->legs[i].peer, KVX_ERR_PEER_DOWN, reason, PEER_DEAD);
+    }
+}
+
 /* Ends `x` with `status` (its message in x->error for a failure): its operations and
  * awaited answers are let go, and its completion is queued. Once. */
 static void xfer_finish(kvx_xfer_t *x, kvx_status_t status)
@@ -331,6 +351,8 @@ static void xfer_finish(kvx_xfer_t *x, kvx_status_t status)
         if (status == KVX_OK)
             peer_unwant(leg->peer, x->request_id); /* here: no more heartbeats for it */
     }
+    if (status != KVX_OK && x->push)
+        push_writers_close(x);
     if (status == KVX_OK)
         x->stats.seconds = clock_seconds() - x->start;
     count_transfer(core, &x->stats, status);
@@ -855,6 +877,7 @@ static void done_reply(void *arg, const char *reply, size_t size)
 
     KVX_ASSERT(x->status == KVX_INPROGRESS && leg->reply_id != 0); /* a finished one forgot it */
     leg->reply_id = 0;
+    leg->answered = true;
     if (!x->answering) { /* a done that went with its read, answered before the data is here */
         leg->answer_kept = true;
         leg->answer_size = size < sizeof(leg->answer) ? size : sizeof(leg->answer);
@@ -982,6 +1005,7 @@ static void push_reply(void *arg, const char *reply, size_t size)
 
     KVX_ASSERT(x->status == KVX_INPROGRESS && leg->reply_id != 0); /* a finished one forgot it */
     leg->reply_id = 0;
+    leg->answered = true;
     if (text < size && text == strlen(REPLY_PUSHED) && memcmp(reply, REPLY_PUSHED, text) == 0) {
         kvx_status_t status =
             leg->bytes_asked
@@ -1006,6 +1030,8 @@ static void push_reply(void *arg, const char *reply, size_t size)
 
         if (code == ERROR_CODE_UNREGISTERED)
             peer_push_forget(leg->peer); /* evicted there: the next push registers afresh */
+        if (code == ERROR_CODE_WRITER_FAILED)
+            leg->answered = false; /* its writer's last bytes may come after this answer */
         xfer_fail(x, KVX_ERR_PEER_REFUSED, "write %" PRIu64 " by remote rank %" PRIu32 ": %.400s",
                   x->request_id, peer_rank(leg->peer), why);
         return;

@@ -949,6 +949,70 @@ static void first_push_posts_while_the_prefill_is_stopped(void **state)
     prefill_kill(&p);
 }
 
+/* Issue 35 finding 3: a push that fails fails only once none of its writes can land. P is
+ * stopped with D's push request unread; D's deadline passes (on D's clock) and the push fails,
+ * whereupon its caller owns the blocks again (vLLM frees or recomputes them). Continued, P
+ * reads the request and writes, for as long as its own job's deadline allows: none of it may
+ * reach those blocks. They stay as the caller left them, and the peer, reconnected, takes a
+ * push again. */
+static void stopped_prefill_writes_nothing_after_its_push_failed(void **state)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TRANSPORTS |
+                                               KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
+                                 .transports = "tcp",
+                                 .timeout_ms = 1000};
+    uint64_t first[]          = {1, 5, 9};
+    kvx_group_ids_t first_group = {first, 3};
+    kvx_request_t first_request = {&first_group, 1, NULL, 0, NULL};
+    uint64_t ids[64];
+    kvx_group_ids_t group   = {ids, 64};
+    kvx_request_t request   = {&group, 1, NULL, 0, NULL};
+    struct callback_log log = {0};
+    const char *base;
+    struct prefill p;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    kvx_xfer_t *xfer;
+
+    (void)state;
+    for (size_t i = 0; i < 64; i++)
+        ids[i] = 100 + 3 * i;
+    peer = prefill_connect((struct prefill_config){.transports = "tcp"}, &p, params, &agent);
+    assert_int_equal(kvx_write(agent, &peer, 1, 1, &first_request, NULL), KVX_OK); /* registered */
+    blocks_verify(agent, first, 3);
+
+    prefill_stop(&p);
+    blocks_clear(agent, ids, 64);
+    assert_int_equal(kvx_write_post(agent, &peer, 1, 2, &request, on_xfer, &log, &xfer), KVX_OK);
+    progress_for(agent, 200);
+    assert_int_equal(kvx_xfer_status(xfer), KVX_INPROGRESS);
+    clock_advance_ms(params.timeout_ms);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_TIMEOUT);
+    assert_int_equal(log.calls, 1);
+    failed_blocks_are(xfer, ids, 64);
+
+    prefill_continue(&p);
+    progress_for(agent, 1500); /* P reads the request now, and would write for 1 s */
+    base = kvx_agent_storage(agent, 0, NULL);
+    for (size_t k = 0; k < 64; k++) {
+        for (uint64_t b = 0; b < block_len(agent); b++) {
+            if (base[ids[k] * block_len(agent) + b] != 0)
+                fail_msg("block %llu was written after its push failed",
+                         (unsigned long long)ids[k]);
+        }
+    }
+    assert_int_equal(log.calls, 1);
+    kvx_xfer_destroy(xfer);
+
+    if (kvx_peer_down_reason(peer) != NULL)
+        assert_int_equal(kvx_peer_reconnect(peer), KVX_OK);
+    assert_int_equal(kvx_write(agent, &peer, 1, 3, &request, NULL), KVX_OK);
+    blocks_verify(agent, ids, 64);
+    peer_destroy(peer);
+    agent_destroy(agent);
+    prefill_kill(&p);
+}
+
 /* Issue 22 finding 6, two ready pulls and one failing: pulls whose gets all completed wait in
  * the ready list for the same phase; when the first one fails (a failed get), its peer goes
  * down there, and the next one, reading the same peer, asked the down peer's connection (NULL)
@@ -1882,6 +1946,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(a_peer_down_outside_the_loop_and_reconnected_at_once_serves,
                                   leftovers_clean),
         cmocka_unit_test_teardown(first_push_posts_while_the_prefill_is_stopped, leftovers_clean),
+        cmocka_unit_test_teardown(stopped_prefill_writes_nothing_after_its_push_failed,
+                                  leftovers_clean),
         cmocka_unit_test_teardown(ready_pulls_of_a_peer_gone_down_in_the_same_phase_fail_with_it,
                                   leftovers_clean),
         cmocka_unit_test_teardown(idle_peer_is_dropped_after_its_ttl, leftovers_clean),

@@ -207,6 +207,8 @@ static const struct error_answer_case {
      ERROR_CODE_UNREGISTERED, "push: register again"},
     {"a coded answer with an empty message", "kvx-error [unregistered] ", true,
      ERROR_CODE_UNREGISTERED, ""},
+    {"a writer that failed", "kvx-error [writer-failed] push 3: its writer failed", true,
+     ERROR_CODE_WRITER_FAILED, "push 3: its writer failed"},
     {"a plain one, as older peers send", "kvx-error push: register again", true, ERROR_CODE_NONE,
      "push: register again"},
     {"an unknown word is message", "kvx-error [later] go", true, ERROR_CODE_NONE, "[later] go"},

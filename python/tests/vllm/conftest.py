@@ -71,7 +71,9 @@ class Engine:
     """One engine process; `name` names its log file (work_dir()/NAME.log). A spec's
     "kv_space_gib" sizes the KV cache vLLM allocates (VLLM_CPU_KVCACHE_SPACE, default 1)."""
 
-    def __init__(self, name, core, **spec):
+    def __init__(self, name, core, host=None, **spec):
+        """`host`: None (this one, loopback) or a Host (test_hosts.py): the engine runs in that
+        network namespace and reaches the others over its veth only."""
         self.name = name
         self.dir = work_dir()
         self.log_path = os.path.join(self.dir, name + ".log")
@@ -83,12 +85,15 @@ class Engine:
             json.dump(dict(spec, ready_file=self.ready_file), f)
         env = dict(engine_env(core), VLLM_ALLOW_INSECURE_SERIALIZATION="1",
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(next(_ports)))
+        command = [sys.executable, os.path.join(HERE, "engine.py"), spec_path]
+        if host is not None:
+            env.update(UCX_NET_DEVICES=host.device, VLLM_HOST_IP=host.address)
+            command = ["ip", "netns", "exec", host.namespace] + command
         if spec.get("kv_space_gib") is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(spec["kv_space_gib"])
         self.log = open(self.log_path, "w")
         STARTED.append(self)
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), spec_path],
-                                     stdin=subprocess.PIPE, stdout=self.log,
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=self.log,
                                      stderr=subprocess.STDOUT, env=env, text=True,
                                      process_group=0)  # killed with its children
         self.ready = False
@@ -144,6 +149,11 @@ class Engine:
     def log_text(self):
         with open(self.log_path, errors="replace") as f:
             return f.read()
+
+    def signal_all(self, sig):
+        """`sig` to the engine and every process vLLM spawned (its own group): SIGSTOP and
+        SIGCONT stop and continue the whole engine, as a host that hangs would."""
+        os.killpg(self.proc.pid, sig)
 
     def kill(self):
         """SIGKILL to the engine and the processes vLLM spawned (its own group)."""
