@@ -21,6 +21,7 @@ class Settings:
     peer_ttl_ms: int | None = None  # D drops a P idle this long (KVX_DEFAULT_PEER_TTL_MS)
     verify_one_in: int = 0  # verify every Nth transfer with checksums (0: none)
     decode_tp_size: int | None = None  # P: the TP size of the Ds it serves, when larger than P's
+    transports: str | None = None  # UCX's transports, a UCX_TLS list (KVX_DEFAULT_TRANSPORTS)
 
 
 _INTS = ("timeout_ms", "lease_ms", "peer_ttl_ms", "verify_one_in", "decode_tp_size")
@@ -77,7 +78,7 @@ def settings_from(extra):
     if not isinstance(extra.get("insecure", False), bool):
         raise ValueError("kv_connector_extra_config.insecure: %r is not true or false"
                          % extra["insecure"])
-    for key in ("auth_file", "listen"):
+    for key in ("auth_file", "listen", "transports"):
         if extra.get(key) is not None and not isinstance(extra[key], str):
             raise ValueError("kv_connector_extra_config.%s: %r is not a string" % (key, extra[key]))
     if extra.get("decode_tp_size") == 0:

@@ -122,7 +122,7 @@ class KvxWorker:
         params = {"name": "vllm-%s-%d" % (self.engine_id[:16], self.tp_rank),
                   "tp_rank": self.tp_rank, "tp_size": self.tp_size,
                   "engine_id": str(self.engine_id)[:64]}
-        for key in ("timeout_ms", "lease_ms", "peer_ttl_ms"):
+        for key in ("timeout_ms", "lease_ms", "peer_ttl_ms", "transports"):
             if getattr(self.settings, key) is not None:
                 params[key] = getattr(self.settings, key)
         if self.settings.verify_one_in:
