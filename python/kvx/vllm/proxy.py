@@ -100,11 +100,14 @@ class Proxy:
                 self.answer(404, "text/plain", b"not found")
 
             def answer(self, status, content_type, data):
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client left before its answer
 
             def log_message(self, format, *args):
                 return  # one line per request would drown the servers' own logs

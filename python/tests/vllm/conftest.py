@@ -280,6 +280,7 @@ class Server:
         import socket
 
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
             s.bind(("127.0.0.1", port or 0))
             self.port = s.getsockname()[1]
         self.url = "http://127.0.0.1:%d" % self.port
@@ -314,6 +315,16 @@ class Server:
             if time.monotonic() > deadline:
                 raise AssertionError("server not ready within %d s" % START_S)
             time.sleep(0.5)
+
+    def kill(self):
+        """SIGKILL to the server and everything it started (its own group), as a host that
+        dies would."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.log.close()
 
     def stop(self):
         try:

@@ -9,8 +9,9 @@ Faults, one at a time with quiet gaps between (the order is drawn from the seed)
   deployment's key (an insider's, or a router's bug), straight to D;
 - disconnect: a client that closes its connection before the answer.
 
-What counts: an answer (HTTP 200) whose text is not one instance's is wrong, always; a failed
-request is an error, allowed only while a fault lasts and for GRACE_S after it (a killed
+What counts: a whole answer (HTTP 200, finished by its length or a stop) whose text is not
+one instance's is wrong, always; a failed request, or one a server ended early (an answer
+cut short by a server going down, finish_reason "abort"), is an error, allowed only while a fault lasts and for GRACE_S after it (a killed
 server's requests, a restart); every other failure is an error outside faults. Afterwards
 both servers' KV cache usage must come back to 0 (vLLM's `vllm:kv_cache_usage_perc`): no
 block held for a D that is gone, none leaked by an aborted or failed load.
@@ -93,7 +94,7 @@ class Soak:
 
     def restart(self, role):
         old = self.servers[role]
-        old.stop()
+        old.kill()
         self.restarts[role] += 1
         self.servers[role] = self.start(role, port=old.port)
         self.servers[role].wait_ready()
@@ -141,11 +142,15 @@ class Soak:
     def ask(self, url, index, **extra):
         start = time.monotonic()
         try:
-            text = post(url, completion(self.prompts[index], **extra))["choices"][0]["text"]
+            choice = post(url, completion(self.prompts[index], **extra))["choices"][0]
         except (OSError, urllib.error.HTTPError, ValueError, KeyError) as e:
             self.record(index, None, start, repr(e)[:200])
             return
-        self.record(index, text, start)
+        if choice.get("finish_reason") not in ("length", "stop"):
+            self.record(index, None, start, "ended early: finish_reason %r after %r"
+                        % (choice.get("finish_reason"), choice["text"]))
+            return
+        self.record(index, choice["text"], start)
 
     def client(self, rng, until):
         while time.monotonic() < until:
