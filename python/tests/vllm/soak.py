@@ -140,21 +140,24 @@ class Soak:
 
     # ---- clients -----------------------------------------------------------------------
     def ask(self, url, index, **extra):
+        """Asks prompt `index` of `url` and records the outcome; whether it was answered."""
         start = time.monotonic()
         try:
             choice = post(url, completion(self.prompts[index], **extra))["choices"][0]
         except (OSError, urllib.error.HTTPError, ValueError, KeyError) as e:
             self.record(index, None, start, repr(e)[:200])
-            return
+            return False
         if choice.get("finish_reason") not in ("length", "stop"):
             self.record(index, None, start, "ended early: finish_reason %r after %r"
                         % (choice.get("finish_reason"), choice["text"]))
-            return
+            return False
         self.record(index, choice["text"], start)
+        return True
 
     def client(self, rng, until):
         while time.monotonic() < until:
-            self.ask(self.proxy, rng.randrange(len(self.prompts)))
+            if not self.ask(self.proxy, rng.randrange(len(self.prompts))):
+                time.sleep(0.5)  # a server down refuses at once: not thousands of those
 
     # ---- faults ------------------------------------------------------------------------
     def prefill_params(self, index):
