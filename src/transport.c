@@ -425,6 +425,7 @@ kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t 
 
 kvx_status_t transport_conn_address(struct transport_conn *conn, void **buf_p, size_t *size_p)
 {
+    conn->push_target = true;
     return worker_address(conn->worker, buf_p, size_p);
 }
 
@@ -626,22 +627,36 @@ static bool conn_has_pending(const struct transport_conn *conn)
  * round progresses it until `until` (seconds, clock_seconds()); true while it should be given
  * more (something pending, fewer idle calls in a row, its deadline not passed). Owners are
  * not told (conn->settling). */
+/* Whether a closing connection still wants progress at `now`: operations pending and not
+ * idle for long, or a worker a peer's push writer was connected to, for its first
+ * TRANSPORT_SETTLE_WRITER seconds: a writer's wire-up under way (a new prefill instance
+ * that took our registration as we closed) then completes before the worker goes, since
+ * UCX 1.13 aborts purging a pending wire-up reply (ucp_request_send_state_ff: "got REP
+ * message"). Writes are refused meanwhile (conn->settling). */
+static bool conn_settle_wanted(const struct transport_conn *conn, double now)
+{
+    double started = conn->settle_deadline - TRANSPORT_SETTLE_SECONDS;
+
+    if (now >= conn->settle_deadline)
+        return false;
+    return (conn_has_pending(conn) && conn->settle_idle < TRANSPORT_SETTLE_IDLE) ||
+           (conn->push_target && now < started + TRANSPORT_SETTLE_WRITER);
+}
+
 static bool conn_settle_round(struct transport_conn *conn, double until, size_t *worked_p)
 {
     double now = clock_seconds();
 
     if (conn->writes_receiving > 0)
         return false; /* parked at once (conn_settled): progress would land those bytes */
-    while (conn_has_pending(conn) && conn->settle_idle < TRANSPORT_SETTLE_IDLE && now < until &&
-           now < conn->settle_deadline) {
+    while (conn_settle_wanted(conn, now) && now < until) {
         conn->t->progressing++;
         conn->settle_idle = ucp_worker_progress(conn->worker) > 0 ? 0 : conn->settle_idle + 1;
         conn->t->progressing--;
         *worked_p += conn->settle_idle == 0;
         now = clock_seconds();
     }
-    return conn_has_pending(conn) && conn->settle_idle < TRANSPORT_SETTLE_IDLE &&
-           now < conn->settle_deadline;
+    return conn_settle_wanted(conn, now);
 }
 
 /* The whole settle at once, for the transport's own end: nothing turns after it. */

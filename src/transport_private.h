@@ -20,6 +20,9 @@
 #define TRANSPORT_SETTLE_SECONDS 1.0
 #define TRANSPORT_SETTLE_IDLE    64
 #define TRANSPORT_SETTLE_SLICE   0.0005
+/* A connection whose worker a peer's push writer was connected to settles at least this long,
+ * idle or not (conn_settle_round says why). */
+#define TRANSPORT_SETTLE_WRITER 0.1
 
 /* A grant a peer presents with each read or write (transport_am.c), 128 random bits. */
 #define TRANSPORT_TOKEN_SIZE 16
@@ -159,6 +162,7 @@ struct transport_conn {
     double settle_deadline;               /* clock_seconds() when settling gives up */
     unsigned settle_idle;                 /* progress calls in a row that did nothing */
     size_t writes_receiving; /* a writer's rendezvous bytes being received by its worker */
+    bool push_target;        /* its address was handed out for a writer (transport_conn_address) */
     bool parked;
     bool settling; /* closing (transport_settle_run): completions tell no owner */
 };
