@@ -8,6 +8,7 @@ import logging
 import os
 
 from .. import AUTH_FILE_ENV, auth_file, auth_key_load
+from .params import consumers_needed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,19 +91,17 @@ def settings_from(extra):
 
 
 def consumers_per_rank(settings, tp_size):
-    """How many D ranks read each of this P's ranks, so how many dones release a hold: with
-    decode_tp_size M larger than P's TP N, M / N (each rank's heads are split among them);
-    otherwise 1 (a D rank reads one or several P ranks whole). P cannot learn D's TP from a
+    """How many D ranks read each of this P's ranks, so how many dones release a hold
+    (params.consumers_needed for decode_tp_size, 1 when unset). P cannot learn D's TP from a
     request, so a deployment whose Ds have more ranks than its Ps says so here; D checks the
     count P signed (params.refusal) and computes the prompt itself when it is not its own.
-    ValueError when M is larger than N and not a multiple of it."""
+    ValueError when neither TP size is a multiple of the other."""
     decode = settings.decode_tp_size or 1
-    if decode <= tp_size:
-        return 1
-    if decode % tp_size:
-        raise ValueError("kv_connector_extra_config.decode_tp_size %d is not a multiple of "
-                         "this prefill's TP size %d" % (decode, tp_size))
-    return decode // tp_size
+    needed = consumers_needed(decode, tp_size)
+    if needed is None:
+        raise ValueError("kv_connector_extra_config.decode_tp_size %d and this prefill's TP "
+                         "size %d: neither is a multiple of the other" % (decode, tp_size))
+    return needed
 
 
 def auth_of(settings):

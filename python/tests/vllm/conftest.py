@@ -332,9 +332,4 @@ class Server:
             self.proc.wait(timeout=30)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        self.log.close()
+        self.kill()  # whatever of its group is left

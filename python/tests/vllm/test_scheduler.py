@@ -94,6 +94,14 @@ def step(s, kv=None, token=7, finish=()):
     return out, out.kv_connector_metadata
 
 
+def finish(s, r, steps):
+    """`steps` more steps; then `r` has ended and nothing is left (empty)."""
+    for _ in range(steps):
+        step(s)
+    assert r.is_finished()
+    empty(s)
+
+
 def empty(s):
     """No request, no block and nothing of the connector's left (vLLM's own check, plus
     kvx's scheduler state)."""
@@ -125,10 +133,7 @@ def test_d_remote_prefill_lifecycle():
     step(s, KVConnectorOutput(finished_recving={"d1"}))
     out, _ = step(s)
     assert out.num_scheduled_tokens == {"d1": 1}  # only the last prompt token: the rest came
-    for _ in range(3):
-        step(s)
-    assert r.is_finished()
-    empty(s)
+    finish(s, r, 3)
 
 
 def test_d_refuses_params_not_signed_here_and_computes_the_prompt():
@@ -139,10 +144,7 @@ def test_d_refuses_params_not_signed_here_and_computes_the_prompt():
     s.add_request(r)
     out, meta = step(s)
     assert out.num_scheduled_tokens == {"d2": 70} and not meta.loads and not meta.wants
-    for _ in range(3):
-        step(s)
-    assert r.is_finished()
-    empty(s)
+    finish(s, r, 3)
 
 
 def test_d_abort_while_waiting_for_its_load_tells_the_worker_and_frees_after_its_report():
@@ -190,10 +192,7 @@ def test_d_prefix_hit_loads_only_the_blocks_it_does_not_have():
     (load,) = meta.loads
     assert len(load.local_ids[0]) == 1  # paired with P's last block by the worker
     step(s, KVConnectorOutput(finished_recving={"d5b"}))
-    for _ in range(4):
-        step(s)
-    assert r.is_finished()
-    empty(s)
+    finish(s, r, 4)
 
 
 def test_d_failed_load_is_recomputed_under_policy_recompute():
@@ -207,10 +206,7 @@ def test_d_failed_load_is_recomputed_under_policy_recompute():
     step(s, KVConnectorOutput(finished_recving={"d6"}, invalid_block_ids=set(load.local_ids[0])))
     out, _ = step(s)
     assert out.num_scheduled_tokens == {"d6": 64}  # all of it, computed here
-    for _ in range(3):
-        step(s)
-    assert r.is_finished()
-    empty(s)
+    finish(s, r, 3)
 
 
 def test_p_remote_decode_lifecycle():

@@ -154,7 +154,7 @@ def test_holds_wait_for_as_many_dones_as_d_has_ranks_per_p_rank():
     assert config.consumers_per_rank(config.Settings(), 2) == 1
     assert config.consumers_per_rank(config.Settings(decode_tp_size=4), 2) == 2
     assert config.consumers_per_rank(config.Settings(decode_tp_size=1), 2) == 1
-    with pytest.raises(ValueError, match="not a multiple"):
+    with pytest.raises(ValueError, match="neither is a multiple"):
         config.consumers_per_rank(config.Settings(decode_tp_size=3), 2)
     with pytest.raises(ValueError, match="not a TP size"):
         config.settings_from({"decode_tp_size": 0})
