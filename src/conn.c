@@ -1,6 +1,7 @@
 /* conn.c: opening a connection from a peer's metadata: decode (hash first), check the TCP
  * segments and the table, plan, connect the transport with the peer's keys, and digest the peer's
- * table so transfers can tell when two ranks' tables are the same. Keeps no list of connections. */
+ * table so transfers can tell when two ranks' tables are the same; and our push metadata for the
+ * peer, naming this connection's worker. Keeps no list of connections. */
 #include "conn.h"
 
 #include "error.h"
