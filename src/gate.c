@@ -203,10 +203,12 @@ static void handshake_close(struct gate *g, struct gate_connection *c, const cha
     refused(g, &g->counters.handshakes_refused, c->address, why);
 }
 
-/* A connection accepted: tracked, then held to the per-source cap (the newest of a source
- * past it closes, so a source only ever crowds itself out) and to max_handshakes (the oldest
- * handshake closes: silent sockets are the oldest, and an honest handshake takes
- * milliseconds, so a flood must cycle max_handshakes in that time to close one). */
+/* A connection accepted: tracked, then held to the per-source cap and to max_handshakes. Past
+ * either, the oldest handshake closes (of the source's, for its cap, so that a source only
+ * crowds out itself): silent sockets are the oldest, and an honest handshake takes
+ * milliseconds, so a flood must open a bound's worth of connections in that time to close one.
+ * Closing the newest instead would let a source's silent sockets lock every later peer at
+ * that address (a host, or a NAT) out. */
 static void connection_accepted(struct gate *g, const struct gate_event *e)
 {
     char why[96];
@@ -225,9 +227,9 @@ static void connection_accepted(struct gate *g, const struct gate_event *e)
                                   .accepted_ms = clock_ms()};
     snprintf(c->address, sizeof(c->address), "%s", e->address);
     if (c->address[0] != '\0' && handshakes_of(g, c->address) > g->limits.per_source) {
-        snprintf(why, sizeof(why), "more than %" PRIu32 " handshakes in progress from it",
+        snprintf(why, sizeof(why), "its handshake was its address's oldest of more than %" PRIu32,
                  g->limits.per_source);
-        handshake_close(g, c, why);
+        handshake_close(g, oldest_handshake(g, c->address), why);
     } else if (handshakes_of(g, NULL) > g->limits.max_handshakes) {
         snprintf(why, sizeof(why), "its handshake was the oldest of more than %" PRIu32,
                  g->limits.max_handshakes);

@@ -29,8 +29,8 @@ struct gate_counters {
     uint64_t peers_refused;      /* authenticated connections refused past max_peers */
     uint64_t connections;        /* authenticated connections open now (gauge) */
     uint64_t handshakes;         /* connections open and not authenticated yet (gauge) */
-    uint64_t handshakes_refused; /* closed in their handshake: past max_handshakes (the
-                                    oldest) or past per_source (the newest) */
+    uint64_t handshakes_refused; /* closed in their handshake: the oldest past max_handshakes,
+                                    or its source's oldest past per_source */
 };
 
 /* Binds the ZAP handler in `zmq` (before any socket of it listens) and keeps the keys to check

@@ -855,6 +855,46 @@ static void silent_sockets_do_not_lock_peers_out(void **state)
     prefill_end(&p);
 }
 
+static bool source_full(const struct report *r)
+{
+    return r->stats.handshakes >= 32 && r->stats.handshakes_refused >= 8;
+}
+
+/* Issue 36 finding 3: 40 silent sockets from 127.0.0.1, the honest peer's own address, used
+ * to fill that address's 32 handshake places and close every later arrival from it, the
+ * honest peer's too (its connect was refused). Now an arrival closes its address's oldest
+ * handshake: the honest connect and verified read succeed, and the gauges come back. */
+static void a_source_crowds_out_only_itself(void **state)
+{
+    struct prefill p;
+    struct report r;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    int silent[40];
+
+    (void)state;
+    prefill_start(&p);
+    for (int i = 0; i < 40; i++) {
+        silent[i] = raw_connect("127.0.0.1", p.address);
+        assert_true(silent[i] >= 0);
+    }
+    r = report_until(&p, source_full, 20000);
+    assert_true(source_full(&r));
+    agent = decode_agent(NULL);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    assert_int_equal(read_block5(agent, peer, &p.token), KVX_OK);
+    r = prefill_report(&p);
+    assert_int_equal(r.stats.peers_refused, 0);
+    for (int i = 0; i < 40; i++)
+        close(silent[i]);
+    r = report_until(&p, one_peer_left, 20000);
+    assert_int_equal(r.stats.handshakes, 0);
+    assert_int_equal(r.stats.peers_connected, 1);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    prefill_end(&p);
+}
+
 static bool named_77(const struct report *r)
 {
     return r->named_77 > 0;
@@ -1017,6 +1057,7 @@ int main(void)
         cmocka_unit_test(floods_stay_within_the_memory_bound),
         cmocka_unit_test(connections_past_max_peers_are_refused),
         cmocka_unit_test(silent_sockets_do_not_lock_peers_out),
+        cmocka_unit_test(a_source_crowds_out_only_itself),
         cmocka_unit_test(a_bad_greeting_is_logged_naming_its_address),
     };
 
