@@ -157,9 +157,10 @@ static void refused(struct gate *g, uint64_t *counter, const char *address, cons
     }
     if (g->num_logged == GATE_MAX_LOGGED)
         return; /* counted only: the log is not the attacker's to fill */
-    snprintf(g->logged[g->num_logged++], GATE_ADDRESS_SIZE, "%s", address);
-    loop_log(g->loop, "side channel: refused %s: %s (further refusals of it are counted only)",
-             address, why);
+    /* the slot is taken only by a line written: one dropped in a burst is written next time */
+    if (loop_log(g->loop, "side channel: refused %s: %s (further refusals of it are counted only)",
+                 address, why))
+        snprintf(g->logged[g->num_logged++], GATE_ADDRESS_SIZE, "%s", address);
 }
 
 static bool is_handshaking(const struct gate_connection *c)

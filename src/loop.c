@@ -216,25 +216,28 @@ size_t loop_queue_run(struct loop *loop)
     return ran;
 }
 
-__attribute__((format(printf, 2, 0))) static void log_queue(struct loop *loop, const char *format,
+__attribute__((format(printf, 2, 0))) static bool log_queue(struct loop *loop, const char *format,
                                                             va_list args)
 {
     if (loop->log == NULL)
-        return;
+        return false;
     if (loop->num_lines == LOOP_LOG_LINES) {
         loop->lines_dropped++;
-        return;
+        return false;
     }
     vsnprintf(loop->lines[loop->num_lines++], LOOP_LOG_LINE, format, args);
+    return true;
 }
 
-void loop_log(struct loop *loop, const char *format, ...)
+bool loop_log(struct loop *loop, const char *format, ...)
 {
     va_list args;
+    bool queued;
 
     va_start(args, format);
-    log_queue(loop, format, args);
+    queued = log_queue(loop, format, args);
     va_end(args);
+    return queued;
 }
 
 void loop_info(struct loop *loop, const char *format, ...)

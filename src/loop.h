@@ -73,8 +73,9 @@ void loop_unqueue(struct loop *loop, struct loop_event *event);
 /* A line for the log callback, delivered by loop_queue_run (the completion phase).
  * loop_log's lines say something went wrong or was refused (KVX_LOG_WARN): they are always
  * kept; loop_info's say a state changed as it should (KVX_LOG_INFO): kept unless the level
- * is KVX_LOG_WARN. */
-__attribute__((format(printf, 2, 3))) void loop_log(struct loop *loop, const char *format, ...);
+ * is KVX_LOG_WARN. loop_log says whether its line was queued (not when no callback is set, or
+ * LOOP_LOG_LINES wait already: then it is only counted), for callers that log a thing once. */
+__attribute__((format(printf, 2, 3))) bool loop_log(struct loop *loop, const char *format, ...);
 __attribute__((format(printf, 2, 3))) void loop_info(struct loop *loop, const char *format, ...);
 
 /* A bound on one kind of warning a peer can cause at will (a refused done): at most

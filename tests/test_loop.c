@@ -436,8 +436,9 @@ static void more_log_lines_than_fit_in_one_turn_give_one_dropped_line(void **sta
 
     loop->log    = log_collect;
     logged.count = 0;
+    /* each says whether its line was queued: a caller that logs a thing once needs to know */
     for (int i = 0; i < LOOP_LOG_LINES + 5; i++)
-        loop_log(loop, "line %d", i);
+        assert_int_equal(loop_log(loop, "line %d", i), i < LOOP_LOG_LINES);
     assert_int_equal(loop_queue_run(loop), 0);
     assert_int_equal(logged.count, LOOP_LOG_LINES + 1);
     for (int i = 0; i < LOOP_LOG_LINES; i++) {

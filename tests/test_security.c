@@ -49,11 +49,14 @@ static struct {
     uint32_t timeout_ms;
 } config = {64, 10000};
 
+#define BURST_SOURCES 150
+
 /* What a prefill process says about itself on 's'. */
 struct report {
     kvx_agent_stats_t stats;
     uint64_t refused_lines; /* log lines that name 127.0.0.1 refused */
     uint64_t named_77;      /* log lines that name 127.0.0.77 refused */
+    uint8_t named_burst[BURST_SOURCES]; /* log lines that name 127.0.3.(i + 1) refused */
     bool intact;            /* its storage still holds its pattern, every byte */
     uint64_t rss_peak_kib;  /* VmHWM */
 };
@@ -97,20 +100,31 @@ static uint64_t rss_peak_kib(void)
     return kib;
 }
 
-/* Refusal lines by the address they name: [0] 127.0.0.1, [1] 127.0.0.77. */
+/* Refusal lines by the address they name. */
+static struct {
+    uint64_t local;   /* 127.0.0.1 */
+    uint64_t named_77;
+    uint8_t burst[BURST_SOURCES]; /* 127.0.3.1 to 127.0.3.BURST_SOURCES */
+} refused_lines;
+
 static void count_refused(void *arg, const char *line)
 {
-    uint64_t *lines = arg;
+    int n = 0;
 
+    (void)arg;
     if (strstr(line, "side channel: refused 127.0.0.1:") != NULL)
-        lines[0]++;
+        refused_lines.local++;
     if (strstr(line, "side channel: refused 127.0.0.77:") != NULL)
-        lines[1]++;
+        refused_lines.named_77++;
+    if (sscanf(line, "side channel: refused 127.0.3.%d:", &n) == 1 && n >= 1 &&
+        n <= BURST_SOURCES && refused_lines.burst[n - 1] < UINT8_MAX)
+        refused_lines.burst[n - 1]++;
 }
 
 /* A prefill process: its storage filled with the pattern of seed `go`'s first byte... kept
  * simple: seed 1. Holds request 7 with a token it reports after its address, then serves;
- * on 's' on `go` it writes a struct report on `ready`, on 'q' it exits. */
+ * on 's' on `go` it writes a struct report on `ready`, on 'p' it stops turning its agent's
+ * loop (ZeroMQ's threads go on) until 'r', on 'q' it exits. */
 static int run_prefill(int ready, int go)
 {
     kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_LISTEN |
@@ -121,32 +135,37 @@ static int run_prefill(int ready, int go)
                                  .timeout_ms = config.timeout_ms};
     uint64_t block            = 5;
     kvx_group_ids_t group     = {&block, 1};
-    uint64_t refused_lines[2] = {0, 0};
     kvx_agent_t *agent;
     kvx_token_t token;
 
     alarm(120);
     if (agent_from_quoted(layout, &params, &agent) != KVX_OK)
         return 10;
-    kvx_agent_set_log_callback(agent, count_refused, refused_lines);
+    kvx_agent_set_log_callback(agent, count_refused, NULL);
     pattern_fill(agent, 1);
     if (hold_new(agent, 7, &group, 1, 1, &token) != KVX_OK)
         return 11;
     report_serving(ready, agent);
     report_token(ready, &token);
-    for (;;) {
+    for (bool paused = false;;) {
         struct pollfd item = {.fd = go, .events = POLLIN};
         struct report r;
         char c;
 
-        kvx_agent_progress(agent, 5);
-        if (poll(&item, 1, 0) <= 0)
+        if (!paused)
+            kvx_agent_progress(agent, 5);
+        if (poll(&item, 1, paused ? 5 : 0) <= 0)
             continue;
         if (read(go, &c, 1) != 1 || c == 'q')
             break;
+        if (c == 'p' || c == 'r') {
+            paused = c == 'p';
+            continue;
+        }
         kvx_agent_stats(agent, &r.stats, sizeof(r.stats));
-        r.refused_lines = refused_lines[0];
-        r.named_77      = refused_lines[1];
+        r.refused_lines = refused_lines.local;
+        r.named_77      = refused_lines.named_77;
+        memcpy(r.named_burst, refused_lines.burst, sizeof(r.named_burst));
         r.intact        = pattern_intact(agent, 1);
         r.rss_peak_kib  = rss_peak_kib();
         if (write(ready, &r, sizeof(r)) != sizeof(r))
@@ -946,6 +965,82 @@ static void a_bad_greeting_is_logged_naming_its_address(void **state)
     prefill_end(&p);
 }
 
+static bool burst_accepted(const struct report *r)
+{
+    return r->stats.handshakes >= BURST_SOURCES;
+}
+
+/* Issue 36 finding 10: bad greetings from BURST_SOURCES addresses at once queue more refusal
+ * lines than one turn writes (LOOP_LOG_LINES); the dropped ones' addresses were marked logged
+ * all the same and never named (18 of 300). Now an address is marked only by a line written.
+ * Each round, every address not named yet connects; once all are accepted (the gate has
+ * their addresses), P's loop pauses, all send the bad greeting of finding 9 and see ZeroMQ
+ * close, and P's next turn meets every refusal at once. Every address is named exactly once
+ * within a few rounds. */
+static void every_refused_address_is_named_once(void **state)
+{
+    static const char greeting[] = "\xff\0\0\0\0\0\0\0\x01\x7f\x03\0NULL garbage";
+    struct prefill p;
+    struct report r;
+    int fds[BURST_SOURCES];
+    uint64_t expected = 0;
+    int rounds        = 0;
+    int named;
+
+    (void)state;
+    prefill_start(&p);
+    r = prefill_report(&p);
+    do {
+        for (int i = 0; i < BURST_SOURCES; i++) {
+            char source[32];
+            struct pollfd item;
+
+            fds[i] = -1;
+            if (r.named_burst[i] != 0)
+                continue;
+            snprintf(source, sizeof(source), "127.0.3.%d", i + 1);
+            fds[i] = raw_connect(source, p.address);
+            item   = (struct pollfd){.fd = fds[i], .events = POLLOUT};
+            assert_int_equal(poll(&item, 1, 10000), 1); /* connected */
+            expected++;
+        }
+        r = report_until(&p, burst_accepted, 20000);
+        /* with P's loop paused, ZeroMQ refuses every greeting: its events wait for one turn */
+        assert_int_equal(write(p.go, "p", 1), 1);
+        for (int i = 0; i < BURST_SOURCES; i++) {
+            if (fds[i] >= 0)
+                assert_int_equal(write(fds[i], greeting, sizeof(greeting) - 1),
+                                 sizeof(greeting) - 1);
+        }
+        for (int i = 0; i < BURST_SOURCES; i++) {
+            struct pollfd item = {.fd = fds[i], .events = POLLIN};
+            char bytes[64];
+
+            while (fds[i] >= 0 && poll(&item, 1, 10000) == 1 &&
+                   read(fds[i], bytes, sizeof(bytes)) > 0) /* the greeting, then the close */
+                ;
+        }
+        assert_int_equal(write(p.go, "r", 1), 1);
+        for (uint64_t end = clock_ms() + 20000;
+             r = prefill_report(&p), r.stats.auth_refused < expected && clock_ms() < end;)
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+        assert_true(r.stats.auth_refused >= expected);
+        for (int i = 0; i < BURST_SOURCES; i++) {
+            if (fds[i] >= 0)
+                close(fds[i]);
+        }
+        named = 0;
+        for (int i = 0; i < BURST_SOURCES; i++)
+            named += r.named_burst[i] != 0;
+        rounds++;
+        print_message("round %d: %d of %d addresses named\n", rounds, named, BURST_SOURCES);
+    } while (named < BURST_SOURCES && rounds < 10);
+    assert_int_equal(named, BURST_SOURCES);
+    for (int i = 0; i < BURST_SOURCES; i++)
+        assert_int_equal(r.named_burst[i], 1);
+    prefill_end(&p);
+}
+
 /* Secure by default: no secret and not insecure, insecure on a non-loopback address, and
  * both at once are refused; insecure on loopback is allowed. */
 static void an_agent_needs_a_secret_or_loopback(void **state)
@@ -1059,6 +1154,7 @@ int main(void)
         cmocka_unit_test(silent_sockets_do_not_lock_peers_out),
         cmocka_unit_test(a_source_crowds_out_only_itself),
         cmocka_unit_test(a_bad_greeting_is_logged_naming_its_address),
+        cmocka_unit_test(every_refused_address_is_named_once),
     };
 
     setenv("UCX_NET_DEVICES", "lo", 0);
