@@ -298,6 +298,11 @@ KVX_API kvx_status_t kvx_regions_descriptor_addr(const kvx_regions_t *regions,
  * does. Allocates a list of the descriptors while it counts. Errors: KVX_ERR_NO_MEMORY. */
 KVX_API kvx_status_t kvx_regions_bytes(const kvx_regions_t *regions, uint64_t *bytes_p);
 
+/* The highest group a request may give block ids: the layout's highest view group (in a table
+ * from the wire, its regions'); at least 0. A caller that takes sparse {group: ids} bounds
+ * the dense array it builds by it. */
+KVX_API int64_t kvx_regions_max_group(const kvx_regions_t *regions);
+
 /* The request rule of regions.md "Descriptors": block ids per group (groups[g] holds group
  * g's ids) become descriptor ids, emitted group, then region, then block. Sets
  * *num_ids_p to the number of ids the request yields; when `ids` is not NULL also writes

@@ -154,6 +154,41 @@ static int group_convert(PyObject *seq, struct ids *ids, size_t g)
     return 0;
 }
 
+/* "O&" converters for integer arguments: PyArg's "K" and "I" wrap out-of-range values
+ * silently (hold(2**64) held request 0, consumers=2**40 became 0); these refuse them. */
+static int integer_convert(PyObject *obj, unsigned long long max, unsigned long long *out)
+{
+    unsigned long long v;
+
+    if (!PyIndex_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%R is not an integer", obj);
+        return 0;
+    }
+    v = PyLong_AsUnsignedLongLong(obj);
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > max) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%R is not an integer of 0..%llu", obj, max);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int uint64_convert(PyObject *obj, void *out)
+{
+    return integer_convert(obj, UINT64_MAX, out);
+}
+
+static int uint32_convert(PyObject *obj, void *out)
+{
+    unsigned long long v;
+
+    if (!integer_convert(obj, UINT32_MAX, &v))
+        return 0;
+    *(unsigned int *)out = (unsigned int)v;
+    return 1;
+}
+
 /* `blocks`: a sequence of groups (group g at index g), each a sequence of block ids. */
 static int ids_convert(PyObject *blocks, struct ids *ids)
 {
@@ -397,6 +432,12 @@ static PyObject *regions_compat_hash(RegionsObject *self, PyObject *args)
     return PyBytes_FromStringAndSize((const char *)hash, sizeof(hash));
 }
 
+static PyObject *regions_max_group(RegionsObject *self, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromLongLong(kvx_regions_max_group(self->regions));
+}
+
 static PyObject *regions_storage_names(RegionsObject *self, PyObject *unused)
 {
     size_t n        = kvx_regions_num_storages(self->regions);
@@ -430,8 +471,8 @@ static PyObject *regions_probe(RegionsObject *self, PyObject *args)
     kvx_agent_params_t p = {0};
     kvx_status_t status;
 
-    if (!PyArg_ParseTuple(args, "sOpIII", &address, &auth_key, &insecure, &timeout_ms, &tp_rank,
-                          &tp_size))
+    if (!PyArg_ParseTuple(args, "sOpO&O&O&", &address, &auth_key, &insecure, uint32_convert,
+                          &timeout_ms, uint32_convert, &tp_rank, uint32_convert, &tp_size))
         return NULL;
     if (auth_key != Py_None) {
         if (PyObject_GetBuffer(auth_key, &key, PyBUF_SIMPLE) != 0)
@@ -470,6 +511,8 @@ static PyMethodDef regions_methods[] = {
     {"to_json", (PyCFunction)regions_to_json, METH_NOARGS, "the kvx_plan document"},
     {"storage_names", (PyCFunction)regions_storage_names, METH_NOARGS, "storages, by index"},
     {"compat_hash", (PyCFunction)regions_compat_hash, METH_VARARGS, "compat_hash(push=False)"},
+    {"max_group", (PyCFunction)regions_max_group, METH_NOARGS,
+     "the highest group a request may give ids"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -955,7 +998,8 @@ static int agent_init(AgentObject *self, PyObject *args, PyObject *kwargs)
             /* (address, bytes): memory the package found through __cuda_array_interface__
              * or DLPack (python/kvx/__init__.py keeps its owner alive). */
             if (PyTuple_Check(item)) {
-                if (!PyArg_ParseTuple(item, "KK", &address, &bytes)) {
+                if (!PyArg_ParseTuple(item, "O&O&", uint64_convert, &address, uint64_convert,
+                                      &bytes)) {
                     Py_DECREF(seq);
                     goto fail;
                 }
@@ -1495,7 +1539,7 @@ static PyObject *agent_read_storage(AgentObject *self, PyObject *args)
     PyObject *out;
     kvx_status_t status = KVX_OK;
 
-    if (!PyArg_ParseTuple(args, "nKn", &index, &offset, &nbytes))
+    if (!PyArg_ParseTuple(args, "nO&n", &index, uint64_convert, &offset, &nbytes))
         return NULL;
     if (index < 0 || nbytes < 0) {
         PyErr_SetString(PyExc_ValueError, "read_storage: a negative index or size");
@@ -1527,7 +1571,7 @@ static PyObject *agent_write_storage(AgentObject *self, PyObject *args)
     Py_buffer data;
     kvx_status_t status = KVX_OK;
 
-    if (!PyArg_ParseTuple(args, "nKy*", &index, &offset, &data))
+    if (!PyArg_ParseTuple(args, "nO&y*", &index, uint64_convert, &offset, &data))
         return NULL;
     if (index < 0) {
         PyBuffer_Release(&data);
@@ -1576,7 +1620,8 @@ static PyObject *agent_hold(AgentObject *self, PyObject *args)
     kvx_token_t token;
     kvx_status_t status = KVX_OK;
 
-    if (!PyArg_ParseTuple(args, "KOIO", &request_id, &blocks, &consumers, &token_obj) ||
+    if (!PyArg_ParseTuple(args, "O&OO&O", uint64_convert, &request_id, &blocks,
+                          uint32_convert, &consumers, &token_obj) ||
         token_convert(token_obj, &token) != 0 || ids_convert(blocks, &ids) != 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -1739,7 +1784,8 @@ static PyObject *peer_post(PeerObject *self, PyObject *args)
     kvx_agent_t *agent;
     enum gone gone;
 
-    if (!PyArg_ParseTuple(args, "pOOKO", &push, &blocks, &remote_blocks, &request_id, &token_obj))
+    if (!PyArg_ParseTuple(args, "pOOO&O", &push, &blocks, &remote_blocks, uint64_convert,
+                          &request_id, &token_obj))
         return NULL;
     if (token_obj != Py_None && token_convert(token_obj, &token) != 0)
         return NULL;
@@ -1871,7 +1917,7 @@ static PyObject *peer_want(PeerObject *self, PyObject *args)
     kvx_agent_t *agent;
     enum gone gone;
 
-    if (!PyArg_ParseTuple(args, "KO", &request_id, &token_obj) ||
+    if (!PyArg_ParseTuple(args, "O&O", uint64_convert, &request_id, &token_obj) ||
         token_convert(token_obj, &token) != 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS

@@ -93,6 +93,15 @@ bool regions_has_group(const kvx_regions_t *t, size_t g)
     return shared;
 }
 
+int64_t kvx_regions_max_group(const kvx_regions_t *regions)
+{
+    int64_t max = regions->max_group > 0 ? regions->max_group : 0;
+
+    for (size_t i = 0; i < regions->num_view_groups; i++)
+        max = regions->view_groups[i] > max ? regions->view_groups[i] : max;
+    return max;
+}
+
 /* Writes the table's group ids, ascending, as "0, 1 and 2" (the first GROUPS_LISTED): the
  * layout's views', or, in a table from the wire, its regions'. */
 static void groups_text(const kvx_regions_t *t, char *text, size_t size)

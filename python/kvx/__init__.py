@@ -185,9 +185,11 @@ def _memory_of(obj):
                     "DLPack" % type(obj).__name__)
 
 
-def _groups(blocks):
+def _groups(blocks, max_group):
     """Block ids per group: a mapping {group: ids} or a sequence indexed by group; ids are any
-    sequence of integers, and a numpy uint64 array is passed without a copy."""
+    sequence of integers, and a numpy uint64 array is passed without a copy. A group above
+    `max_group` (the layout's highest) is refused before the list is made: {2**31: [1]} would
+    otherwise build a list of 2**31 groups."""
     if blocks is None:
         return None
     if isinstance(blocks, collections.abc.Mapping):
@@ -195,6 +197,9 @@ def _groups(blocks):
             return []
         if any(not isinstance(g, int) or g < 0 for g in blocks):
             raise ValueError("blocks: group numbers must be integers >= 0")
+        if max(blocks) > max_group:
+            raise OutOfRangeError("blocks: group %d is above the layout's highest, %d"
+                                  % (max(blocks), max_group), -2)
         return [blocks.get(g, ()) for g in range(max(blocks) + 1)]
     return list(blocks)
 
@@ -304,8 +309,10 @@ class Peer:
     def _post(self, push, blocks, remote_blocks, request_id, token):
         if request_id is None:
             request_id = self._agent._next_request_id()
-        return Transfer(self._agent, self._handle.post(push, _groups(blocks),
-                                                       _groups(remote_blocks), request_id, token))
+        max_group = self._agent._max_group
+        return Transfer(self._agent, self._handle.post(push, _groups(blocks, max_group),
+                                                       _groups(remote_blocks, max_group),
+                                                       request_id, token))
 
     def read_async(self, blocks, remote_blocks=None, *, request_id=None, token=None):
         """Posts a pull of `blocks` ({group: ids}; remote_blocks: the prefill's ids when they
@@ -334,8 +341,9 @@ class Peer:
                 return transfer.result()
             error = PeerTimeoutError("transfer not done within %d ms: cancelled" % timeout_ms,
                                      -101)
-            error.failed_blocks = {g: [int(i) for i in ids]
-                                   for g, ids in enumerate(_groups(blocks)) if len(ids)}
+            groups = _groups(blocks, self._agent._max_group)
+            error.failed_blocks = {g: [int(i) for i in ids] for g, ids in enumerate(groups)
+                                   if len(ids)}
             raise error
         finally:
             transfer.release()  # cancels one in progress; a traceback must not keep it
@@ -400,7 +408,9 @@ class Agent:
     def __init__(self, layout, memory=None, *, auth=None, insecure=False, tp_rank=0, tp_size=1,
                  **params):
         self._layout = layout
-        self._names = layout.regions().storage_names()
+        regions = layout.regions()
+        self._names = regions.storage_names()
+        self._max_group = regions._table.max_group()
         self._memory = self._memory_list(memory)
         self._params = dict(params, tp_rank=tp_rank, tp_size=tp_size)
         if insecure:
@@ -600,7 +610,7 @@ class Agent:
         """Prefill side: holds the blocks until `consumers` ranks reported done or the lease
         expired; returns the token (a new one unless given) to carry to the decode side."""
         token = token if token is not None else token_generate()
-        self._agent().hold(request_id, _groups(blocks), consumers, token)
+        self._agent().hold(request_id, _groups(blocks, self._max_group), consumers, token)
         return token
 
     def close(self):

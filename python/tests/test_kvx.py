@@ -222,6 +222,41 @@ def test_hostile_input_raises_and_changes_nothing(tmp_path):
     assert prefill.finish()["stats"]["released"] == 1
 
 
+def test_integers_out_of_range_are_refused_not_wrapped(tmp_path):
+    """Issue 36 finding 12: hold(2**64) held request 0, consumers=2**40 became 0, and
+    {2**31: [1]} built a list of 2**31 groups (a hang). Every conversion is range-checked
+    now: each raises at once and holds, moves or reads nothing."""
+    layout = kvx.Layout.from_dict(SMALL)
+    prefill = Prefill(write_layout(tmp_path, SMALL), {0: [1]})
+    memory = np.zeros(65536, dtype=np.uint8)
+    with kvx.Agent(layout, {"kv": memory}) as agent:
+        for request_id in (2**64, -1):
+            with pytest.raises(ValueError, match="not an integer of 0..18446744073709551615"):
+                agent.hold(request_id, {0: [1]})
+        with pytest.raises(ValueError, match="not an integer of 0..4294967295"):
+            agent.hold(7, {0: [1]}, consumers=2**40)
+        started = time.monotonic()
+        with pytest.raises(kvx.OutOfRangeError, match="group 2147483648 is above"):
+            agent.hold(7, {2**31: [1]})
+        assert time.monotonic() - started < 1  # refused, not built
+        with pytest.raises(ValueError):
+            agent.read_storage("kv", 2**64, 1)
+        assert agent.stats()["held"] == 0
+        peer = agent.connect(prefill.address)
+        with pytest.raises(ValueError):
+            peer.read({0: [1]}, request_id=2**64 + 7, token=prefill.token)
+        with pytest.raises(kvx.OutOfRangeError):
+            peer.read({2**31: [1]}, request_id=7, token=prefill.token)
+        with pytest.raises(ValueError):
+            peer.want(2**64 + 7, prefill.token)
+        assert not memory.any()  # nothing moved
+        with pytest.raises(ValueError):
+            kvx.Layout.from_dict(SMALL).regions().probe(prefill.address, timeout_ms=2**32)
+        peer.read({0: [1]}, request_id=7, token=prefill.token)  # and the real one works
+    report = prefill.finish()
+    assert report["stats"]["released"] == 1 and report["stats"]["tokens_refused"] == 0
+
+
 def test_no_secret_is_refused_unless_insecure(monkeypatch):
     monkeypatch.delenv("KVX_AUTH_FILE")
     layout = kvx.Layout.from_dict(SMALL)
