@@ -41,6 +41,7 @@ struct xfer_leg {
      * that came before the data is kept here until the data is (pull_notify) */
     bool attached;
     bool answer_kept;
+    bool resent_on_side; /* its done was resent on the side channel, where no "resend" comes */
     size_t answer_size;
     char answer[DONE_REASON_SIZE + 32];
 };
@@ -893,15 +894,19 @@ static void done_answer_apply(kvx_xfer_t *x, struct xfer_leg *leg, const char *r
     char reason[DONE_REASON_SIZE];
     bool counted = false;
 
-    if (size == strlen(DONE_ANSWER_RESEND) && memcmp(reply, DONE_ANSWER_RESEND, size) == 0) {
+    bool resend = size == strlen(DONE_ANSWER_RESEND) && memcmp(reply, DONE_ANSWER_RESEND, size) == 0;
+
+    if (resend && !leg->resent_on_side) {
         /* One that went with its read comes again as a message now that the data is here;
-         * one that came as a message waits for its hold on the side channel, or a handle. */
+         * one that came as a message waits for its hold on the side channel, or a handle.
+         * A prefill answers a done on its side channel there: a third "resend" is a lie. */
         x->set->core->stats.dones_resent++;
+        leg->resent_on_side = !leg->attached;
         done_send(x, leg, !leg->attached);
         leg->attached = false;
         return;
     }
-    if (!done_answer_parse(reply, size, &counted, reason)) {
+    if (resend || !done_answer_parse(reply, size, &counted, reason)) {
         xfer_end(x, KVX_ERR_IO,
                  "%s %" PRIu64 ": remote rank %" PRIu32
                  ": a malformed answer to its done (%zu bytes)",
