@@ -4,12 +4,19 @@
  * parking deadline fail their reads with KVX_ERR_PEER_REFUSED and change no hold; a done that
  * comes before its hold waits for it; dones travel as messages on the data plane once the
  * connection has a handle, and mean the same; a push with the token is its rank's done, and
- * one with a wrong token writes nothing; on one host a push goes as a read, with its done. The
- * prefill process takes commands, among them moving its clock, so no wall-clock window decides
- * anything. */
+ * one with a wrong token writes nothing; on one host a push goes as a read, with its done; a
+ * prefill that answers every done "resend" fails the read at its second. The prefill process
+ * takes commands, among them moving its clock, so no wall-clock window decides anything. */
+#include "auth.h"
 #include "clock.h"
+#include "core.h"
+#include "notify.h"
 #include "prefill.h"
+#include "sidechan.h"
 #include "xfer_log.h"
+#include "zsocket.h"
+
+#include <zmq.h>
 
 #include <setjmp.h>
 #include <inttypes.h>
@@ -30,6 +37,9 @@
  * deadline, never the seconds a loaded machine takes. */
 #define LEASE_MS   600000
 #define TIMEOUT_MS 600000
+/* The decode side's deadline behind the liar: one that believes every "resend" sends its done
+ * again until then (issue 36 finding 9), and the test must end either way. */
+#define LIAR_TIMEOUT_MS 10000
 
 static const char mla_layout[] =
     "{'kvx_layout': 1, 'storages': [{'name': 'kv', 'size': 65536}], 'views': ["
@@ -177,14 +187,200 @@ static int run_prefill(int ready, int go)
     return 0;
 }
 
-/* One test's processes: the prefill child, and this process's decode agent and peer. */
+/* The liar (issue 36 finding 9): a man in the middle of the side channel that holds the
+ * deployment's secret, as any insider does. It relays every request of the decode agent to
+ * the prefill's side channel and every reply back, framed as sidechan.h says, over one
+ * connection to the prefill per connection of the decode agent's (a hold binds a rank to its
+ * connection), but answers every done DONE_ANSWER_RESEND. The prefill's metadata names its
+ * UCX worker, not its side channel: the decode agent sends every side-channel request to the
+ * address it connected to, the liar's (peer.c link_open), while its reads go to the prefill. */
+#define LIAR_MAX_LINKS 8  /* the decode agent's connections: its metadata fetch, its kept one */
+#define LIAR_MAX_DONES 16 /* done ids a link remembers: one done is in flight at a time */
+
+struct liar_link {
+    uint8_t identity[SIDECHAN_MAX_IDENTITY]; /* the connection's routing id at the liar */
+    size_t identity_size;                    /* bytes */
+    void *dealer;                            /* the liar's connection to the prefill */
+    uint64_t dones[LIAR_MAX_DONES];          /* ids of the last dones relayed (never 0) */
+    size_t num_dones;                        /* relayed in all: the next at % LIAR_MAX_DONES */
+};
+
+struct liar {
+    void *zmq;
+    struct auth_keys keys; /* the deployment's, from test_auth_key */
+    void *router;          /* where the decode agent connects: a CURVE server */
+    struct liar_link links[LIAR_MAX_LINKS];
+    size_t num_links;
+    uint64_t forged; /* answers to dones replaced */
+};
+
+static char liar_target[ADDRESS_SIZE]; /* the prefill's side channel; set before the fork */
+
+/* The link of the connection whose routing id is `identity`: found, or opened the first time
+ * (a CURVE client with the deployment's keys, as the decode agent is); NULL when full. */
+static struct liar_link *liar_link_find(struct liar *liar, zmq_msg_t *identity)
+{
+    size_t size = zmq_msg_size(identity);
+    char endpoint[ADDRESS_SIZE + 8];
+    int linger = 0;
+    struct liar_link *link;
+
+    for (size_t i = 0; i < liar->num_links; i++) {
+        link = &liar->links[i];
+        if (link->identity_size == size &&
+            memcmp(link->identity, zmq_msg_data(identity), size) == 0)
+            return link;
+    }
+    if (liar->num_links == LIAR_MAX_LINKS || size > SIDECHAN_MAX_IDENTITY)
+        return NULL;
+    link = &liar->links[liar->num_links];
+    snprintf(endpoint, sizeof(endpoint), "tcp://%s", liar_target);
+    link->dealer = zmq_socket(liar->zmq, ZMQ_DEALER);
+    if (link->dealer == NULL ||
+        zmq_setsockopt(link->dealer, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+        auth_client_socket(link->dealer, &liar->keys) != KVX_OK ||
+        zmq_connect(link->dealer, endpoint) != 0) {
+        if (link->dealer != NULL)
+            zmq_close(link->dealer);
+        return NULL;
+    }
+    link->identity_size = size;
+    memcpy(link->identity, zmq_msg_data(identity), size);
+    liar->num_links++;
+    return link;
+}
+
+/* Relays one request, [identity][delimiter][verb][id][body], to the prefill without its
+ * identity, remembering a done's id; drops one of another shape. */
+static void liar_relay_request(struct liar *liar)
+{
+    zmq_msg_t frames[5];
+    int count              = zsocket_receive(liar->router, frames, 5);
+    struct liar_link *link = NULL;
+
+    if (count >= 4 && count <= 5 && zmq_msg_size(&frames[3]) == 8)
+        link = liar_link_find(liar, &frames[0]);
+    if (link != NULL && zmq_msg_size(&frames[2]) == strlen(VERB_DONE) &&
+        memcmp(zmq_msg_data(&frames[2]), VERB_DONE, strlen(VERB_DONE)) == 0)
+        memcpy(&link->dones[link->num_dones++ % LIAR_MAX_DONES], zmq_msg_data(&frames[3]), 8);
+    for (int i = 1; link != NULL && i < count; i++)
+        zmq_send(link->dealer, zmq_msg_data(&frames[i]), zmq_msg_size(&frames[i]),
+                 ZMQ_DONTWAIT | (i + 1 < count ? ZMQ_SNDMORE : 0));
+    zsocket_frames_close(frames, count, 5);
+}
+
+/* Relays one reply of the prefill's, [delimiter][id][body], back to link's connection; the
+ * body of one whose id is a done's becomes DONE_ANSWER_RESEND. */
+static void liar_relay_reply(struct liar *liar, struct liar_link *link)
+{
+    zmq_msg_t frames[3];
+    int count    = zsocket_receive(link->dealer, frames, 3);
+    bool is_done = false;
+    const void *body;
+    size_t size;
+    uint64_t id;
+
+    if (count == 3 && zmq_msg_size(&frames[1]) == 8) {
+        memcpy(&id, zmq_msg_data(&frames[1]), 8);
+        for (size_t i = 0; i < LIAR_MAX_DONES; i++)
+            is_done = is_done || (id != 0 && link->dones[i] == id);
+        body = is_done ? DONE_ANSWER_RESEND : zmq_msg_data(&frames[2]);
+        size = is_done ? strlen(DONE_ANSWER_RESEND) : zmq_msg_size(&frames[2]);
+        liar->forged += is_done;
+        zmq_send(liar->router, link->identity, link->identity_size, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+        zmq_send(liar->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+        zmq_send(liar->router, &id, 8, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+        zmq_send(liar->router, body, size, ZMQ_DONTWAIT);
+    }
+    zsocket_frames_close(frames, count, 3);
+}
+
+/* The liar's process: listens on loopback, reports where (as a prefill does), and relays
+ * until 'q' on `go`; 's' writes how many answers it forged on `ready`. */
+static int run_liar(int ready, int go)
+{
+    struct liar liar           = {0};
+    char address[ADDRESS_SIZE] = {0};
+    size_t size                = sizeof(address);
+    int linger                 = 0;
+    char command;
+
+    alarm(120);
+    liar.zmq    = zmq_ctx_new();
+    liar.router = liar.zmq != NULL ? zmq_socket(liar.zmq, ZMQ_ROUTER) : NULL;
+    if (liar.router == NULL || auth_keys_derive(test_auth_key, &liar.keys) != KVX_OK ||
+        zmq_setsockopt(liar.router, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+        auth_server_socket(liar.router, &liar.keys) != KVX_OK ||
+        zmq_bind(liar.router, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(liar.router, ZMQ_LAST_ENDPOINT, address, &size) != 0)
+        return 10;
+    memmove(address, address + strlen("tcp://"), sizeof(address) - strlen("tcp://"));
+    if (write(ready, address, sizeof(address)) != sizeof(address))
+        return 11;
+    for (;;) {
+        zmq_pollitem_t items[2 + LIAR_MAX_LINKS] = {{.fd = go, .events = ZMQ_POLLIN},
+                                                    {.socket = liar.router, .events = ZMQ_POLLIN}};
+        size_t num_links = liar.num_links; /* a request may open one: polled next time */
+
+        for (size_t i = 0; i < num_links; i++)
+            items[2 + i] = (zmq_pollitem_t){.socket = liar.links[i].dealer, .events = ZMQ_POLLIN};
+        if (zmq_poll(items, (int)(2 + num_links), 1000) < 0)
+            break;
+        if (items[0].revents != 0 &&
+            (read(go, &command, 1) != 1 || command != 's' || write(ready, &liar.forged, 8) != 8))
+            break;
+        if (items[1].revents != 0)
+            liar_relay_request(&liar);
+        for (size_t i = 0; i < num_links; i++) {
+            if (items[2 + i].revents != 0)
+                liar_relay_reply(&liar, &liar.links[i]);
+        }
+    }
+    for (size_t i = 0; i < liar.num_links; i++)
+        zmq_close(liar.links[i].dealer);
+    zmq_close(liar.router);
+    zmq_ctx_term(liar.zmq);
+    return 0;
+}
+
+/* One test's processes: the prefill child, and this process's decode agent and peer; the
+ * liar child too, for a session through it (session_setup_liar). */
 struct session {
     pid_t pid;
     int ready;
     int go;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
+    pid_t liar_pid; /* 0: none */
+    int liar_ready;
+    int liar_go;
 };
+
+/* The decode agent talks to the prefill through the liar, with LIAR_TIMEOUT_MS. Set before
+ * the processes are forked. */
+static bool through_liar;
+
+/* Forks the liar in front of the prefill at `address`, which then names the liar. */
+static void liar_start(struct session *s, char address[ADDRESS_SIZE])
+{
+    int go[2];
+
+    assert_int_equal(pipe(go), 0);
+    memcpy(liar_target, address, ADDRESS_SIZE);
+    s->liar_pid = start_prefill(run_liar, go[0], address, &s->liar_ready);
+    close(go[0]);
+    s->liar_go = go[1];
+}
+
+/* How many answers to dones the liar forged so far. */
+static uint64_t liar_forged(const struct session *s)
+{
+    uint64_t forged = 0;
+
+    assert_int_equal(write(s->liar_go, "s", 1), 1);
+    assert_int_equal(read(s->liar_ready, &forged, sizeof(forged)), sizeof(forged));
+    return forged;
+}
 
 /* The decode agent's transports: NULL for the default (one host: reads are copies from the
  * prefill's storage mapped here), or "tcp" (reads served by the prefill's kvx). */
@@ -194,7 +390,7 @@ static int session_open(void **state, const char *transports)
     kvx_agent_params_t params = {.field_mask =
                                      KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
                                      (transports != NULL ? KVX_AGENT_PARAM_FIELD_TRANSPORTS : 0),
-                                 .timeout_ms = TIMEOUT_MS,
+                                 .timeout_ms = through_liar ? LIAR_TIMEOUT_MS : TIMEOUT_MS,
                                  .transports = transports};
     char listen[ADDRESS_SIZE];
     int go[2];
@@ -204,6 +400,8 @@ static int session_open(void **state, const char *transports)
     s->pid = start_prefill(run_prefill, go[0], listen, &s->ready); /* before our agent */
     close(go[0]);
     s->go = go[1];
+    if (through_liar)
+        liar_start(s, listen); /* before our agent too; `listen` names the liar now */
     assert_int_equal(agent_from_quoted(mla_layout, &params, &s->agent), KVX_OK);
     assert_int_equal(kvx_agent_connect(s->agent, listen, &s->peer), KVX_OK);
     *state = s;
@@ -258,6 +456,20 @@ static int session_setup_puts(void **state)
     return session_open_env(state, "KVX_PUSH_BYTES", "puts");
 }
 
+/* Through the liar, every done on the side channel (KVX_DONES, which the agent reads when it
+ * is made), so that the liar answers each one. */
+static int session_setup_liar(void **state)
+{
+    int result;
+
+    through_liar = true;
+    setenv("KVX_DONES", "side-channel", 1);
+    result = session_open(state, NULL);
+    unsetenv("KVX_DONES");
+    through_liar = false;
+    return result;
+}
+
 static int session_teardown(void **state)
 {
     struct session *s = *state;
@@ -276,6 +488,12 @@ static int session_teardown(void **state)
     waitpid(s->pid, &status, 0);
     close(s->go);
     close(s->ready);
+    if (s->liar_pid != 0) {
+        (void)!write(s->liar_go, "q", 1);
+        waitpid(s->liar_pid, &status, 0);
+        close(s->liar_go);
+        close(s->liar_ready);
+    }
     free(s);
     return 0;
 }
@@ -755,6 +973,39 @@ static void a_push_over_tcp_goes_to_the_writer(void **state)
     assert_int_equal(held_block_pushed(*state, 14, 0, &token).stats.pushes_with_bytes, 1);
 }
 
+/* Issue 36 finding 9: a prefill (here the liar, an insider between us and the real one)
+ * that answers every done "resend" made the decode side send it again until its deadline,
+ * 43,980 times in 5 s. A done resent on the side channel is answered there, so a second
+ * "resend" is a malformed answer: the read fails at once, its done resent once. */
+static void a_second_resend_of_a_done_is_a_malformed_answer(void **state)
+{
+    struct session *s     = *state;
+    kvx_token_t token     = token_new();
+    uint64_t block        = 4;
+    kvx_group_ids_t group = {&block, 1};
+    kvx_request_t request = {&group, 1, NULL, 0, &token};
+    char error[256]       = "";
+    uint64_t start;
+    uint64_t elapsed; /* ms */
+    kvx_status_t status;
+    kvx_xfer_t *xfer;
+
+    hold(s, 40, block, &token);
+    start = clock_ms();
+    assert_int_equal(kvx_read_post(s->agent, &s->peer, 1, 40, &request, NULL, NULL, &xfer), KVX_OK);
+    status  = kvx_xfer_wait(xfer);
+    elapsed = clock_ms() - start;
+    if (kvx_xfer_error(xfer) != NULL)
+        snprintf(error, sizeof(error), "%s", kvx_xfer_error(xfer));
+    kvx_xfer_destroy(xfer); /* before any assert, so a failure still tears down cleanly */
+    assert_int_equal(status, KVX_ERR_IO);
+    assert_non_null(strstr(error, "read 40: remote rank 0: a malformed answer to its done"));
+    assert_true(elapsed < LIAR_TIMEOUT_MS / 2); /* at once (ms), not at its deadline */
+    assert_true(decode_stats(s).dones_resent <= 2);
+    /* every done we sent was answered "resend" by the liar: all but the last were believed */
+    assert_int_equal(liar_forged(s), decode_stats(s).dones_resent + 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -784,6 +1035,8 @@ int main(void)
                                         session_teardown),
         cmocka_unit_test_setup_teardown(a_push_over_tcp_goes_to_the_writer, session_setup_tcp,
                                         session_teardown),
+        cmocka_unit_test_setup_teardown(a_second_resend_of_a_done_is_a_malformed_answer,
+                                        session_setup_liar, session_teardown),
     };
 
     setenv("UCX_NET_DEVICES", "lo", 1); /* never another interface */
