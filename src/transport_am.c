@@ -933,7 +933,7 @@ kvx_status_t am_reads_add(struct transport_op *op, struct am_reads *reads, uint3
 kvx_status_t am_write_post(struct transport_op *op, uint32_t storage, uint64_t offset,
                            const void *local, uint64_t len)
 {
-    struct am_request *req;
+    struct am_request *req = NULL; /* set when request_create succeeds: GCC -O2 cannot tell */
     kvx_status_t status = request_create(op, storage, (void *)(uintptr_t)local, len, 0, 0, &req);
     bool device;
 
