@@ -607,6 +607,13 @@ static size_t peer_serve(kvx_peer_t *peer, bool socket)
             pending.on_reply(pending.arg, reply, size);
         free(reply); /* a reply to nothing we asked, or malformed: ignored */
     }
+    if (socket && peer->link.client != NULL && sidechan_client_closed(peer->link.client)) {
+        peer_down(peer, KVX_ERR_PEER_DOWN,
+                  "closed: its side-channel connection closed (the process exited or was "
+                  "killed, or it dropped us)",
+                  PEER_DEAD);
+        taken++;
+    }
     return taken;
 }
 
@@ -663,8 +670,10 @@ size_t peers_sockets(struct core *core, void **sockets, size_t max)
 {
     size_t n = 0;
 
-    for (kvx_peer_t *peer = core->peers; peer != NULL && n < max; peer = peer->next)
+    for (kvx_peer_t *peer = core->peers; peer != NULL && n + 1 < max; peer = peer->next) {
         sockets[n++] = sidechan_client_socket(peer->link.client);
+        sockets[n++] = sidechan_client_monitor(peer->link.client);
+    }
     return n;
 }
 

@@ -129,8 +129,8 @@ bool peers_busy(struct core *core);
  * spins for it as for a UCX operation of ours). */
 bool peers_awaiting_answers(const struct core *core);
 
-/* The kept sockets of the peers that are up, at most `max` of them (a wait's zmq_poll items);
- * returns how many. */
+/* The kept sockets of the peers that are up and their monitors (a closed connection wakes a
+ * wait too), at most `max` of them (a wait's zmq_poll items); returns how many. */
 size_t peers_sockets(struct core *core, void **sockets, size_t max);
 
 /* The peer among `peers` that is remote TP rank `rank`, or NULL. */

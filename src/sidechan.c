@@ -24,6 +24,8 @@ struct sidechan_server {
 
 struct sidechan_client {
     void *dealer;
+    void *monitor;      /* its connection's events: an authenticated one that closes */
+    bool authenticated; /* a handshake succeeded */
 };
 
 /* Sets ZMQ_IPV6 on a socket whose endpoint is an IPv6 address: ZeroMQ refuses one without. */
@@ -180,6 +182,7 @@ size_t sidechan_server_serve(struct sidechan_server *server, const struct sidech
         request.origin.identity_size = zmq_msg_size(&frames[0]);
         memcpy(request.origin.identity, zmq_msg_data(&frames[0]), request.origin.identity_size);
         request.origin.id = id_decode(zmq_msg_data(&frames[3]));
+        request.fd        = zmq_msg_get(&frames[2], ZMQ_SRCFD);
         verb              = verb_find(verbs, num_verbs, &frames[2]);
         if (verb == NULL) {
             static const char unknown[] = "kvx-error unknown request";
@@ -204,7 +207,7 @@ size_t sidechan_server_serve(struct sidechan_server *server, const struct sidech
 /* A monitor of `socket`'s connection and handshakes, so that a fetch nobody answers, or one
  * the peer refuses, fails at once with the reason instead of at its deadline (ZeroMQ would
  * only retry). */
-static void *handshake_monitor(void *zmq, void *socket)
+static void *handshake_monitor(void *zmq, void *socket, int events)
 {
     static unsigned long serial; /* agents may live on several threads: the name is atomic */
     char endpoint[64];
@@ -213,10 +216,7 @@ static void *handshake_monitor(void *zmq, void *socket)
 
     snprintf(endpoint, sizeof(endpoint), "inproc://kvx-fetch-%lu",
              __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
-    if (zmq_socket_monitor(
-            socket, endpoint,
-            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+    if (zmq_socket_monitor(socket, endpoint, events) != 0)
         return NULL;
     pair = zmq_socket(zmq, ZMQ_PAIR);
     if (pair != NULL && (zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
@@ -231,7 +231,7 @@ static void *handshake_monitor(void *zmq, void *socket)
  * connect: a monitor attached after it can miss the "connected" event on a loaded host, and
  * the peer's closing of that connection then reads as "connection refused". */
 static kvx_status_t dealer_open(void *zmq, const char *address, const struct auth_keys *keys,
-                                int send_hwm, int64_t max_reply, void **monitor_p,
+                                int send_hwm, int64_t max_reply, int events, void **monitor_p,
                                 void **socket_p)
 {
     int linger = 0;
@@ -247,7 +247,7 @@ static kvx_status_t dealer_open(void *zmq, const char *address, const struct aut
         zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_reply, sizeof(max_reply)) != 0 ||
         zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
         socket_family_set(socket, &hp) != 0 || auth_client_socket(socket, keys) != KVX_OK ||
-        (monitor_p != NULL && (monitor = handshake_monitor(zmq, socket)) == NULL) ||
+        (monitor_p != NULL && (monitor = handshake_monitor(zmq, socket, events)) == NULL) ||
         zmq_connect(socket, hp.endpoint) != 0) {
         status = error_set(KVX_ERR_IO, "side channel: %s", zmq_strerror(zmq_errno()));
         if (monitor != NULL) {
@@ -272,7 +272,9 @@ kvx_status_t sidechan_client_create(void *zmq, const char *address, const struct
 
     if (c == NULL)
         return error_no_memory("a side-channel socket");
-    status = dealer_open(zmq, address, keys, send_hwm, SIDECHAN_MAX_REPLY, NULL, &c->dealer);
+    status = dealer_open(zmq, address, keys, send_hwm, SIDECHAN_MAX_REPLY,
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED, &c->monitor,
+                         &c->dealer);
     if (status != KVX_OK) {
         free(c);
         return status;
@@ -285,6 +287,8 @@ void sidechan_client_destroy(struct sidechan_client *client)
 {
     if (client == NULL)
         return;
+    zmq_socket_monitor(client->dealer, NULL, 0);
+    zmq_close(client->monitor);
     zmq_close(client->dealer);
     free(client);
 }
@@ -301,7 +305,32 @@ void *sidechan_client_socket(struct sidechan_client *client)
 
 bool sidechan_client_readable(struct sidechan_client *client)
 {
-    return zsocket_readable(client->dealer);
+    return zsocket_readable(client->dealer) || zsocket_readable(client->monitor);
+}
+
+void *sidechan_client_monitor(struct sidechan_client *client)
+{
+    return client->monitor;
+}
+
+bool sidechan_client_closed(struct sidechan_client *client)
+{
+    uint8_t head[6];
+    uint16_t event;
+    char skip[8];
+    int more      = 0;
+    size_t length = sizeof(more);
+
+    while (zmq_recv(client->monitor, head, sizeof(head), ZMQ_DONTWAIT) == (int)sizeof(head)) {
+        while (zmq_getsockopt(client->monitor, ZMQ_RCVMORE, &more, &length) == 0 && more)
+            zmq_recv(client->monitor, skip, sizeof(skip), ZMQ_DONTWAIT);
+        memcpy(&event, head, sizeof(event));
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            client->authenticated = true;
+        else if (event == ZMQ_EVENT_DISCONNECTED && client->authenticated)
+            return true;
+    }
+    return false;
 }
 
 bool sidechan_client_wait(struct sidechan_client *client, int timeout_ms)
@@ -422,7 +451,12 @@ kvx_status_t sidechan_fetch(void *zmq, const char *address, const struct auth_ke
     unsigned closed   = 0;     /* connections the peer closed since */
     void *socket;
     void *monitor;
-    kvx_status_t status = dealer_open(zmq, address, keys, 1, max_reply, &monitor, &socket);
+    kvx_status_t status =
+        dealer_open(zmq, address, keys, 1, max_reply,
+                    ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED |
+                        ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                        ZMQ_EVENT_HANDSHAKE_FAILED_AUTH,
+                    &monitor, &socket);
 
     if (status != KVX_OK)
         return status;

@@ -44,6 +44,9 @@ struct sidechan_request {
     struct sidechan_origin origin;
     const void *body;
     size_t body_size;
+    int fd; /* the descriptor of the TCP connection it came by (ZeroMQ's ZMQ_SRCFD), -1 when
+               not known: ZeroMQ says nothing when a connection closes, its descriptor and
+               that socket's cookie (gate_monitor_cookie) tell it later (done_handles.h) */
 };
 
 /* A verb and its handler; `body` says whether its requests carry a body frame. */
@@ -83,7 +86,14 @@ kvx_status_t sidechan_client_create(void *zmq, const char *address, const struct
 void sidechan_client_destroy(struct sidechan_client *client);
 int sidechan_client_fd(struct sidechan_client *client);
 void *sidechan_client_socket(struct sidechan_client *client); /* for zmq_poll */
-bool sidechan_client_readable(struct sidechan_client *client);
+bool sidechan_client_readable(struct sidechan_client *client); /* the socket or its monitor */
+void *sidechan_client_monitor(struct sidechan_client *client);  /* for zmq_poll */
+
+/* Whether the connection closed after its handshake succeeded: the peer's process exited or
+ * was killed (the kernel closes its sockets at once), or it dropped us. ZeroMQ would only
+ * reconnect in silence; the caller learns it here, from the socket's monitor, without waiting
+ * for heartbeats to go unanswered (issue 36 finding 13). */
+bool sidechan_client_closed(struct sidechan_client *client);
 
 /* Sleeps on the socket until a reply waits or `timeout_ms` passed (the handshake only). */
 bool sidechan_client_wait(struct sidechan_client *client, int timeout_ms);

@@ -470,15 +470,18 @@ static void progress_for(kvx_agent_t *agent, uint64_t ms)
 }
 
 /* Issue 6: kill -9 of P in the middle of a large pull (stopped first, so the pull is surely in
- * flight) fails the request with all its block ids within the deadline, and the decode agent then
+ * flight) fails the request with all its block ids as the connection closes, and the decode agent then
  * reads from a new P. TCP only and many small gets (no two adjacent, so none coalesce), so that the
  * pull lasts long enough to be cut; P's storage is its own memory, which dies with it. */
 static void prefill_killed_mid_pull_fails_the_read_then_a_new_prefill_serves(void **state)
 {
+    /* Issue 36 finding 13: the deadline and the heartbeats are far off (a minute, 16 s): the
+     * kernel closes a killed process's sockets at once, and the read fails on that. It
+     * waited for the deadline before. */
     kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TRANSPORTS |
                                                KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
                                  .transports = "tcp",
-                                 .timeout_ms = 3000};
+                                 .timeout_ms = 60000};
     size_t count              = BIG_BLOCKS / 2;
     uint64_t *ids             = calloc(count, sizeof(*ids));
     kvx_group_ids_t group     = {ids, count};
@@ -521,8 +524,8 @@ static void prefill_killed_mid_pull_fails_the_read_then_a_new_prefill_serves(voi
         loaded += block_matches(agent, ids[i]);
     print_message("killed mid pull: %zu of %zu blocks had arrived; failed after %.3f s: %s\n",
                   loaded, count, elapsed, kvx_xfer_error(xfer));
-    assert_true(status == KVX_ERR_PEER_DOWN || status == KVX_ERR_PEER_TIMEOUT);
-    assert_true(elapsed < params.timeout_ms / 1e3 + SLACK_S);
+    assert_int_equal(status, KVX_ERR_PEER_DOWN);
+    assert_non_null(strstr(kvx_xfer_error(xfer), "side-channel connection closed"));
     assert_true(loaded < count);
     assert_int_equal(log.calls, 1);
     assert_int_equal(log.status, status);
@@ -822,8 +825,18 @@ static void stopped_prefill_is_dead_after_three_silent_heartbeats(void **state)
     prefill_kill(&p);
 }
 
+/* Whether `reason` says a restarted prefill was noticed: the old process's connection closing
+ * tells first (issue 36 finding 13); the instance in the heartbeat answer tells where no close
+ * was seen (a host that vanished and came back at its address). */
+static bool restart_noticed(const char *reason)
+{
+    return strstr(reason, "restarted: instance ") != NULL ||
+           strstr(reason, "side-channel connection closed") != NULL;
+}
+
 /* A prefill process restarted at the same address (a crash and a supervisor's restart) is
- * noticed at its first heartbeat answer, whatever its engine id: another instance answers.
+ * noticed as its connection closes, or at its first heartbeat answer, whatever its engine id:
+ * another instance answers.
  * The peer goes down saying so, and kvx_peer_reconnect picks the new process up. */
 static void restarted_prefill_at_the_same_address_is_noticed(void **state)
 {
@@ -856,7 +869,7 @@ static void restarted_prefill_at_the_same_address_is_noticed(void **state)
     assert_non_null(kvx_peer_down_reason(peer));
     print_message("restarted prefill: down after %llu ms: %s\n", (unsigned long long)elapsed,
                   kvx_peer_down_reason(peer));
-    assert_non_null(strstr(kvx_peer_down_reason(peer), "restarted: instance "));
+    assert_true(restart_noticed(kvx_peer_down_reason(peer)));
     kvx_agent_stats(agent, &stats, sizeof(stats));
     assert_int_equal(stats.peers_dead, 1);
 
@@ -900,7 +913,7 @@ static void a_peer_down_outside_the_loop_and_reconnected_at_once_serves(void **s
     assert_int_equal(kvx_heartbeat(agent, &peer, 1, NULL, NULL, 0), KVX_OK);
     assert_int_equal(kvx_write_post(agent, &peer, 1, 2, &request, NULL, NULL, &xfer), KVX_OK);
     assert_int_equal(kvx_xfer_wait(xfer), KVX_ERR_PEER_DOWN);
-    assert_non_null(strstr(kvx_xfer_error(xfer), "restarted: instance "));
+    assert_true(restart_noticed(kvx_xfer_error(xfer)));
     kvx_xfer_destroy(xfer);
     assert_non_null(kvx_peer_down_reason(peer));
 
