@@ -163,20 +163,27 @@ static void refused(struct gate *g, uint64_t *counter, const char *address, cons
         snprintf(g->logged[g->num_logged++], GATE_ADDRESS_SIZE, "%s", address);
 }
 
-static bool is_handshaking(const struct gate_connection *c)
+/* In its handshake, as far as the gate can tell. The admitted mark goes to one connection of
+ * the allowed address, not always the one ZAP allowed: one whose mark went to a neighbour of
+ * its address stays unmarked for its whole life. ZeroMQ ends every real handshake at
+ * handshake_ms, so one unmarked for twice that is authenticated: neither cap counts or closes
+ * it (closing the oldest would otherwise shut a live peer's connection). */
+static bool is_handshaking(const struct gate *g, const struct gate_connection *c, uint64_t now)
 {
-    return !c->admitted && !c->closing;
+    return !c->admitted && !c->closing &&
+           now - c->accepted_ms <= 2 * (uint64_t)g->limits.handshake_ms;
 }
 
 /* The oldest connection of `address` (any, when NULL) still in its handshake; NULL if none. */
 static struct gate_connection *oldest_handshake(struct gate *g, const char *address)
 {
     struct gate_connection *oldest = NULL;
+    uint64_t now                   = clock_ms();
 
     for (size_t i = 0; i < g->num_tracked; i++) {
         struct gate_connection *c = &g->tracked[i];
 
-        if (is_handshaking(c) && (address == NULL || strcmp(c->address, address) == 0) &&
+        if (is_handshaking(g, c, now) && (address == NULL || strcmp(c->address, address) == 0) &&
             (oldest == NULL || c->accepted_ms < oldest->accepted_ms))
             oldest = c;
     }
@@ -185,10 +192,11 @@ static struct gate_connection *oldest_handshake(struct gate *g, const char *addr
 
 static size_t handshakes_of(const struct gate *g, const char *address)
 {
-    size_t n = 0;
+    uint64_t now = clock_ms();
+    size_t n     = 0;
 
     for (size_t i = 0; i < g->num_tracked; i++)
-        n += is_handshaking(&g->tracked[i]) &&
+        n += is_handshaking(g, &g->tracked[i], now) &&
              (address == NULL || strcmp(g->tracked[i].address, address) == 0);
     return n;
 }
