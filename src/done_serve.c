@@ -1,7 +1,8 @@
 /* done_serve.c: answering dones on the prefill side. A done is counted (or refused) by the
  * hold table and answered at once; one that carries a token for a request neither held nor
  * remembered as ended came before its hold and waits for it (early.h), with a timer of its
- * own on the agent's clock. Nothing here releases a hold other than through the table.
+ * own on the agent's clock, within its connection's share. Nothing here releases a hold
+ * other than through the table.
  * A done that came as a message on the data plane is answered the same way, to its sender
  * at once; one that would wait (early), or whose handle is not known, is answered "resend it
  * on the side channel", whose connection a parked done answers later. */
@@ -28,6 +29,7 @@ struct parked_done {
     uint32_t rank;
     kvx_token_t token;
     struct sidechan_origin origin;
+    struct done_conn_mark mark; /* its connection's, to tell when nobody waits for the answer */
     struct loop_timer deadline;
 };
 
@@ -118,21 +120,54 @@ static void parked_expired(struct loop_timer *timer)
     parked_free(p);
 }
 
-/* Parks a done that came before its hold; refuses it when too many wait already. */
+/* Frees every parked done whose connection closed: nobody waits for its answer, and a hold
+ * made later waits for the rank's done again (or its lease), as if the done had never come.
+ * Only when the list is full, and at most once per EARLY_MAX / 4 parked, so the look at each
+ * (a system call) costs at most four a park. Connections open at once fill little more than
+ * half of it (early.h), so after a look at least 3,840 must park to fill it again: the bound
+ * on looks never keeps a full list of closed connections' dones. */
+static void dones_sweep(struct core *core)
+{
+    struct early_list *list = &core->early;
+
+    if (list->count < EARLY_MAX || list->parked - list->swept < EARLY_MAX / 4)
+        return;
+    list->swept = list->parked;
+    for (struct early_entry *entry = list->head, *next; entry != NULL; entry = next) {
+        next = entry->next;
+        if (entry->held == parked_held && done_conn_closed(&((struct parked_done *)entry)->mark))
+            parked_free((struct parked_done *)entry);
+    }
+}
+
+/* Parks a done that came before its hold; refuses it when its connection's share is taken
+ * (early.h: a connection crowds out only itself), or when the list is full even of what
+ * closed connections left. */
 static void done_park(struct core *core, struct sidechan_server *side,
                       const struct sidechan_request *request, uint64_t request_id, uint32_t rank,
                       const kvx_token_t *token)
 {
-    struct parked_done *p = calloc(1, sizeof(*p));
+    uint64_t conn         = sidechan_origin_key(&request->origin);
+    struct parked_done *p = NULL;
     char reason[DONE_REASON_SIZE];
 
+    if (early_conn_count(&core->early, conn) >= EARLY_PER_CONN) {
+        snprintf(reason, sizeof(reason),
+                 "too many early dones: %d wait for their hold over this connection already",
+                 EARLY_PER_CONN);
+        goto refuse;
+    }
+    dones_sweep(core);
+    p = calloc(1, sizeof(*p));
     if (p != NULL) {
-        *p = (struct parked_done){.entry  = {.request_id = request_id, .held = parked_held},
-                                  .core   = core,
-                                  .side   = side,
-                                  .rank   = rank,
-                                  .token  = *token,
-                                  .origin = request->origin};
+        *p = (struct parked_done){
+            .entry  = {.request_id = request_id, .conn = conn, .held = parked_held},
+            .core   = core,
+            .side   = side,
+            .rank   = rank,
+            .token  = *token,
+            .origin = request->origin,
+            .mark   = done_conn_mark(request->fd)};
         loop_timer_init(&p->deadline, parked_expired);
     }
     if (p != NULL && early_park(&core->early, &p->entry) &&
@@ -142,6 +177,7 @@ static void done_park(struct core *core, struct sidechan_server *side,
         parked_free(p);
     snprintf(reason, sizeof(reason), "too many early dones: %d wait for their hold already",
              EARLY_MAX);
+refuse:
     loop_log_limited(&core->loop, &core->dones_refused_log, clock_ms(), "refused dones",
                      "request %" PRIu64 ": done refused: %s", request_id, reason);
     answer(side, &request->origin, false, reason);
@@ -216,10 +252,11 @@ void done_serve_handle(struct core *core, struct sidechan_server *side,
 {
     uint8_t handle[DONE_HANDLE_LEN];
     char text[sizeof(REPLY_DONE_HANDLE) + 2 * DONE_HANDLE_LEN + 1];
+    struct done_conn_mark mark = done_conn_mark(request->fd);
     size_t n;
 
-    if (done_handle_issue(&core->done_handles, sidechan_origin_key(&request->origin), handle) !=
-        KVX_OK) {
+    if (done_handle_issue(&core->done_handles, sidechan_origin_key(&request->origin), &mark,
+                          handle) != KVX_OK) {
         n = (size_t)snprintf(text, sizeof(text), "%s%s", REPLY_ERROR, "no done handle");
         sidechan_reply(side, &request->origin, text, n);
         return;
@@ -276,4 +313,5 @@ void dones_drop(struct core *core)
         if (entry->held == parked_held)
             parked_free((struct parked_done *)entry);
     }
+    early_list_free(&core->early); /* after the pushes (agent_free): nothing waits now */
 }

@@ -44,9 +44,12 @@ struct peer_link {
     uint64_t instance;
     bool push_registered; /* push_handle names our writer on the peer */
     uint8_t push_handle[PUSH_HANDLE_LEN];
-    bool done_handle_asked; /* VERB_DONE_HANDLE sent on this link */
-    bool done_handle_set;   /* done_handle is the peer's for our dones (done_handles.h) */
+    bool done_handle_asked;  /* VERB_DONE_HANDLE sent on this link */
+    bool done_handle_set;    /* done_handle is the peer's for our dones (done_handles.h) */
+    bool done_handle_worked; /* a done sent with it was answered, not sent back: the peer knew it */
     uint8_t done_handle[DONE_HANDLE_LEN];
+    bool done_handle_replaced; /* done_handle_before is the one a second ask replaced */
+    uint8_t done_handle_before[DONE_HANDLE_LEN]; /* answers to dones sent with it still come */
 };
 
 struct kvx_peer {
@@ -547,10 +550,14 @@ static void answer_keep(struct core *core, const void *data, size_t size, bool d
         return;
     }
     for (kvx_peer_t *peer = core->peers; peer != NULL; peer = peer->next) {
-        const struct peer_link *link = &peer->link;
+        struct peer_link *link = &peer->link;
 
-        if (done ? !link->done_handle_set ||
-                       !auth_equal(link->done_handle, answer.handle, DONE_HANDLE_LEN)
+        bool current =
+            link->done_handle_set && auth_equal(link->done_handle, answer.handle, DONE_HANDLE_LEN);
+
+        if (done ? !current &&
+                       (!link->done_handle_replaced ||
+                        !auth_equal(link->done_handle_before, answer.handle, DONE_HANDLE_LEN))
                  : !link->push_registered ||
                        !auth_equal(link->push_handle, answer.handle, PUSH_HANDLE_LEN))
             continue;
@@ -560,6 +567,10 @@ static void answer_keep(struct core *core, const void *data, size_t size, bool d
             if (p->id != answer.id || !p->by_message || p->answer != NULL ||
                 (done && answer.bytes != NULL))
                 continue;
+            if (done && current &&
+                (answer.text_size != strlen(DONE_ANSWER_RESEND) ||
+                 memcmp(answer.text, DONE_ANSWER_RESEND, answer.text_size) != 0))
+                link->done_handle_worked = true;
             /* the text, a NUL, then a bytes answer's bytes: the push's to place (xfer.c) */
             if ((p->answer = malloc(answer.text_size + 1 + answer.bytes_size)) == NULL)
                 return; /* its deadline answers for it */
@@ -837,13 +848,23 @@ bool peer_done_frame(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *t
     return true;
 }
 
-/* The answer to VERB_DONE_HANDLE: our dones to the peer go as messages from now on. */
+/* The answer to VERB_DONE_HANDLE: our dones to the peer go as messages from now on. One that
+ * replaces a handle (asked again) keeps the one before for the answers still on their way. */
 static void done_handle_reply(void *arg, const char *reply, size_t size)
 {
-    kvx_peer_t *peer = arg;
+    struct peer_link *link = &((kvx_peer_t *)arg)->link;
+    uint8_t handle[DONE_HANDLE_LEN];
+    bool parsed = handle_parse(reply, REPLY_DONE_HANDLE, handle);
 
     (void)size;
-    peer->link.done_handle_set = handle_parse(reply, REPLY_DONE_HANDLE, peer->link.done_handle);
+    if (link->done_handle_set) {
+        memcpy(link->done_handle_before, link->done_handle, DONE_HANDLE_LEN);
+        link->done_handle_replaced = true;
+    }
+    if (parsed)
+        memcpy(link->done_handle, handle, DONE_HANDLE_LEN);
+    link->done_handle_set    = parsed;
+    link->done_handle_worked = false;
 }
 
 kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
@@ -875,6 +896,13 @@ kvx_status_t peer_send_done(kvx_peer_t *peer, uint64_t request_id, const kvx_tok
             link->done_handle_asked = true; /* asked once a link: without it, the side channel */
         }
     }
+    /* Sent back after our handle had worked: the prefill may have freed its slot (issue 36
+     * finding 6: the connection it was issued to closed, or a table full of open ones handed
+     * it on), and would send back every done of ours for good. Ask again, once per handle that
+     * worked, so that a prefill that sends every done back cannot make us ask in a loop. */
+    if (side_channel && link->done_handle_worked &&
+        peer_request_send(peer, VERB_DONE_HANDLE, NULL, 0, done_handle_reply, peer, &id) == KVX_OK)
+        link->done_handle_worked = false;
     return peer_request_send(peer, VERB_DONE, &note, sizeof(note), on_reply, arg, id_p);
 }
 

@@ -10,8 +10,10 @@
 #include "auth.h"
 #include "clock.h"
 #include "core.h"
+#include "done_handles.h"
 #include "notify.h"
 #include "prefill.h"
+#include "prng.h"
 #include "sidechan.h"
 #include "xfer_log.h"
 #include "zsocket.h"
@@ -215,6 +217,10 @@ struct liar {
 };
 
 static char liar_target[ADDRESS_SIZE]; /* the prefill's side channel; set before the fork */
+/* An honest relay instead (issue 36 finding 6): forges no answer; 'd' closes its connections
+ * to the prefill, as a connection that drops does, and the next request opens new ones. Set
+ * before the fork. */
+static bool liar_honest;
 
 /* The link of the connection whose routing id is `identity`: found, or opened the first time
  * (a CURVE client with the deployment's keys, as the decode agent is); NULL when full. */
@@ -270,7 +276,7 @@ static void liar_relay_request(struct liar *liar)
 }
 
 /* Relays one reply of the prefill's, [delimiter][id][body], back to link's connection; the
- * body of one whose id is a done's becomes DONE_ANSWER_RESEND. */
+ * body of one whose id is a done's becomes DONE_ANSWER_RESEND, unless the liar is honest. */
 static void liar_relay_reply(struct liar *liar, struct liar_link *link)
 {
     zmq_msg_t frames[3];
@@ -284,8 +290,9 @@ static void liar_relay_reply(struct liar *liar, struct liar_link *link)
         memcpy(&id, zmq_msg_data(&frames[1]), 8);
         for (size_t i = 0; i < LIAR_MAX_DONES; i++)
             is_done = is_done || (id != 0 && link->dones[i] == id);
-        body = is_done ? DONE_ANSWER_RESEND : zmq_msg_data(&frames[2]);
-        size = is_done ? strlen(DONE_ANSWER_RESEND) : zmq_msg_size(&frames[2]);
+        is_done = is_done && !liar_honest;
+        body    = is_done ? DONE_ANSWER_RESEND : zmq_msg_data(&frames[2]);
+        size    = is_done ? strlen(DONE_ANSWER_RESEND) : zmq_msg_size(&frames[2]);
         liar->forged += is_done;
         zmq_send(liar->router, link->identity, link->identity_size, ZMQ_DONTWAIT | ZMQ_SNDMORE);
         zmq_send(liar->router, "", 0, ZMQ_DONTWAIT | ZMQ_SNDMORE);
@@ -295,8 +302,18 @@ static void liar_relay_reply(struct liar *liar, struct liar_link *link)
     zsocket_frames_close(frames, count, 3);
 }
 
+/* Closes every connection to the prefill: a link is opened again by its next request. */
+static void liar_links_drop(struct liar *liar)
+{
+    for (size_t i = 0; i < liar->num_links; i++)
+        zmq_close(liar->links[i].dealer);
+    memset(liar->links, 0, sizeof(liar->links));
+    liar->num_links = 0;
+}
+
 /* The liar's process: listens on loopback, reports where (as a prefill does), and relays
- * until 'q' on `go`; 's' writes how many answers it forged on `ready`. */
+ * until 'q' on `go`; 's' writes how many answers it forged on `ready`, and 'd' drops its
+ * connections to the prefill first (liar_links_drop). */
 static int run_liar(int ready, int go)
 {
     struct liar liar           = {0};
@@ -326,9 +343,16 @@ static int run_liar(int ready, int go)
             items[2 + i] = (zmq_pollitem_t){.socket = liar.links[i].dealer, .events = ZMQ_POLLIN};
         if (zmq_poll(items, (int)(2 + num_links), 1000) < 0)
             break;
-        if (items[0].revents != 0 &&
-            (read(go, &command, 1) != 1 || command != 's' || write(ready, &liar.forged, 8) != 8))
-            break;
+        if (items[0].revents != 0) {
+            if (read(go, &command, 1) != 1 || (command != 's' && command != 'd'))
+                break;
+            if (command == 'd') {
+                liar_links_drop(&liar);
+                num_links = 0; /* their poll items are closed sockets now */
+            }
+            if (write(ready, &liar.forged, 8) != 8)
+                break;
+        }
         if (items[1].revents != 0)
             liar_relay_request(&liar);
         for (size_t i = 0; i < num_links; i++) {
@@ -351,7 +375,8 @@ struct session {
     int go;
     kvx_agent_t *agent;
     kvx_peer_t *peer;
-    pid_t liar_pid; /* 0: none */
+    char prefill_address[ADDRESS_SIZE]; /* its side channel, even behind the liar */
+    pid_t liar_pid;                     /* 0: none */
     int liar_ready;
     int liar_go;
 };
@@ -400,6 +425,7 @@ static int session_open(void **state, const char *transports)
     s->pid = start_prefill(run_prefill, go[0], listen, &s->ready); /* before our agent */
     close(go[0]);
     s->go = go[1];
+    memcpy(s->prefill_address, listen, ADDRESS_SIZE);
     if (through_liar)
         liar_start(s, listen); /* before our agent too; `listen` names the liar now */
     assert_int_equal(agent_from_quoted(mla_layout, &params, &s->agent), KVX_OK);
@@ -1006,6 +1032,325 @@ static void a_second_resend_of_a_done_is_a_malformed_answer(void **state)
     assert_int_equal(liar_forged(s), decode_stats(s).dones_resent + 1);
 }
 
+/* An insider's raw connection to the prefill's side channel at `address`: a DEALER with the
+ * deployment's keys, which any insider has (test_security.c's flood() makes them too). The
+ * timeouts only keep a broken run from hanging: every wait below ends on what the prefill
+ * answered or counted. */
+static void *insider_open(void *zmq, const char *address)
+{
+    static struct auth_keys keys; /* derived once: a churn opens a thousand */
+    static bool derived;
+    char endpoint[ADDRESS_SIZE + 8];
+    void *socket = zmq_socket(zmq, ZMQ_DEALER);
+    int linger   = 0;
+    int timeout  = 60000; /* ms */
+
+    assert_non_null(socket);
+    if (!derived)
+        assert_int_equal(auth_keys_derive(test_auth_key, &keys), KVX_OK);
+    derived = true;
+    zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(socket, ZMQ_SNDTIMEO, &timeout, sizeof(timeout));
+    zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof(timeout));
+    assert_int_equal(auth_client_socket(socket, &keys), KVX_OK);
+    snprintf(endpoint, sizeof(endpoint), "tcp://%s", address);
+    assert_int_equal(zmq_connect(socket, endpoint), 0);
+    return socket;
+}
+
+/* Sends request `id` with `verb` and `size` bytes of `body`, framed as sidechan.h says (every
+ * verb we send has a body frame, VERB_DONE_HANDLE's empty). */
+static void insider_send(void *socket, const char *verb, uint64_t id, const void *body, size_t size)
+{
+    assert_int_equal(zmq_send(socket, "", 0, ZMQ_SNDMORE), 0);
+    assert_int_equal(zmq_send(socket, verb, strlen(verb), ZMQ_SNDMORE), (int)strlen(verb));
+    assert_int_equal(zmq_send(socket, &id, 8, ZMQ_SNDMORE), 8);
+    assert_int_equal(zmq_send(socket, body, size, 0), (int)size);
+}
+
+/* The next reply, [delimiter][id][body]: its id, and its body NUL-terminated in text. */
+static uint64_t insider_receive(void *socket, char text[SIDECHAN_MAX_REPLY + 1])
+{
+    zmq_msg_t frames[3];
+    int count = zsocket_receive(socket, frames, 3);
+    uint64_t id;
+
+    if (count == 0) { /* nothing yet: wait for it (RCVTIMEO bounds a broken run) */
+        zmq_pollitem_t item = {.socket = socket, .events = ZMQ_POLLIN};
+
+        assert_int_equal(zmq_poll(&item, 1, 60000), 1);
+        count = zsocket_receive(socket, frames, 3);
+    }
+    assert_int_equal(count, 3);
+    assert_int_equal(zmq_msg_size(&frames[1]), 8);
+    assert_true(zmq_msg_size(&frames[2]) <= SIDECHAN_MAX_REPLY);
+    memcpy(&id, zmq_msg_data(&frames[1]), 8);
+    memcpy(text, zmq_msg_data(&frames[2]), zmq_msg_size(&frames[2]));
+    text[zmq_msg_size(&frames[2])] = '\0';
+    zsocket_frames_close(frames, count, 3);
+    return id;
+}
+
+#define SENTINEL_ID UINT64_MAX /* the request after a flood: its answer says all was read */
+
+/* Floods the prefill with `count` dones on `socket` for random request ids that nobody holds,
+ * each with a random token (valid-looking: a done with a token waits for its hold), as our
+ * rank 0 reading 4 KiB; then asks for a done handle, answered at once: the prefill reads a
+ * connection's requests in order, so that answer comes after every done was taken. */
+static void insider_flood_dones(void *socket, struct prng *g, int count)
+{
+    for (int i = 0; i < count; i++) {
+        kvx_token_t token;
+        uint64_t words[2] = {prng_next(g) | 1, prng_next(g)};
+        struct notify_read note;
+
+        memcpy(token.bytes, words, sizeof(token.bytes));
+        note = notify_done_read((uint64_t)1 << 40 | prng_next(g) >> 24, 0, &token, PAGE);
+        insider_send(socket, VERB_DONE, (uint64_t)i + 1, &note, sizeof(note));
+    }
+    insider_send(socket, VERB_DONE_HANDLE, SENTINEL_ID, "", 0);
+}
+
+/* Reads a flood's answers up to the sentinel's; returns how many refused a done as one too
+ * many early (the parked ones are not answered yet). */
+static int insider_flood_refused(void *socket)
+{
+    char text[SIDECHAN_MAX_REPLY + 1];
+    const char *prefix = DONE_ANSWER_REFUSED " too many early dones";
+    int refused        = 0;
+
+    while (insider_receive(socket, text) != SENTINEL_ID)
+        refused += strncmp(text, prefix, strlen(prefix)) == 0;
+    assert_int_equal(strncmp(text, REPLY_DONE_HANDLE " ", strlen(REPLY_DONE_HANDLE) + 1), 0);
+    return refused;
+}
+
+/* The prefill's report once exactly `connected` authenticated connections are open there:
+ * the ones closed here were closed there too. */
+static struct report prefill_connected(struct session *s, uint64_t connected)
+{
+    struct report r;
+
+    do
+        r = command(s, 's', NULL, 0);
+    while (r.stats.peers_connected != connected);
+    return r;
+}
+
+/* Our read of request `request_id` (block 6), whose done comes before its hold: it waits
+ * (dones_early grows by one), and counts when the hold comes, which it releases. */
+static void an_honest_done_waits_for_its_hold(struct session *s, uint64_t request_id)
+{
+    kvx_token_t token       = token_new();
+    uint64_t block          = 6;
+    struct callback_log log = {0};
+    struct report r         = command(s, 's', NULL, 0);
+    uint64_t early          = r.stats.dones_early;
+    uint64_t released       = r.stats.released;
+    kvx_xfer_t *xfer;
+
+    block_clear(s->agent, block);
+    xfer = read_post(s, request_id, &block, &token, &log);
+    r    = early_wait(s, (uint32_t)early + 1);
+    if (r.stats.dones_early != early + 1) { /* refused: the read ends first, for the teardown */
+        kvx_status_t status = kvx_xfer_wait(xfer);
+        char error[256];
+
+        snprintf(error, sizeof(error), "%s",
+                 kvx_xfer_error(xfer) != NULL ? kvx_xfer_error(xfer) : "");
+        kvx_xfer_destroy(xfer);
+        fail_msg("our done before its hold was not parked: %s: %s", kvx_status_str(status), error);
+    }
+    kvx_agent_progress(s->agent, 20);
+    assert_int_equal(kvx_xfer_status(xfer), KVX_INPROGRESS);
+    r = hold(s, request_id, block, &token);
+    assert_int_equal(r.stats.released, released + 1);
+    assert_int_equal(r.last_release, request_id);
+    assert_int_equal(kvx_xfer_wait(xfer), KVX_OK);
+    assert_true(block_matches(s->agent, block));
+    kvx_xfer_destroy(xfer);
+}
+
+#define FLOOD_CONNECTIONS 8
+#define FLOOD_DONES       640 /* a connection's: 5,120 in all, more than the old list held */
+
+/* Issue 36 finding 5: 4,096 dones for random requests over 8 insider connections filled the
+ * one bound of the early list, and an honest done before its hold was refused "too many early
+ * dones". Each connection has a share now (early.h): a flood parks EARLY_PER_CONN of each of
+ * its connections and the rest is refused, while our done still waits for its hold and
+ * counts when it comes. */
+static void a_flood_of_early_dones_crowds_out_only_its_own_connections(void **state)
+{
+    struct session *s = *state;
+    void *zmq         = zmq_ctx_new();
+    void *sockets[FLOOD_CONNECTIONS];
+    int refused[FLOOD_CONNECTIONS];
+    struct prng g;
+    struct report r;
+
+    prng_init(&g, prng_seed_from_env(36005));
+    for (int i = 0; i < FLOOD_CONNECTIONS; i++)
+        sockets[i] = insider_open(zmq, s->prefill_address);
+    for (int i = 0; i < FLOOD_CONNECTIONS; i++)
+        insider_flood_dones(sockets[i], &g, FLOOD_DONES);
+    for (int i = 0; i < FLOOD_CONNECTIONS; i++)
+        refused[i] = insider_flood_refused(sockets[i]); /* every done of theirs was taken */
+
+    an_honest_done_waits_for_its_hold(s, 50);
+
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.dones_early, FLOOD_CONNECTIONS * EARLY_PER_CONN + 1);
+    for (int i = 0; i < FLOOD_CONNECTIONS; i++) {
+        assert_int_equal(refused[i], FLOOD_DONES - EARLY_PER_CONN);
+        zmq_close(sockets[i]);
+    }
+    zmq_ctx_term(zmq);
+}
+
+#define CLOSED_CONNECTIONS 16 /* a round's: 1,024 dones, all parked */
+
+/* What closed connections left parked is freed when the list is full: rounds of 16 insider
+ * connections park their shares and close, until EARLY_MAX wait; our done before its hold then
+ * still waits for it, and counts. (A connection that closes takes its shares' answers' only
+ * reader with it; the prefill learns it from the descriptor, done_handles.h.) */
+static void parked_dones_of_closed_connections_make_room_when_the_list_is_full(void **state)
+{
+    struct session *s = *state;
+    void *zmq         = zmq_ctx_new();
+    void *sockets[CLOSED_CONNECTIONS];
+    struct prng g;
+    struct report r;
+
+    prng_init(&g, prng_seed_from_env(36055));
+    prefill_connected(s, 1); /* ours: the metadata's connection is closed by now */
+    for (int round = 0; round < EARLY_MAX / (CLOSED_CONNECTIONS * EARLY_PER_CONN); round++) {
+        for (int i = 0; i < CLOSED_CONNECTIONS; i++) {
+            sockets[i] = insider_open(zmq, s->prefill_address);
+            insider_flood_dones(sockets[i], &g, EARLY_PER_CONN);
+        }
+        for (int i = 0; i < CLOSED_CONNECTIONS; i++) {
+            (void)insider_flood_refused(sockets[i]);
+            zmq_close(sockets[i]);
+        }
+        prefill_connected(s, 1);
+    }
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.dones_early, EARLY_MAX); /* full, of closed connections' */
+
+    an_honest_done_waits_for_its_hold(s, 51);
+    zmq_ctx_term(zmq);
+}
+
+/* Connections at once: within the prefill's handshakes from one address (32) and, with ours,
+ * its max_peers (64). */
+#define CHURN_AT_ONCE 28
+
+/* `count` insiders come and go, as fetches and restarted workers do, CHURN_AT_ONCE at a time:
+ * each connects, asks for a done handle, and closes once it has one. Before the next ones
+ * connect, the prefill has counted these closed (its gate admits max_peers at once, 64, and
+ * counts a close when its event comes, which a loaded machine delays); none is refused. */
+static void insiders_churn(struct session *s, int count)
+{
+    char text[SIDECHAN_MAX_REPLY + 1];
+    void *sockets[CHURN_AT_ONCE];
+    void *zmq              = zmq_ctx_new();
+    uint64_t peers_refused = command(s, 's', NULL, 0).stats.peers_refused;
+    struct report r;
+
+    for (int done = 0; done < count; done += CHURN_AT_ONCE) {
+        int n = count - done < CHURN_AT_ONCE ? count - done : CHURN_AT_ONCE;
+
+        for (int i = 0; i < n; i++) {
+            sockets[i] = insider_open(zmq, s->prefill_address);
+            insider_send(sockets[i], VERB_DONE_HANDLE, 1, "", 0);
+        }
+        for (int i = 0; i < n; i++) {
+            assert_int_equal(insider_receive(sockets[i], text), 1);
+            assert_int_equal(strncmp(text, REPLY_DONE_HANDLE " ", strlen(REPLY_DONE_HANDLE) + 1),
+                             0);
+            zmq_close(sockets[i]);
+        }
+        do /* ours (the relay's) are a few: the rest are closing */
+            r = command(s, 's', NULL, 0);
+        while (r.stats.peers_connected > 4);
+    }
+    assert_int_equal(r.stats.peers_refused, peers_refused);
+    zmq_ctx_term(zmq);
+}
+
+#define CHURN (DONE_HANDLES_MAX + 64) /* connections: more than the table's slots */
+
+/* A held request read: its done goes as a message and is judged there (the prefill's
+ * dones_by_message grows to `by_message`), with `resent` dones sent back so far. */
+static void a_held_read_judged_as_a_message(struct session *s, uint64_t request_id,
+                                            uint64_t by_message, uint64_t resent)
+{
+    kvx_token_t token = token_new();
+    struct report r;
+
+    hold(s, request_id, 11, &token);
+    block_clear(s->agent, 11);
+    assert_int_equal(transfer(s, false, request_id, 11, &token), KVX_OK);
+    assert_true(block_matches(s->agent, 11));
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.last_release, request_id);
+    assert_int_equal(decode_stats(s).dones_resent, resent);
+    assert_int_equal(r.stats.dones_by_message, by_message);
+}
+
+/* Issue 36 finding 6: a connection kept its done handle's slot for ever, so 1,024 connections
+ * later (1.1 s of churn, or a day of fetches and worker restarts) a live decode agent's
+ * handle went to another, and its dones went back to the side channel for good. A slot is
+ * freed once its connection closed: after more connections than slots came and went, our
+ * dones still go as messages, never sent back. */
+static void done_handles_outlive_churn_of_other_connections(void **state)
+{
+    struct session *s = *state;
+
+    assert_int_equal(transfer(s, false, 60, 10, NULL), KVX_OK); /* asks for our handle */
+    a_held_read_judged_as_a_message(s, 61, 1, 0);
+    insiders_churn(s, CHURN);
+    a_held_read_judged_as_a_message(s, 62, 2, 0);
+}
+
+/* Has the relay close its connections to the prefill; returns once it did. */
+static void liar_drop(struct session *s)
+{
+    uint64_t forged;
+
+    assert_int_equal(write(s->liar_go, "d", 1), 1);
+    assert_int_equal(read(s->liar_ready, &forged, sizeof(forged)), sizeof(forged));
+    assert_int_equal(forged, 0); /* honest */
+}
+
+/* Issue 36 finding 6, the decode side: a done sent back because the prefill no longer knew
+ * our handle (its connection, here the relay's, closed and its slot went to another) asks for
+ * a handle again, and the next done goes as a message once more. */
+static void a_done_sent_back_for_a_lost_handle_asks_for_another(void **state)
+{
+    struct session *s = *state;
+
+    assert_int_equal(transfer(s, false, 70, 10, NULL), KVX_OK); /* asks, through the relay */
+    a_held_read_judged_as_a_message(s, 71, 1, 0);
+    liar_drop(s);                                 /* the relay's connections to it close */
+    insiders_churn(s, CHURN);                     /* its slot is freed, and goes to another */
+    a_held_read_judged_as_a_message(s, 72, 1, 1); /* sent back: asks again */
+    a_held_read_judged_as_a_message(s, 73, 2, 1);
+}
+
+/* Through an honest relay, whose connections to the prefill can be dropped. */
+static int session_setup_relay(void **state)
+{
+    int result;
+
+    through_liar = true;
+    liar_honest  = true;
+    result       = session_open(state, NULL);
+    liar_honest  = false;
+    through_liar = false;
+    return result;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1037,6 +1382,15 @@ int main(void)
                                         session_teardown),
         cmocka_unit_test_setup_teardown(a_second_resend_of_a_done_is_a_malformed_answer,
                                         session_setup_liar, session_teardown),
+        cmocka_unit_test_setup_teardown(a_flood_of_early_dones_crowds_out_only_its_own_connections,
+                                        session_setup, session_teardown),
+        cmocka_unit_test_setup_teardown(
+            parked_dones_of_closed_connections_make_room_when_the_list_is_full, session_setup,
+            session_teardown),
+        cmocka_unit_test_setup_teardown(done_handles_outlive_churn_of_other_connections,
+                                        session_setup, session_teardown),
+        cmocka_unit_test_setup_teardown(a_done_sent_back_for_a_lost_handle_asks_for_another,
+                                        session_setup_relay, session_teardown),
     };
 
     setenv("UCX_NET_DEVICES", "lo", 1); /* never another interface */
