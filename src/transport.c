@@ -164,6 +164,7 @@ void transport_destroy(struct transport *t)
     transport_log_close_begin(t, true); /* conn_free ended the window */
     ucp_worker_destroy(t->worker);
     am_records_free(&t->replies);
+    am_serve_free(t);
     ucp_cleanup(t->context);
     transport_log_close_end();
     transport_log_detach(t);
@@ -690,13 +691,13 @@ static void conn_settled(struct transport_conn *conn)
 size_t transport_settle_run(struct transport *t)
 {
     struct transport_conn **link = &t->settling;
-    size_t budget                = UNMAP_SLICE; /* all unmapping connections' together */
-    size_t worked                = 0;
+    size_t budget                = UNMAP_SLICE;          /* all unmapping connections' together */
+    size_t worked                = am_replies_expire(t); /* answers nobody took */
     double until;
 
     KVX_ASSERT(t->progressing == 0); /* it frees connections */
     if (t->settling == NULL && t->unmapping == NULL)
-        return 0; /* before the clock: this runs every turn of the loop */
+        return worked; /* before the clock: this runs every turn of the loop */
     until = clock_seconds() + TRANSPORT_SETTLE_SLICE;
     while (*link != NULL) {
         struct transport_conn *conn = *link;

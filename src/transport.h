@@ -111,12 +111,14 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
  * transport progress call. NULL-safe. */
 void transport_conn_destroy(struct transport_conn *conn);
 
-/* The closing connections' phase of the loop: the settling connections get progress calls
+/* The closing connections' phase of the loop, and the served answers' (transport_am.c: those
+ * nobody took within their bound are written off): the settling connections get progress calls
  * for at most TRANSPORT_SETTLE_SLICE seconds together, then each is freed once nothing of it
  * is pending, or parked once it made no progress for a while or its deadline passed; a settled
  * one with mapped peer storages first waits for its populating thread to end and has them
  * leave our page tables, UNMAP_SLICE bytes a call for all such together. Returns the progress
- * calls that did something, the connections that left the state and those still unmapping. */
+ * calls that did something, the connections that left the state and those still unmapping,
+ * and the answers written off. */
 size_t transport_settle_run(struct transport *t);
 
 /* Connections closed and still settling: until it is 0, a closed connection's local copies

@@ -20,7 +20,16 @@
  * An attachment (transport_op_attach: a done, for kvx) goes to the owner's read hook once the
  * answer was sent, saying whether its bytes had left the owner's memory by then.
  * Large messages go by UCX's rendezvous, which moves them with the fastest lane it has (a CMA
- * or RDMA get of the sender's own buffer). */
+ * or RDMA get of the sender's own buffer).
+ *
+ * The owner keeps a record of each answer until UCX is done with it, and a rendezvous answer
+ * is done only once its requester took the bytes: a requester that asks and never takes them
+ * (stopped, dead, or an insider doing it on purpose) holds records. Each requester (the
+ * endpoint its messages come with) has a share of them, AM_SHARE, past which its messages are
+ * refused; all of them together stay under AM_MAX_SERVING; and a record older than AM_ANSWER_MS
+ * is written off: it counts against neither any more (am_replies_expire says why that is all
+ * that can be done). */
+#include "clock.h"
 #include "error.h"
 #include "transport_private.h"
 
@@ -30,7 +39,13 @@
 /* Ids of the protocol's messages, above the ones kvx's files set (TRANSPORT_AM_IDS). */
 enum { AM_READ = 24, AM_DATA, AM_WRITE, AM_WRITTEN, AM_READV };
 
-#define AM_FLAG_RENDEZVOUS 1u /* the destination is device memory: never eager */
+/* The requester's destination is device memory (read_one): its answer must not be eager,
+ * whatever the owner's memory is, since data_arrived copies nothing into device memory. The
+ * owner cannot tell an honest requester's device destination from a lie, so it honours the
+ * flag for any read: a rendezvous answer pins a record until it is taken, but so does any
+ * read past UCX's rendezvous threshold without the flag, so ignoring it would spare no record
+ * (the share does that) and would fail honest device reads of host memory. */
+#define AM_FLAG_RENDEZVOUS 1u
 /* A read's answer of at most this many bytes of host memory goes eagerly (reply_send): UCX
  * chose a rendezvous from 8 KiB over shared memory; eager, batch-1 pulls of 8 and 16 KiB took
  * 1.7x and 1.2-1.9x the GB/s, and from 32 KiB the copies cost more than the round trip saves
@@ -40,9 +55,28 @@ enum { AM_READ = 24, AM_DATA, AM_WRITE, AM_WRITTEN, AM_READV };
  * well inside the owner's bound below, however large a transfer is. */
 #define AM_WINDOW 512
 /* Answers in flight at once on the owner's side, across its peers (64 peers' windows and
- * more): about 8 MiB of records. A peer that sends requests and never takes the answers holds
- * at most that many; past it requests are dropped, and their senders' deadlines answer. */
+ * more): about 18 MiB of records. Past it requests are dropped, and their senders' deadlines
+ * answer. A backstop: AM_SHARE keeps one requester from reaching it. */
 #define AM_MAX_SERVING 65536
+/* Answers in flight at once to one requester (one endpoint: a connection's worker): twice the
+ * window, the most an honest connection has out, so an honest requester never meets it, and
+ * one that sends requests and never takes the answers holds at most this many records (issue
+ * 36 finding 2: 70,000 such reads had held AM_MAX_SERVING, and every peer's reads failed). */
+#define AM_SHARE (2 * AM_WINDOW)
+/* How long an answer counts against its requester's share and AM_MAX_SERVING, ms. An honest
+ * requester starts taking a rendezvous answer as soon as its progress returns (data_arrived),
+ * and its read fails at its own deadline (KVX_DEFAULT_TIMEOUT_MS, 10 s) anyway; 60 s leaves
+ * six of those. Writing a record off cuts no transfer (am_replies_expire): an answer taken
+ * later, however slow its link, still completes, and its done is still judged. */
+#define AM_ANSWER_MS 60000
+/* Records written off and still held by UCX (a dead requester's rendezvous answers never end:
+ * am_replies_expire). Past it nothing more is written off, so memory stays bounded at about
+ * twice AM_MAX_SERVING's records (and UCX's requests under them). */
+#define AM_MAX_WRITTEN_OFF AM_MAX_SERVING
+/* Loop turns between two readings of the clock by am_replies_expire while answers are out: a
+ * reading costs tens of nanoseconds, a turn of a spinning loop little more (clock.h), and the
+ * bound is a minute. */
+#define AM_EXPIRE_TURNS 64
 
 enum { AM_STATUS_OK = 0, AM_STATUS_REFUSED = 1 };
 
@@ -113,12 +147,18 @@ struct am_request {
 };
 
 /* The owner's side of one message: an answer being sent, or a write's bytes being received
- * and then its answer sent. */
+ * and then its answer sent. Counted against its requester's share (by `ep`) and in
+ * t->serving, and linked oldest first, until it ends or is written off. */
 struct am_reply {
     struct am_record record;
     struct transport *t;
     ucp_ep_h ep;
     struct am_answer_header header;
+    void *request;     /* UCX's, while it sends the answer or receives a write's bytes */
+    uint64_t since_ms; /* clock_ms() when it was made */
+    struct am_reply *older;
+    struct am_reply *newer;
+    bool written_off; /* past AM_ANSWER_MS: counted nowhere, freed when UCX lets it go */
     /* A write's rendezvous, received once progress returned (am_writes_receive) by the
      * worker it arrived on: the main one, or a connection's (conn, counted there). */
     ucp_worker_h worker;
@@ -134,6 +174,12 @@ struct am_reply {
     /* A vectored read's answer: the ranges of our storages it sends, in order. */
     uint32_t num_iov;
     ucp_dt_iov_t iov[];
+};
+
+/* One requester's count of records: a slot of t->shares, open addressing by endpoint. */
+struct am_share {
+    ucp_ep_h ep;    /* NULL: a free slot */
+    uint32_t count; /* its records counted now, at most AM_SHARE */
 };
 
 void am_record_link(struct am_record *r, struct am_record **list)
@@ -190,10 +236,118 @@ static struct transport_mem *granted(const struct transport *t, uint32_t index, 
 
 /* ---- the owner's side: serving reads and writes on the main worker ---- */
 
+/* The home slot of `ep` in a table of `slots` (a power of 2) slots. */
+static size_t share_home(ucp_ep_h ep, size_t slots)
+{
+    return (size_t)(((uint64_t)(uintptr_t)ep >> 4) * 0x9e3779b97f4a7c15u >> 32) & (slots - 1);
+}
+
+/* The slot of `ep`'s share, or of the free slot where it would go. */
+static struct am_share *share_slot(const struct transport *t, ucp_ep_h ep)
+{
+    size_t i = share_home(ep, t->num_share_slots);
+
+    while (t->shares[i].ep != NULL && t->shares[i].ep != ep)
+        i = (i + 1) & (t->num_share_slots - 1);
+    return &t->shares[i];
+}
+
+/* Doubles the share table (64 slots at first); false, and the table unchanged, without
+ * memory. At most twice the requesters with records: AM_MAX_SERVING of them, 2 MiB. */
+static bool shares_grow(struct transport *t)
+{
+    size_t slots            = t->num_share_slots > 0 ? t->num_share_slots * 2 : 64;
+    struct am_share *old    = t->shares;
+    size_t num_old          = t->num_share_slots;
+    struct am_share *shares = calloc(slots, sizeof(*shares));
+
+    if (shares == NULL)
+        return false;
+    t->shares          = shares;
+    t->num_share_slots = slots;
+    for (size_t i = 0; i < num_old; i++) {
+        if (old[i].ep != NULL)
+            *share_slot(t, old[i].ep) = old[i];
+    }
+    free(old);
+    return true;
+}
+
+/* Counts one more record against `ep`'s share; false, and nothing counted, past AM_SHARE or
+ * without memory for the table. */
+static bool share_take(struct transport *t, ucp_ep_h ep)
+{
+    struct am_share *share;
+
+    if ((t->num_shares + 1) * 2 > t->num_share_slots && !shares_grow(t))
+        return false;
+    share = share_slot(t, ep);
+    if (share->ep == NULL) {
+        share->ep = ep;
+        t->num_shares++;
+    }
+    if (share->count == AM_SHARE)
+        return false;
+    share->count++;
+    return true;
+}
+
+/* Counts one record less against `ep`'s share; its slot is freed at 0, and the slots after it
+ * that would have been found there move back (linear probing keeps no tombstones). */
+static void share_give(struct transport *t, ucp_ep_h ep)
+{
+    size_t mask            = t->num_share_slots - 1;
+    struct am_share *share = share_slot(t, ep);
+    size_t hole;
+
+    if (share->ep == NULL || --share->count > 0)
+        return; /* never: a record counted is in its share */
+    t->num_shares--;
+    hole = (size_t)(share - t->shares);
+    for (size_t i = (hole + 1) & mask; t->shares[i].ep != NULL; i = (i + 1) & mask) {
+        size_t home = share_home(t->shares[i].ep, t->num_share_slots);
+
+        /* stays where it is if its home is cyclically in (hole, i] */
+        if (hole < i ? hole < home && home <= i : hole < home || home <= i)
+            continue;
+        t->shares[hole] = t->shares[i];
+        hole            = i;
+    }
+    t->shares[hole] = (struct am_share){0};
+}
+
+void am_serve_free(struct transport *t)
+{
+    free(t->shares);
+    t->shares          = NULL;
+    t->num_share_slots = 0;
+    t->num_shares      = 0;
+}
+
+/* Takes a counted record out of its share, t->serving and the list of the counted. */
+static void reply_uncount(struct am_reply *r)
+{
+    struct transport *t = r->t;
+
+    share_give(t, r->ep);
+    t->serving--;
+    if (r->older != NULL)
+        r->older->newer = r->newer;
+    else
+        t->oldest = r->newer;
+    if (r->newer != NULL)
+        r->newer->older = r->older;
+    else
+        t->newest = r->older;
+}
+
 static void reply_free(struct am_reply *r)
 {
     am_record_unlink(&r->record);
-    r->t->serving--;
+    if (r->written_off)
+        r->t->written_off--;
+    else
+        reply_uncount(r);
     free(r);
 }
 
@@ -202,6 +356,7 @@ static void reply_sent(void *request, ucs_status_t status, void *user_data)
     struct am_reply *r = user_data;
 
     ucp_request_free(request);
+    r->request = NULL;
     /* The requester has the bytes now: its done may be judged. A requester that went away
      * has nothing of ours to undo, and no answer to get. */
     if (status == UCS_OK && r->attach_size > 0 && r->t->read_hook != NULL) {
@@ -244,6 +399,8 @@ static enum reply_sending reply_send(struct am_reply *r, unsigned id, const void
 
     if (sp == NULL || UCS_PTR_IS_ERR(sp))
         reply_free(r);
+    else
+        r->request = sp;
     return sp == NULL ? REPLY_SENT : UCS_PTR_IS_ERR(sp) ? REPLY_FAILED : REPLY_SENDING;
 }
 
@@ -308,29 +465,80 @@ void am_writes_receive(struct transport *t)
                 reply_send(r, AM_WRITTEN, NULL, 0, 0);
             else
                 reply_free(r);
-        } else if (r->conn != NULL) {
-            r->conn->writes_receiving++;
+            continue;
         }
+        r->request = sp;
+        if (r->conn != NULL)
+            r->conn->writes_receiving++;
     }
 }
 
-/* A reply record, with room for `num_iov` ranges of a vectored read. */
+/* A reply record to requester `ep`, with room for `num_iov` ranges of a vectored read, counted
+ * against its share; NULL, counted refused, past the share or AM_MAX_SERVING (or without
+ * memory): the message is dropped unanswered, and its requester's deadline answers it. */
 static struct am_reply *reply_create(struct transport *t, ucp_ep_h ep, uint64_t cookie,
                                      uint32_t num_iov)
 {
-    struct am_reply *r =
-        t->serving < AM_MAX_SERVING ? calloc(1, sizeof(*r) + num_iov * sizeof(r->iov[0])) : NULL;
+    struct am_reply *r = NULL;
 
+    if (t->serving < AM_MAX_SERVING && share_take(t, ep)) {
+        r = calloc(1, sizeof(*r) + num_iov * sizeof(r->iov[0]));
+        if (r == NULL)
+            share_give(t, ep);
+    }
     if (r == NULL) {
         t->counters.refused++;
         return NULL;
     }
-    r->t      = t;
-    r->ep     = ep;
-    r->header = (struct am_answer_header){.cookie = cookie, .status = AM_STATUS_OK};
+    r->t        = t;
+    r->ep       = ep;
+    r->header   = (struct am_answer_header){.cookie = cookie, .status = AM_STATUS_OK};
+    r->since_ms = clock_ms();
+    r->older    = t->newest;
+    if (t->newest != NULL)
+        t->newest->newer = r;
+    else
+        t->oldest = r;
+    t->newest = r;
     am_record_link(&r->record, &t->replies);
     t->serving++;
     return r;
+}
+
+/* UCX cannot end a rendezvous whose requester never takes it. Endpoints here have no
+ * peer-failure mode (docs/agent.md "Closing"), so a dead requester's never fails, and the
+ * calls that would end it do nothing for it: ucp_request_cancel ends only tag receives (UCX
+ * 1.13.1 to 1.22 and master's ucp_request.c) and ucp_ep_close_nbx's force mode is refused
+ * without that mode; the owner's main worker, which would take them with it, serves every
+ * peer. So an answer past AM_ANSWER_MS is written off: it leaves its requester's share,
+ * t->serving (so the loop sleeps again) and the list of the counted, and its record stays
+ * until UCX lets it go, which a requester that takes the bytes later still makes it do. Its
+ * request is cancelled all the same, for a UCX that can (its callback then frees the record,
+ * maybe at once); a write's receive on a connection's worker is not touched (that worker may
+ * be closing, and its closing ends the receive). Stops at AM_MAX_WRITTEN_OFF: what is past it
+ * stays counted, so memory stays bounded. */
+size_t am_replies_expire(struct transport *t)
+{
+    size_t ended = 0;
+    uint64_t now;
+
+    if (t->oldest == NULL || ++t->expire_turns < AM_EXPIRE_TURNS)
+        return 0;
+    t->expire_turns = 0;
+    now             = clock_ms();
+    while (t->oldest != NULL && now - t->oldest->since_ms >= AM_ANSWER_MS &&
+           t->written_off < AM_MAX_WRITTEN_OFF) {
+        struct am_reply *r = t->oldest;
+        void *request      = r->conn == NULL ? r->request : NULL;
+
+        reply_uncount(r);
+        r->written_off = true;
+        t->written_off++;
+        ended++;
+        if (request != NULL)
+            ucp_request_cancel(t->worker, request); /* last: it may free r */
+    }
+    return ended;
 }
 
 /* Whether `token` lets its holder read. Who may write may read, as with a UCX key mapped for
@@ -455,6 +663,7 @@ static void written_received(void *request, ucs_status_t status, size_t length, 
 
     (void)length;
     ucp_request_free(request);
+    r->request = NULL;
     if (r->conn != NULL)
         r->conn->writes_receiving--;
     /* the writer went away, or UCX cancelled it (or a closed connection's worker is being

@@ -33,6 +33,7 @@
 
 struct am_reply;
 struct am_request;
+struct am_share;
 
 /* transport_log.c: a transport's place in the process-wide log routing (attach at create,
  * detach at destroy, after its last worker), and the window in which this thread destroys
@@ -94,8 +95,15 @@ struct transport {
     uint8_t write_token[TRANSPORT_TOKEN_SIZE]; /* what a peer's write must present (push) */
     struct transport_mem **mems;               /* by storage index (order of mapping) */
     size_t num_mems;
-    struct am_record *replies;       /* the main worker's: answers and writes being received */
-    size_t serving;                  /* of those */
+    struct am_record *replies; /* the main worker's: answers and writes being received */
+    size_t serving;            /* of those, counted (transport_am.c: not written off) */
+    struct am_reply *oldest;   /* the counted ones, oldest first (am_replies_expire) */
+    struct am_reply *newest;
+    struct am_share *shares;         /* each requester's count of them, by its endpoint */
+    size_t num_share_slots;          /* 0, or a power of 2 */
+    size_t num_shares;               /* requesters with records counted */
+    size_t written_off;              /* records past their bound that UCX still holds */
+    unsigned expire_turns;           /* loop turns since am_replies_expire read the clock */
     struct am_reply *queued;         /* writes to receive once progress returned */
     transport_read_hook_t read_hook; /* a served read's attachment (transport_set_read_hook) */
     void *read_hook_arg;
@@ -278,6 +286,13 @@ void am_writes_receive(struct transport *t);
 void am_receives_start(struct transport_conn *conn);
 /* Sends the requests waiting for room in the connection's window. */
 void am_waiting_send(struct transport_conn *conn);
+/* The owner's answers nobody took (transport_am.c): writes off those older than their bound,
+ * so that they count against neither their requester's share nor the bound of all; called once
+ * a turn of the loop (transport_settle_run), outside progress, it reads the clock once in
+ * AM_EXPIRE_TURNS calls while answers are out. Returns the records written off. */
+size_t am_replies_expire(struct transport *t);
+/* Frees the requesters' shares (after the main worker and its records). */
+void am_serve_free(struct transport *t);
 /* Frees what a destroyed worker left of the protocol's records on `list`. */
 void am_records_free(struct am_record **list);
 /* Frees a connection's cookie table (after its worker). */
