@@ -43,8 +43,10 @@
  * hold handshakes, never the admitted peers' places (docs/security.md, "Bounded everything").
  * The handshake includes the ZAP answer, which the agent's loop gives: in a busy engine (vLLM
  * on 2 cores, its progress thread waiting for Python's lock) 1 s refused honest decode
- * workers, so the bounds, not the deadline, are what keep strangers from filling it. */
-#define AGENT_HANDSHAKE_MS          5000
+ * workers, and 5 s still cut some whose P was starved for seconds (issue 35), so it is the
+ * decode side's default deadline: a slow but live P finishes within the time D waits anyway.
+ * The bounds, not the deadline, are what keep strangers from filling it. */
+#define AGENT_HANDSHAKE_MS          10000
 #define AGENT_MIN_HANDSHAKES        256
 #define AGENT_HANDSHAKES_PER_SOURCE 32
 #define AGENT_PROGRESS_ROUNDS       1024 /* main-worker progress rounds in one turn */

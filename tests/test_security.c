@@ -822,7 +822,7 @@ static bool one_peer_left(const struct report *r)
 /* Issue 22 finding 2: 200 silent TCP sockets, reopened as the listener closes them, used to
  * fill max_peers (64) and lock every new peer out. Handshakes are counted apart from admitted
  * peers now: an honest connect and verified read succeed within 1 s, no peer is refused, the
- * gauges come back to the one honest peer, and a silent socket is closed at its 1 s
+ * gauges come back to the one honest peer, and a silent socket is closed at its
  * handshake deadline. */
 static void silent_sockets_do_not_lock_peers_out(void **state)
 {
@@ -858,7 +858,7 @@ static void silent_sockets_do_not_lock_peers_out(void **state)
     assert_int_equal(r.stats.handshakes, 0);
     assert_int_equal(r.stats.peers_connected, 1); /* the peer's kept socket */
 
-    /* one silent socket: closed at its handshake deadline (5 s) */
+    /* one silent socket: closed at its handshake deadline (10 s) */
     lone    = raw_connect("127.0.0.67", p.address);
     started = clock_ms();
     for (struct pollfd item = {.fd = lone, .events = POLLIN};
@@ -867,7 +867,7 @@ static void silent_sockets_do_not_lock_peers_out(void **state)
     elapsed_ms = (double)(clock_ms() - started);
     close(lone);
     print_message("a silent socket was closed after %.0f ms\n", elapsed_ms);
-    assert_true(elapsed_ms < 9000);
+    assert_true(elapsed_ms < 15000);
 
     kvx_peer_destroy(peer);
     assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
