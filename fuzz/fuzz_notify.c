@@ -29,10 +29,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size >= DONE_HANDLE_LEN) { /* two connections' handles, then the input's first bytes */
         static struct done_handles *handles;
         static uint8_t issued[2][DONE_HANDLE_LEN];
+        const struct done_conn_mark open_for_ever = {.fd = -1, .cookie = 0};
         uint64_t conn = 0;
 
-        if (handles == NULL && (done_handle_issue(&handles, 7, issued[0]) != KVX_OK ||
-                                done_handle_issue(&handles, 9, issued[1]) != KVX_OK))
+        if (handles == NULL &&
+            (done_handle_issue(&handles, 7, &open_for_ever, issued[0]) != KVX_OK ||
+             done_handle_issue(&handles, 9, &open_for_ever, issued[1]) != KVX_OK))
             fuzz_fail("no done handles");
         if (done_handle_conn(handles, data, &conn))
             invariant((conn == 7 && memcmp(data, issued[0], DONE_HANDLE_LEN) == 0) ||
