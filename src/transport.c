@@ -937,6 +937,38 @@ static bool reads_one_message(const struct transport_op *op, const kvx_pair_t *p
     return count == 1 || bytes <= AM_READV_BYTES;
 }
 
+/* A write goes in pieces of at most this many bytes, each an operation that completes on its
+ * own: a push writer's stall check (push_serve.c) judges progress by completed operations,
+ * and one put of a coalesced 64 MiB run through a 40 Mbit/s link completed nothing for 13 s,
+ * so P closed an honest writer (issue 36 finding 8). 1 MiB completes within the default
+ * timeout (10 s) on a link of 1 Mbit/s; a piece costs a few microseconds against 1 MiB's
+ * copy. Reads are not split: a pull is judged by its own deadline, not by a stall check. */
+#define TRANSPORT_PUT_PIECE ((uint64_t)1 << 20)
+
+/* Posts the write of `len` bytes at `local` to storage `rs` of the peer, at `remote` (its
+ * address there) or `offset` (from the storage's start, for a served write), in pieces. */
+static kvx_status_t puts_post(struct transport_op *op, uint32_t rs, const char *local,
+                              uint64_t remote, uint64_t offset, uint64_t len,
+                              const ucp_request_param_t *param)
+{
+    struct transport_conn *conn = op->conn;
+
+    for (uint64_t at = 0; at < len; at += TRANSPORT_PUT_PIECE) {
+        uint64_t piece = len - at < TRANSPORT_PUT_PIECE ? len - at : TRANSPORT_PUT_PIECE;
+        kvx_status_t status =
+            conn->storages[rs].served
+                ? am_write_post(op, rs, offset + at, local + at, piece)
+                : op_count(op,
+                           ucp_put_nbx(conn->ep, local + at, piece, remote + at, conn->rkeys[rs],
+                                       param),
+                           "posting a put");
+
+        if (status != KVX_OK)
+            return status;
+    }
+    return KVX_OK;
+}
+
 kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pair_t *pairs,
                                 size_t count, const struct transport_targets *targets)
 {
@@ -960,15 +992,20 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
                       (targets->mirrored ? p->remote_offset : p->local_offset);
         uint64_t remote =
             targets->remote_bases[rs] + (targets->mirrored ? p->local_offset : p->remote_offset);
-        ucp_rkey_h rkey = conn->rkeys[rs];
-        ucs_status_ptr_t sp;
         kvx_status_t status;
 
+        if (put) {
+            status = puts_post(op, rs, local, remote, remote - targets->remote_bases[rs], p->len,
+                               &param);
+            if (status != KVX_OK)
+                return status;
+            continue;
+        }
         /* Reads from a storage mapped here are copies: made here up to a small budget (a
          * request of a few blocks completes as fast as before), else queued for the loop, a
-         * slice a turn, so that a large request's post returns at once. Writes never are:
-         * a peer's mapping proves nothing about whose memory it is (docs/security.md). */
-        if (!put && conn->mapped[rs] != 0 && targets->local_mems[ls] != KVX_MEM_VRAM) {
+         * slice a turn, so that a large request's post returns at once. Writes (above) never
+         * are: a peer's mapping proves nothing about whose memory it is (docs/security.md). */
+        if (conn->mapped[rs] != 0 && targets->local_mems[ls] != KVX_MEM_VRAM) {
             const void *src = (const void *)(uintptr_t)(conn->mapped[rs] + remote);
 
             if (p->len <= inline_left && !op->copying) {
@@ -984,9 +1021,7 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
         if (conn->storages[rs].served) { /* the peer's kvx checks and serves it */
             uint64_t offset = remote - targets->remote_bases[rs];
 
-            if (put)
-                status = am_write_post(op, rs, offset, local, p->len);
-            else if (targets->local_mems[ls] == KVX_MEM_VRAM) /* received by rendezvous */
+            if (targets->local_mems[ls] == KVX_MEM_VRAM) /* received by rendezvous */
                 status = am_read_post(op, rs, offset, local, p->len, true);
             else
                 status = am_reads_add(op, &reads, rs, offset, local, p->len);
@@ -994,9 +1029,8 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
                 return status;
             continue;
         }
-        sp     = put ? ucp_put_nbx(conn->ep, local, p->len, remote, rkey, &param)
-                     : ucp_get_nbx(conn->ep, local, p->len, remote, rkey, &param);
-        status = op_count(op, sp, put ? "posting a put" : "posting a get");
+        status = op_count(op, ucp_get_nbx(conn->ep, local, p->len, remote, conn->rkeys[rs], &param),
+                          "posting a get");
         if (status != KVX_OK)
             return status;
     }

@@ -499,6 +499,27 @@ check "P refused no push and holds none" metrics_are kvx_pushes_refused_total 0 
 rate_unlimit p0
 check "P stops cleanly" serve_stops "$serve_pid" "$serve_log"
 
+section "a push whose blocks coalesce into one put slower than P's timeout (issue 36 finding 8)"
+# One view of 2 MiB pages: blocks 0-3 are 8 MiB of contiguous bytes, one run of the plan.
+# Sent as one put it completed nothing for longer than P's 3 s timeout, and P's stall check
+# closed the honest writer ("the requester does not progress"); now a write goes in pieces
+# of 1 MiB, one completing about every second through 8 Mbit/s.
+slab=$tmp/slab.json
+cat >"$slab" <<'JSON'
+{"kvx_layout": 1, "block_size": 16, "csa_linear": false, "whole_row_regions": false,
+ "storages": [{"name": "kv", "size": 67108864, "mem": "dram", "device": 0}],
+ "views": [{"name": "layer.0", "group": 0, "kind": "attn", "storage": "kv", "offset": 0,
+            "page": 2097152, "stride": 2097152, "num_blocks": 32, "dense": true, "heads": 1}]}
+JSON
+serve p0 "$slab" --timeout 3000
+rate_limit p0 8mbit
+check "a push of one 8 MiB run through 8 Mbit/s, P's timeout 3 s, completes, every byte verified" \
+  push_verified d0 "$slab" "$addr" '0:0-3' --timeout 60000
+check "it took longer than P's 3 s timeout (${push_ms:-?} ms)" test "${push_ms:-0}" -gt 3000
+check "P refused no push and holds none" metrics_are kvx_pushes_refused_total 0 kvx_pushes_serving 0
+rate_unlimit p0
+check "P stops cleanly" serve_stops "$serve_pid" "$serve_log"
+
 section "known bugs: a prefill process aborts in UCX"
 # Both pass on the decode side and end with P aborting inside UCX 1.13 over TCP, so they run
 # only with KVX_FAULTS_KNOWN_BUGS=1:
