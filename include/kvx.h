@@ -834,6 +834,9 @@ typedef struct kvx_agent_stats {
                                   (kvx_write_post; docs/agent.md "Write") */
     uint64_t pushes_with_bytes; /* prefill side: pushes answered with their bytes, one message
                                    and no puts (a share of at most 64 KiB) */
+    /* admission by source (issue 36) */
+    uint64_t peers_evicted; /* listener: authenticated connections closed, at max_peers, to
+                               admit one from an address that held two fewer (docs/security.md) */
 } kvx_agent_stats_t;
 
 /* What a field of kvx_agent_stats_t is, for the outputs that list every one (Prometheus,

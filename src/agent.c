@@ -873,6 +873,7 @@ void kvx_agent_stats(const kvx_agent_t *agent, kvx_agent_stats_t *stats_p, size_
 
         stats.auth_refused       = gate->auth_refused;
         stats.peers_refused      = gate->peers_refused;
+        stats.peers_evicted      = gate->peers_evicted;
         stats.peers_connected    = gate->connections;
         stats.handshakes         = gate->handshakes;
         stats.handshakes_refused = gate->handshakes_refused;

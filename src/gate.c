@@ -39,8 +39,10 @@ struct gate_connection {
     int fd;
     uint64_t cookie;      /* SO_COOKIE when accepted (gate_monitor.h); 0: it was gone */
     uint64_t accepted_ms; /* clock_ms */
+    uint64_t heard_ms;    /* clock_ms of its last request (gate_heard), else accepted_ms */
     bool admitted;        /* counted as authenticated (marked when ZAP allowed its address) */
-    bool closing;         /* shut by the gate: its failure is counted already */
+    bool closing;         /* shut by the gate in its handshake: its failure is counted already */
+    bool evicted;         /* authenticated, shut by the gate for a newcomer (connection_evict) */
     char address[GATE_ADDRESS_SIZE]; /* "": not known */
 };
 
@@ -233,7 +235,7 @@ static void connection_accepted(struct gate *g, const struct gate_event *e)
     }
     c  = &g->tracked[g->num_tracked++];
     *c = (struct gate_connection){.fd = (int)e->value, .cookie = e->cookie,
-                                  .accepted_ms = clock_ms()};
+                                  .accepted_ms = clock_ms(), .heard_ms = clock_ms()};
     snprintf(c->address, sizeof(c->address), "%s", e->address);
     if (c->address[0] != '\0' && handshakes_of(g, c->address) > g->limits.per_source) {
         snprintf(why, sizeof(why), "its handshake was its address's oldest of more than %" PRIu32,
@@ -353,9 +355,97 @@ static size_t allowances_pending(struct gate *g)
     return g->num_allowed;
 }
 
-/* Whether a ZAP request may pass, and why not. */
-static const char *zap_check(struct gate *g, zmq_msg_t *frames, int count, uint64_t **counter_p)
+/* Authenticated as far as the gate can tell, and not being shut. */
+static bool is_peer(const struct gate *g, const struct gate_connection *c, uint64_t now)
 {
+    return !c->closing && !c->evicted && !is_handshaking(g, c, now);
+}
+
+/* Authenticated connections of `address` open now. */
+static size_t peers_of(const struct gate *g, const char *address, uint64_t now)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < g->num_tracked; i++)
+        n += is_peer(g, &g->tracked[i], now) && strcmp(g->tracked[i].address, address) == 0;
+    return n;
+}
+
+/* Evicted connections whose close has not come through yet: still in counters.connections. */
+static uint64_t evictions_pending(const struct gate *g)
+{
+    uint64_t n = 0;
+
+    for (size_t i = 0; i < g->num_tracked; i++)
+        n += g->tracked[i].evicted;
+    return n;
+}
+
+/* A full listener makes room for a newcomer from `address` by closing the connection heard
+ * from least recently of the address that holds the most, if that address holds at least two
+ * more than the newcomer's: no source can keep others out by holding every slot (issue 36
+ * finding 7: an insider's 64 idle connections refused every new peer), and two sources never
+ * take a slot back and forth. A source's own connections still fill its share: a newcomer
+ * from the busiest address is refused. Whoever holds the slot taken loses that connection (its
+ * transfers fail; an honest decode agent reconnects on its next request). True when one was
+ * closed. */
+static bool connection_evict(struct gate *g, const char *address)
+{
+    uint64_t now                         = clock_ms();
+    size_t newcomer                      = peers_of(g, address, now);
+    size_t most                          = 0;
+    const struct gate_connection *source = NULL;
+    struct gate_connection *victim       = NULL;
+
+    for (size_t i = 0; i < g->num_tracked; i++) { /* the address that holds the most */
+        size_t n;
+
+        if (!is_peer(g, &g->tracked[i], now) || g->tracked[i].address[0] == '\0')
+            continue;
+        n = peers_of(g, g->tracked[i].address, now);
+        if (n > most) {
+            most   = n;
+            source = &g->tracked[i];
+        }
+    }
+    if (source == NULL || most < newcomer + 2)
+        return false;
+    for (size_t i = 0; i < g->num_tracked; i++) { /* its connection heard from least recently */
+        struct gate_connection *c = &g->tracked[i];
+
+        if (is_peer(g, c, now) && strcmp(c->address, source->address) == 0 &&
+            (victim == NULL || c->heard_ms < victim->heard_ms))
+            victim = c;
+    }
+    if (victim->cookie != 0 && gate_monitor_cookie(victim->fd) == victim->cookie)
+        shutdown(victim->fd, SHUT_RDWR);
+    victim->evicted = true;
+    g->counters.peers_evicted++;
+    loop_log(g->loop,
+             "side channel: closed the connection of %s heard from least recently (%" PRIu64
+             " ms ago; %zu open from there) to admit one from %s: max_peers (%" PRIu32
+             ") were open",
+             victim->address, now - victim->heard_ms, most, address, g->limits.max_peers);
+    return true;
+}
+
+void gate_heard(struct gate *gate, int fd)
+{
+    for (size_t i = 0; fd >= 0 && i < gate->num_tracked; i++) {
+        if (gate->tracked[i].fd == fd) {
+            gate->tracked[i].heard_ms = clock_ms();
+            return;
+        }
+    }
+}
+
+/* Whether a ZAP request from `address` may pass, and why not. */
+static const char *zap_check(struct gate *g, const char *address, zmq_msg_t *frames, int count,
+                             uint64_t **counter_p)
+{
+    uint64_t evicted;
+    uint64_t open;
+
     *counter_p = &g->counters.auth_refused;
     if (g->keys.curve) {
         if (count != 7 || !frame_is(&frames[5], "CURVE"))
@@ -368,8 +458,11 @@ static const char *zap_check(struct gate *g, zmq_msg_t *frames, int count, uint6
         return "this insecure side channel speaks only ZeroMQ's NULL mechanism";
     }
     *counter_p = &g->counters.peers_refused;
-    if (g->counters.connections + allowances_pending(g) >= g->limits.max_peers)
-        return "max_peers authenticated connections are open";
+    evicted = evictions_pending(g);
+    open    = g->counters.connections > evicted ? g->counters.connections - evicted : 0;
+    if (open + allowances_pending(g) >= g->limits.max_peers && !connection_evict(g, address))
+        return "max_peers authenticated connections are open, and no address holds two more "
+               "of them than this one";
     return NULL;
 }
 
@@ -405,7 +498,7 @@ static bool zap_serve(struct gate *g)
     }
     snprintf(address, sizeof(address), "%.*s", (int)zmq_msg_size(&frames[3]),
              (const char *)zmq_msg_data(&frames[3]));
-    why = zap_check(g, frames, count, &counter);
+    why = zap_check(g, address, frames, count, &counter);
     if (why != NULL)
         refused(g, counter, address, why);
     else

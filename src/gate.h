@@ -27,6 +27,8 @@ struct gate_counters {
     uint64_t auth_refused;       /* handshakes refused: no secret, a wrong one, garbage, or
                                     not finished within handshake_ms */
     uint64_t peers_refused;      /* authenticated connections refused past max_peers */
+    uint64_t peers_evicted;      /* authenticated connections closed for a newcomer from an
+                                    address that held fewer (gate.c connection_evict) */
     uint64_t connections;        /* authenticated connections open now (gauge) */
     uint64_t handshakes;         /* connections open and not authenticated yet (gauge) */
     uint64_t handshakes_refused; /* closed in their handshake: the oldest past max_handshakes,
@@ -44,6 +46,10 @@ kvx_status_t gate_watch(struct gate *gate, void *router);
 
 /* Reads monitor events, then answers ZAP requests; returns how many messages it handled. */
 size_t gate_serve(struct gate *gate);
+
+/* A request came on the connection of descriptor `fd` (sidechan_request.fd; -1: not known):
+ * a full listener closes the connection heard from least recently of the busiest address. */
+void gate_heard(struct gate *gate, int fd);
 
 /* For zmq_poll and the loop's descriptor set: its two sockets. */
 size_t gate_sockets(struct gate *gate, void *sockets[2]);

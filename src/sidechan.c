@@ -20,6 +20,7 @@
 
 struct sidechan_server {
     void *router;
+    struct gate *gate; /* told which connection each request came by */
 };
 
 struct sidechan_client {
@@ -75,6 +76,7 @@ kvx_status_t sidechan_server_create(void *zmq, const char *listen,
     s = calloc(1, sizeof(*s));
     if (s == NULL)
         return error_no_memory("a side channel");
+    s->gate   = gate;
     s->router = zmq_socket(zmq, ZMQ_ROUTER);
     if (s->router == NULL ||
         zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max_message, sizeof(max_message)) != 0 ||
@@ -183,6 +185,7 @@ size_t sidechan_server_serve(struct sidechan_server *server, const struct sidech
         memcpy(request.origin.identity, zmq_msg_data(&frames[0]), request.origin.identity_size);
         request.origin.id = id_decode(zmq_msg_data(&frames[3]));
         request.fd        = zmq_msg_get(&frames[2], ZMQ_SRCFD);
+        gate_heard(server->gate, request.fd);
         verb              = verb_find(verbs, num_verbs, &frames[2]);
         if (verb == NULL) {
             static const char unknown[] = "kvx-error unknown request";

@@ -103,6 +103,9 @@ static const kvx_stat_field_t stats_fields[] = {
             "Pushes to a prefill of this host carried as reads (decode side)."),
     COUNTER(pushes_with_bytes, "pushes_with_bytes_total",
             "Pushes answered with their bytes in one message, without puts (prefill side)."),
+    COUNTER(peers_evicted, "peers_evicted_total",
+            "Side-channel connections closed at max_peers to admit one from an address that "
+            "held fewer."),
 };
 
 const kvx_stat_field_t *kvx_agent_stats_fields(size_t *count_p)

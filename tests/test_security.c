@@ -914,6 +914,74 @@ static void a_source_crowds_out_only_itself(void **state)
     prefill_end(&p);
 }
 
+/* `n` authenticated connections from `source` (an address of this host) to `address`, open
+ * and silent: an insider holding slots. ZeroMQ reconnects one the prefill closes, as a
+ * persistent attacker would. Returns their context, for insider_end. */
+static void *insider_start(const char *source, const char *address, int n, void **sockets)
+{
+    struct auth_keys keys;
+    void *zmq = zmq_ctx_new();
+    char endpoint[2 * ADDRESS_SIZE + 16];
+    int linger = 0;
+
+    assert_int_equal(auth_keys_derive(test_auth_key, &keys), KVX_OK);
+    snprintf(endpoint, sizeof(endpoint), "tcp://%s:0;%s", source, address);
+    for (int i = 0; i < n; i++) {
+        sockets[i] = zmq_socket(zmq, ZMQ_DEALER);
+        zmq_setsockopt(sockets[i], ZMQ_LINGER, &linger, sizeof(linger));
+        assert_int_equal(auth_client_socket(sockets[i], &keys), KVX_OK);
+        assert_int_equal(zmq_connect(sockets[i], endpoint), 0);
+    }
+    return zmq;
+}
+
+static void insider_end(void *zmq, void **sockets, int n)
+{
+    for (int i = 0; i < n; i++)
+        zmq_close(sockets[i]);
+    zmq_ctx_term(zmq);
+}
+
+static bool four_peers(const struct report *r)
+{
+    return r->stats.peers_connected == 4 && r->stats.handshakes == 0;
+}
+
+/* Issue 36 finding 7: an insider's 4 idle connections from 127.0.0.2 filled max_peers (4) and
+ * every new peer was refused, for as long as it kept them. Now a full listener closes one
+ * connection of the address that holds two more than the newcomer's: the honest decode agent
+ * from 127.0.0.1 connects and reads, an insider's connection was closed for it, and the
+ * insider's reconnects are refused (its address no longer holds two more than the busiest). */
+static void an_address_holding_every_slot_gives_one_up(void **state)
+{
+    struct prefill p;
+    struct report r;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+    void *sockets[4];
+    void *insider;
+
+    (void)state;
+    config.max_peers = 4;
+    prefill_start(&p);
+    config.max_peers = 64;
+    insider = insider_start("127.0.0.2", p.address, 4, sockets);
+    r       = report_until(&p, four_peers, 20000);
+    assert_true(four_peers(&r));
+    agent = decode_agent(NULL);
+    assert_int_equal(kvx_agent_connect(agent, p.address, &peer), KVX_OK);
+    assert_int_equal(read_block5(agent, peer, &p.token), KVX_OK);
+    r = prefill_report(&p);
+    assert_true(r.stats.peers_evicted >= 1);
+    assert_true(r.stats.peers_connected <= 4);
+    insider_end(insider, sockets, 4);
+    kvx_peer_destroy(peer);
+    assert_int_equal(kvx_agent_destroy(agent), KVX_OK);
+    r = report_until(&p, no_connections, 20000);
+    assert_int_equal(r.stats.peers_connected, 0);
+    prefill_end(&p);
+}
+
 static bool named_77(const struct report *r)
 {
     return r->named_77 > 0;
@@ -1153,6 +1221,7 @@ int main(void)
         cmocka_unit_test(connections_past_max_peers_are_refused),
         cmocka_unit_test(silent_sockets_do_not_lock_peers_out),
         cmocka_unit_test(a_source_crowds_out_only_itself),
+        cmocka_unit_test(an_address_holding_every_slot_gives_one_up),
         cmocka_unit_test(a_bad_greeting_is_logged_naming_its_address),
         cmocka_unit_test(every_refused_address_is_named_once),
     };
