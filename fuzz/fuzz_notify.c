@@ -29,19 +29,41 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size >= DONE_HANDLE_LEN) { /* two connections' handles, then the input's first bytes */
         static struct done_handles *handles;
         static uint8_t issued[2][DONE_HANDLE_LEN];
+        static uint8_t keys[2][MSG_MAC_KEY_LEN];
+        static struct msg_mac *second;
         const struct done_conn_mark open_for_ever = {.fd = -1, .cookie = 0};
+        const uint8_t *done = data + DONE_HANDLE_LEN;
+        size_t done_size    = size - DONE_HANDLE_LEN;
+        uint8_t tag[MSG_MAC_LEN];
         uint64_t conn = 0;
 
         if (handles == NULL &&
-            (done_handle_issue(&handles, 7, &open_for_ever, issued[0]) != KVX_OK ||
-             done_handle_issue(&handles, 9, &open_for_ever, issued[1]) != KVX_OK))
+            (done_handle_issue(&handles, 7, &open_for_ever, issued[0], keys[0]) != KVX_OK ||
+             done_handle_issue(&handles, 9, &open_for_ever, issued[1], keys[1]) != KVX_OK ||
+             msg_mac_create(keys[1], &second) != KVX_OK))
             fuzz_fail("no done handles");
-        if (done_handle_conn(handles, data, &conn))
-            invariant((conn == 7 && memcmp(data, issued[0], DONE_HANDLE_LEN) == 0) ||
-                          (conn == 9 && memcmp(data, issued[1], DONE_HANDLE_LEN) == 0),
-                      "a done handle names the connection it was issued to, and only that");
-        invariant(done_handle_conn(handles, issued[1], &conn) && conn == 9,
-                  "an issued handle stays known");
+        /* the input as handle and done, with a tag of its own second half: it never passes
+         * (the fuzzer cannot find a key), unless the handle is one issued */
+        memset(tag, 0, sizeof(tag));
+        if (size >= DONE_HANDLE_LEN + MSG_MAC_LEN)
+            memcpy(tag, data + size - MSG_MAC_LEN, MSG_MAC_LEN);
+        invariant(done_handle_conn(handles, data, tag, done, done_size, &conn) !=
+                          DONE_HANDLE_OK ||
+                      memcmp(data, issued[0], DONE_HANDLE_LEN) == 0 ||
+                      memcmp(data, issued[1], DONE_HANDLE_LEN) == 0,
+                  "only an issued handle names a connection");
+        /* the input's bytes as a done with the second handle: its true tag passes, naming
+         * that connection; any other tag does not */
+        if (msg_mac_tag(second, done, done_size, tag) != KVX_OK)
+            fuzz_fail("no tag");
+        invariant(done_handle_conn(handles, issued[1], tag, done, done_size, &conn) ==
+                          DONE_HANDLE_OK &&
+                      conn == 9,
+                  "a done tagged under its handle's key names the connection it was issued to");
+        tag[data[0] % MSG_MAC_LEN] ^= (uint8_t)(1u << (data[1] % 8));
+        invariant(done_handle_conn(handles, issued[1], tag, done, done_size, &conn) ==
+                      DONE_HANDLE_FORGED,
+                  "a done whose tag is not its own names no connection");
     }
     if (notify_done_parse(data, size, &request_id, &rank, &token, &bytes, &bytes_stated)) {
         struct notify_read n = notify_done_read(request_id, rank, &token, bytes);

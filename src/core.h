@@ -31,10 +31,10 @@
 #define VERB_PUSH_PROOF    "kvx-push-proof 3"    /* body: the proof its worker received */
 #define VERB_PUSH          "kvx-push 3"          /* body: a push request (push_request.h) */
 #define VERB_CHECKSUM      "kvx-checksum 3"      /* body: ranges to hash (checksum.h) */
-#define VERB_DONE_HANDLE   "kvx-done-handle 1"   /* no body; answered REPLY_DONE_HANDLE */
+#define VERB_DONE_HANDLE   "kvx-done-handle 2"   /* no body; answered REPLY_DONE_HANDLE */
 #define REPLY_PUSHED       "kvx-done"
 #define REPLY_REGISTERED   "kvx-registered"  /* then " " and the writer's proof id, 16 hex */
-#define REPLY_DONE_HANDLE  "kvx-done-handle" /* then " " and the handle, 32 hex */
+#define REPLY_DONE_HANDLE  "kvx-done-handle" /* then " ", the handle (32 hex), " ", its key (64 hex) */
 #define REPLY_ERROR        "kvx-error "      /* then the message */
 
 struct xfer_set;

@@ -14,6 +14,8 @@ struct done_slot {
     uint64_t conn; /* 0: free */
     struct done_conn_mark mark;
     uint8_t handle[DONE_HANDLE_LEN];
+    uint8_t key[MSG_MAC_KEY_LEN];
+    struct msg_mac *mac; /* the key's state, kept while the slot is */
 };
 
 struct done_handles {
@@ -52,7 +54,8 @@ static struct done_slot *done_handles_sweep(struct done_handles *t)
 }
 
 kvx_status_t done_handle_issue(struct done_handles **table, uint64_t conn,
-                               const struct done_conn_mark *mark, uint8_t handle[DONE_HANDLE_LEN])
+                               const struct done_conn_mark *mark, uint8_t handle[DONE_HANDLE_LEN],
+                               uint8_t key[MSG_MAC_KEY_LEN])
 {
     struct done_handles *t = *table;
     struct done_slot *slot = NULL;
@@ -63,6 +66,7 @@ kvx_status_t done_handle_issue(struct done_handles **table, uint64_t conn,
     for (index = 0; index < DONE_HANDLES_MAX; index++) {
         if (t->slots[index].conn == conn) { /* asked again: the same */
             memcpy(handle, t->slots[index].handle, DONE_HANDLE_LEN);
+            memcpy(key, t->slots[index].key, MSG_MAC_KEY_LEN);
             return KVX_OK;
         }
         if (slot == NULL && t->slots[index].conn == 0)
@@ -74,36 +78,46 @@ kvx_status_t done_handle_issue(struct done_handles **table, uint64_t conn,
         slot    = &t->slots[t->next];
         t->next = (t->next + 1) % DONE_HANDLES_MAX;
     }
-    index = (uint32_t)(slot - t->slots);
+    index      = (uint32_t)(slot - t->slots);
+    slot->conn = 0;
+    msg_mac_destroy(slot->mac);
+    slot->mac = NULL;
     memcpy(slot->handle, &index, sizeof(index));
-    if (RAND_bytes(slot->handle + sizeof(index), DONE_HANDLE_LEN - (int)sizeof(index)) != 1) {
-        slot->conn = 0;
+    if (RAND_bytes(slot->handle + sizeof(index), DONE_HANDLE_LEN - (int)sizeof(index)) != 1)
         return error_set(KVX_ERR_INTERNAL, "done handle: the system's random source failed");
-    }
+    if (msg_mac_new_key(slot->key, &slot->mac) != KVX_OK)
+        return KVX_ERR_INTERNAL;
     slot->conn = conn;
     slot->mark = *mark;
     t->issued++;
     memcpy(handle, slot->handle, DONE_HANDLE_LEN);
+    memcpy(key, slot->key, MSG_MAC_KEY_LEN);
     return KVX_OK;
 }
 
-bool done_handle_conn(const struct done_handles *table, const uint8_t handle[DONE_HANDLE_LEN],
-                      uint64_t *conn_p)
+enum done_handle_check done_handle_conn(const struct done_handles *table,
+                                        const uint8_t handle[DONE_HANDLE_LEN],
+                                        const uint8_t tag[MSG_MAC_LEN], const void *done,
+                                        size_t size, uint64_t *conn_p)
 {
     const struct done_slot *slot;
     uint32_t index;
 
     memcpy(&index, handle, sizeof(index));
     if (table == NULL || index >= DONE_HANDLES_MAX)
-        return false;
+        return DONE_HANDLE_UNKNOWN;
     slot = &table->slots[index];
     if (slot->conn == 0 || !auth_equal(slot->handle, handle, DONE_HANDLE_LEN))
-        return false;
+        return DONE_HANDLE_UNKNOWN;
+    if (!msg_mac_verify(slot->mac, done, size, tag))
+        return DONE_HANDLE_FORGED;
     *conn_p = slot->conn;
-    return true;
+    return DONE_HANDLE_OK;
 }
 
 void done_handles_free(struct done_handles *table)
 {
+    for (size_t i = 0; table != NULL && i < DONE_HANDLES_MAX; i++)
+        msg_mac_destroy(table->slots[i].mac);
     free(table);
 }

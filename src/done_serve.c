@@ -251,12 +251,13 @@ void done_serve_handle(struct core *core, struct sidechan_server *side,
                        const struct sidechan_request *request)
 {
     uint8_t handle[DONE_HANDLE_LEN];
-    char text[sizeof(REPLY_DONE_HANDLE) + 2 * DONE_HANDLE_LEN + 1];
+    uint8_t key[MSG_MAC_KEY_LEN];
+    char text[sizeof(REPLY_DONE_HANDLE) + 2 * (DONE_HANDLE_LEN + MSG_MAC_KEY_LEN) + 2];
     struct done_conn_mark mark = done_conn_mark(request->fd);
     size_t n;
 
     if (done_handle_issue(&core->done_handles, sidechan_origin_key(&request->origin), &mark,
-                          handle) != KVX_OK) {
+                          handle, key) != KVX_OK) {
         n = (size_t)snprintf(text, sizeof(text), "%s%s", REPLY_ERROR, "no done handle");
         sidechan_reply(side, &request->origin, text, n);
         return;
@@ -264,6 +265,9 @@ void done_serve_handle(struct core *core, struct sidechan_server *side,
     n = (size_t)snprintf(text, sizeof(text), "%s ", REPLY_DONE_HANDLE);
     for (size_t i = 0; i < DONE_HANDLE_LEN; i++)
         n += (size_t)snprintf(text + n, sizeof(text) - n, "%02x", handle[i]);
+    n += (size_t)snprintf(text + n, sizeof(text) - n, " ");
+    for (size_t i = 0; i < MSG_MAC_KEY_LEN; i++)
+        n += (size_t)snprintf(text + n, sizeof(text) - n, "%02x", key[i]);
     sidechan_reply(side, &request->origin, text, n);
 }
 
@@ -276,22 +280,34 @@ void done_serve_message(struct core *core, const void *data, size_t size, bool w
     struct done_fields d;
     const void *body;
     size_t body_size;
-    uint64_t conn;
+    const uint8_t *done;
+    size_t done_size;
+    enum done_handle_check check;
+    uint64_t conn = 0;
 
     /* Not one of ours, or no handle to answer with: dropped, its sender's deadline answers. */
     if (!push_am_request_parse(data, size, &answer.id, &body, &body_size) ||
-        body_size <= DONE_HANDLE_LEN) {
+        body_size <= DONE_MESSAGE_HEAD) {
         core->stats.notifications_dropped++;
         return;
     }
     memcpy(answer.handle, body, DONE_HANDLE_LEN);
+    done      = (const uint8_t *)body + DONE_MESSAGE_HEAD;
+    done_size = body_size - DONE_MESSAGE_HEAD;
+    check = done_handle_conn(core->done_handles, answer.handle,
+                             (const uint8_t *)body + DONE_HANDLE_LEN, done, done_size, &conn);
+    /* Changed or made by a third party who saw the handle on the data plane (issue 36 finding
+     * 4): dropped unanswered; the real sender's done is still to come. */
+    if (sent && check == DONE_HANDLE_FORGED) {
+        core->stats.notifications_dropped++;
+        return;
+    }
     /* Evicted or never ours; or with a read that was refused or whose answer could not be
-     * sent (transport.h, the read hook): sent back, to come again once the bytes are there. */
-    if (!sent || !done_handle_conn(core->done_handles, answer.handle, &conn)) {
+     * sent (transport.h, the read hook): sent back, to come again on the side channel. */
+    if (!sent || check != DONE_HANDLE_OK) {
         answer.text_size = strlen(DONE_ANSWER_RESEND);
         memcpy(text, DONE_ANSWER_RESEND, answer.text_size);
-    } else if (done_read(core, (const uint8_t *)body + DONE_HANDLE_LEN,
-                         body_size - DONE_HANDLE_LEN, &d, text, &answer.text_size)) {
+    } else if (done_read(core, done, done_size, &d, text, &answer.text_size)) {
         if (done_early(core, &d)) { /* parked on the side channel, whose answer can wait */
             answer.text_size = strlen(DONE_ANSWER_RESEND);
             memcpy(text, DONE_ANSWER_RESEND, answer.text_size);

@@ -13,6 +13,7 @@
 #include "sidechan.h"
 #include "wire.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -48,6 +49,7 @@ struct peer_link {
     bool done_handle_set;    /* done_handle is the peer's for our dones (done_handles.h) */
     bool done_handle_worked; /* a done sent with it was answered, not sent back: the peer knew it */
     uint8_t done_handle[DONE_HANDLE_LEN];
+    struct msg_mac *done_mac; /* the handle's key: our dones' tags (msg_mac.h) */
     bool done_handle_replaced; /* done_handle_before is the one a second ask replaced */
     uint8_t done_handle_before[DONE_HANDLE_LEN]; /* answers to dones sent with it still come */
 };
@@ -149,6 +151,9 @@ static void link_close(struct core *core, struct peer_link *link)
         link->client = NULL;
     }
     link->push_registered = false;
+    link->done_handle_set = false;
+    msg_mac_destroy(link->done_mac);
+    link->done_mac = NULL;
     if (link->conn != NULL) {
         loop_unwatch_fd(&core->loop, transport_conn_event_fd(link->conn->transport));
         conn_close(link->conn);
@@ -789,25 +794,37 @@ kvx_status_t kvx_heartbeat(kvx_agent_t *agent, kvx_peer_t *const *peers, size_t 
 
 _Static_assert(PUSH_HANDLE_LEN == 16 && DONE_HANDLE_LEN == 16, "handles are parsed alike");
 
-/* A done message's body: the done handle, then a version-3 done (notify.h). */
-#define DONE_MESSAGE_BODY (DONE_HANDLE_LEN + sizeof(struct notify_read))
+/* A done message's body: the done handle, the done's tag, then a version-3 done (notify.h). */
+#define DONE_MESSAGE_BODY (DONE_MESSAGE_HEAD + sizeof(struct notify_read))
 
-/* "PREFIX HEX" (REPLY_REGISTERED, REPLY_DONE_HANDLE): the 16-byte handle; false for anything
- * else. */
-static bool handle_parse(const char *answer, const char *prefix, uint8_t handle[16])
+/* `size` bytes in hex at `hex` into `out`; false unless every digit is one. */
+static bool hex_parse(const char *hex, uint8_t *out, size_t size)
 {
-    size_t n = strlen(prefix);
-
-    if (strncmp(answer, prefix, n) != 0 || answer[n] != ' ' || strlen(answer + n + 1) != 2 * 16)
-        return false;
-    for (size_t i = 0; i < 16; i++) {
+    for (size_t i = 0; i < size; i++) {
         unsigned byte;
 
-        if (sscanf(answer + n + 1 + 2 * i, "%2x", &byte) != 1)
+        if (!isxdigit((unsigned char)hex[2 * i]) || !isxdigit((unsigned char)hex[2 * i + 1]) ||
+            sscanf(hex + 2 * i, "%2x", &byte) != 1)
             return false;
-        handle[i] = (uint8_t)byte;
+        out[i] = (uint8_t)byte;
     }
     return true;
+}
+
+/* "PREFIX HEX" (REPLY_REGISTERED): the 16-byte handle; "PREFIX HEX HEX" (REPLY_DONE_HANDLE,
+ * `key` not NULL): the handle and its 32-byte key; false for anything else. */
+static bool handle_parse(const char *answer, const char *prefix, uint8_t handle[16],
+                         uint8_t key[MSG_MAC_KEY_LEN])
+{
+    size_t n      = strlen(prefix);
+    size_t length = 2 * 16 + (key != NULL ? 1 + 2 * MSG_MAC_KEY_LEN : 0);
+
+    if (strncmp(answer, prefix, n) != 0 || answer[n] != ' ' || strlen(answer + n + 1) != length)
+        return false;
+    answer += n + 1;
+    return hex_parse(answer, handle, 16) &&
+           (key == NULL || (answer[2 * 16] == ' ' && hex_parse(answer + 2 * 16 + 1, key,
+                                                                 MSG_MAC_KEY_LEN)));
 }
 
 /* A done message's body (the link's done handle, then a version-3 done) into `body`, where
@@ -822,8 +839,9 @@ static bool done_message_body(kvx_peer_t *peer, uint64_t request_id, const kvx_t
         conn->metadata->done_version < NOTIFY_VERSION_READ || !peer->link.done_handle_set)
         return false;
     memcpy(body, peer->link.done_handle, DONE_HANDLE_LEN);
-    memcpy(body + DONE_HANDLE_LEN, &note, sizeof(note));
-    return true;
+    memcpy(body + DONE_MESSAGE_HEAD, &note, sizeof(note));
+    return msg_mac_tag(peer->link.done_mac, body + DONE_MESSAGE_HEAD, sizeof(note),
+                       body + DONE_HANDLE_LEN) == KVX_OK;
 }
 
 bool peer_done_frame(kvx_peer_t *peer, uint64_t request_id, const kvx_token_t *token,
@@ -854,13 +872,18 @@ static void done_handle_reply(void *arg, const char *reply, size_t size)
 {
     struct peer_link *link = &((kvx_peer_t *)arg)->link;
     uint8_t handle[DONE_HANDLE_LEN];
-    bool parsed = handle_parse(reply, REPLY_DONE_HANDLE, handle);
+    uint8_t key[MSG_MAC_KEY_LEN];
+    struct msg_mac *mac = NULL;
+    bool parsed         = handle_parse(reply, REPLY_DONE_HANDLE, handle, key) &&
+                  msg_mac_create(key, &mac) == KVX_OK;
 
     (void)size;
     if (link->done_handle_set) {
         memcpy(link->done_handle_before, link->done_handle, DONE_HANDLE_LEN);
         link->done_handle_replaced = true;
     }
+    msg_mac_destroy(link->done_mac);
+    link->done_mac = mac;
     if (parsed)
         memcpy(link->done_handle, handle, DONE_HANDLE_LEN);
     link->done_handle_set    = parsed;
@@ -927,7 +950,7 @@ static void push_answer_take(void *arg, const char *reply, size_t size)
     (void)size;
     peer->push_register_id = 0;
     peer->push_waiters     = NULL;
-    if (handle_parse(reply, REPLY_REGISTERED, peer->link.push_handle)) {
+    if (handle_parse(reply, REPLY_REGISTERED, peer->link.push_handle, NULL)) {
         peer->link.push_registered = true;
     } else {
         bool refused = strncmp(reply, REPLY_ERROR, strlen(REPLY_ERROR)) == 0;

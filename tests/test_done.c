@@ -7,14 +7,19 @@
  * one with a wrong token writes nothing; on one host a push goes as a read, with its done; a
  * prefill that answers every done "resend" fails the read at its second. The prefill process
  * takes commands, among them moving its clock, so no wall-clock window decides anything. */
+#define _DEFAULT_SOURCE /* SO_RCVBUFFORCE, for the capture */
 #include "auth.h"
 #include "clock.h"
+#include "conn.h"
 #include "core.h"
 #include "done_handles.h"
 #include "notify.h"
 #include "prefill.h"
+#include "peer.h"
 #include "prng.h"
+#include "push_request.h"
 #include "sidechan.h"
+#include "transport.h"
 #include "xfer_log.h"
 #include "zsocket.h"
 
@@ -28,8 +33,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <linux/if_packet.h>
+#include <net/ethernet.h>
+#include <net/if.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -1339,6 +1349,173 @@ static void a_done_sent_back_for_a_lost_handle_asks_for_another(void **state)
 }
 
 /* Through an honest relay, whose connections to the prefill can be dropped. */
+static kvx_agent_t *decode_agent_with(const kvx_agent_params_t *params)
+{
+    kvx_agent_t *agent = NULL;
+
+    assert_int_equal(agent_from_quoted(mla_layout, params, &agent), KVX_OK);
+    return agent;
+}
+
+/* A capture of loopback's frames, as anyone on a data plane's path sees them; -1 where this
+ * process may not (AF_PACKET needs CAP_NET_RAW). */
+static int loopback_capture(void)
+{
+    struct sockaddr_ll where = {.sll_family   = AF_PACKET,
+                                .sll_protocol = htons(ETH_P_ALL),
+                                .sll_ifindex  = (int)if_nametoindex("lo")};
+    int size                 = 16 << 20;
+    int fd                   = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK, htons(ETH_P_ALL));
+
+    if (fd < 0)
+        return -1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &size, sizeof(size));
+    if (bind(fd, (struct sockaddr *)&where, sizeof(where)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A done message the capture saw: what precedes its done (the message's header, the handle
+ * and, with tags, the tag) and the done itself. */
+struct sniffed {
+    uint8_t head[64];
+    size_t head_size;
+    struct notify_read note;
+};
+
+/* Reads every frame captured so far and keeps the done message of request `request_id` from
+ * rank `rank`: its done found by those fields, its start by the message's magic before it.
+ * False when none was seen. */
+static bool sniff_done(int capture, uint64_t request_id, uint32_t rank, struct sniffed *out)
+{
+    static uint8_t frame[1 << 17];
+    const uint32_t magic = PUSH_AM_REQUEST_MAGIC;
+    uint8_t fields[16];
+    bool found = false;
+    ssize_t n;
+
+    memcpy(fields, &request_id, 8);
+    memcpy(fields + 8, &rank, 4);
+    memset(fields + 12, 0, 4); /* struct notify's reserved */
+    while ((n = recv(capture, frame, sizeof(frame), 0)) > 0) {
+        for (size_t at = offsetof(struct notify, request_id);
+             !found && at + sizeof(out->note) <= (size_t)n + offsetof(struct notify, request_id);
+             at++) {
+            size_t note = at - offsetof(struct notify, request_id);
+
+            if (memcmp(frame + at, fields, sizeof(fields)) != 0)
+                continue;
+            for (size_t start = note >= sizeof(out->head) ? note - sizeof(out->head) : 0;
+                 start + sizeof(magic) <= note; start++) {
+                if (memcmp(frame + start, &magic, sizeof(magic)) == 0) {
+                    out->head_size = note - start;
+                    memcpy(out->head, frame + start, out->head_size);
+                    memcpy(&out->note, frame + note, sizeof(out->note));
+                    found = true;
+                }
+            }
+        }
+    }
+    return found;
+}
+
+/* Issue 36 finding 4: dones travel in the clear on the data plane, and a third party who saw
+ * rank 1's done (for its handle) and rank 0's (for the hold's token) made rank 1's done of a
+ * two-consumer hold: the hold was released before rank 1 read, and rank 1's own read was
+ * refused. Now a done message carries a tag of its bytes under a key that only the encrypted
+ * side channel carried: the forgery is dropped (counted in notifications_dropped), and rank
+ * 1's read and done release the hold. Over tcp, so that the messages leave the processes. */
+static void a_done_made_from_sniffed_ones_is_dropped(void **state)
+{
+    struct session *s          = *state;
+    kvx_agent_params_t params  = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                                               KVX_AGENT_PARAM_FIELD_TRANSPORTS |
+                                               KVX_AGENT_PARAM_FIELD_TP_RANK |
+                                               KVX_AGENT_PARAM_FIELD_TP_SIZE,
+                                 .timeout_ms = TIMEOUT_MS,
+                                 .transports = "tcp",
+                                 .tp_rank    = 1,
+                                 .tp_size    = 2};
+    kvx_agent_params_t insider = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                                                KVX_AGENT_PARAM_FIELD_TRANSPORTS,
+                                  .timeout_ms = TIMEOUT_MS,
+                                  .transports = "tcp"};
+    kvx_token_t token = token_new();
+    uint8_t forged[PUSH_AM_MAX];
+    struct notify_read note;
+    struct sniffed rank1;
+    struct sniffed rank0;
+    kvx_agent_t *third;
+    kvx_peer_t *third_peer;
+    kvx_agent_t *decode1;
+    kvx_peer_t *peer1;
+    kvx_group_ids_t group;
+    kvx_request_t request;
+    uint64_t block = 11;
+    struct report before;
+    struct report r;
+    int capture = loopback_capture();
+
+    if (capture < 0)
+        skip(); /* not root: no capture */
+    decode1 = decode_agent_with(&params);
+    assert_int_equal(kvx_agent_connect(decode1, s->prefill_address, &peer1), KVX_OK);
+    /* both ranks' first dones ask for their handles; their second ones go as messages */
+    for (uint64_t id = 50; id < 52; id++) {
+        group   = (kvx_group_ids_t){&block, 1};
+        request = (kvx_request_t){&group, 1, NULL, 0, NULL};
+        assert_int_equal(transfer(s, false, id, 10, NULL), KVX_OK);
+        assert_int_equal(kvx_read(decode1, &peer1, 1, id, &request, NULL), KVX_OK);
+    }
+    assert_true(sniff_done(capture, 51, 1, &rank1)); /* rank 1's handle, in the clear */
+    r = command(s, 'H', &(struct hold_command){52, block, 2, token}, sizeof(struct hold_command));
+    block_clear(s->agent, block);
+    assert_int_equal(transfer(s, false, 52, block, &token), KVX_OK); /* rank 0 counted */
+    assert_true(block_matches(s->agent, block));
+    assert_true(sniff_done(capture, 52, 0, &rank0)); /* the hold's token, in the clear */
+    close(capture);
+    assert_memory_equal(&rank0.note.done.token, &token, sizeof(token));
+
+    /* rank 1's done of request 52: rank 1's message with rank 0's token */
+    note                 = rank1.note;
+    note.done.request_id = 52;
+    note.done.token      = rank0.note.done.token;
+    memcpy(forged, rank1.head, rank1.head_size);
+    memcpy(forged + rank1.head_size, &note, sizeof(note));
+    before = command(s, 's', NULL, 0);
+    assert_int_equal(before.stats.released, 0);
+    third = decode_agent_with(&insider);
+    assert_int_equal(kvx_agent_connect(third, s->prefill_address, &third_peer), KVX_OK);
+    assert_int_equal(transport_msg_send(peer_conn(third_peer)->transport, CORE_AM_DONE, forged,
+                                        rank1.head_size + sizeof(note)),
+                     KVX_OK);
+    /* until the prefill judged it: dropped, or (before) counted, which released the hold */
+    for (uint64_t end = clock_ms() + 10000;; kvx_agent_progress(third, 1)) {
+        r = command(s, 's', NULL, 0);
+        if (r.stats.notifications_dropped > before.stats.notifications_dropped ||
+            r.stats.released > before.stats.released || clock_ms() > end)
+            break;
+    }
+    assert_int_equal(r.stats.released, 0);
+    assert_int_equal(r.stats.notifications_dropped, before.stats.notifications_dropped + 1);
+
+    /* rank 1 reads, and its own done releases the hold */
+    group   = (kvx_group_ids_t){&block, 1};
+    request = (kvx_request_t){&group, 1, NULL, 0, &token};
+    block_clear(decode1, block);
+    assert_int_equal(kvx_read(decode1, &peer1, 1, 52, &request, NULL), KVX_OK);
+    assert_true(block_matches(decode1, block));
+    r = command(s, 's', NULL, 0);
+    assert_int_equal(r.stats.released, 1);
+    assert_int_equal(r.last_release, 52);
+    kvx_peer_destroy(third_peer);
+    assert_int_equal(kvx_agent_destroy(third), KVX_OK);
+    kvx_peer_destroy(peer1);
+    assert_int_equal(kvx_agent_destroy(decode1), KVX_OK);
+}
+
 static int session_setup_relay(void **state)
 {
     int result;
@@ -1380,6 +1557,8 @@ int main(void)
                                         session_teardown),
         cmocka_unit_test_setup_teardown(a_push_over_tcp_goes_to_the_writer, session_setup_tcp,
                                         session_teardown),
+        cmocka_unit_test_setup_teardown(a_done_made_from_sniffed_ones_is_dropped,
+                                        session_setup_tcp, session_teardown),
         cmocka_unit_test_setup_teardown(a_second_resend_of_a_done_is_a_malformed_answer,
                                         session_setup_liar, session_teardown),
         cmocka_unit_test_setup_teardown(a_flood_of_early_dones_crowds_out_only_its_own_connections,

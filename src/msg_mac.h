@@ -1,0 +1,29 @@
+/* msg_mac.h: tags for kvx's messages on the data plane, which travels in the clear. A
+ * capability handed out on the encrypted side channel is a public handle and a secret key;
+ * a message sent with it carries the handle and a tag of its bytes under the key, so that a
+ * third party who saw earlier messages can neither change one (another rank, another token)
+ * nor make its own (issue 36 finding 4). HMAC-SHA256 truncated to 128 bits; each key keeps
+ * its keyed state, so a tag costs about 0.3 us instead of 1.7 us for HMAC() from scratch. */
+#ifndef KVX_SRC_MSG_MAC_H
+#define KVX_SRC_MSG_MAC_H
+
+#include "kvx.h"
+
+#define MSG_MAC_KEY_LEN 32
+#define MSG_MAC_LEN     16
+
+struct msg_mac;
+
+/* A new random key (RAND_bytes) into `key`, and its state; or the state of a given key. */
+kvx_status_t msg_mac_new_key(uint8_t key[MSG_MAC_KEY_LEN], struct msg_mac **mac_p);
+kvx_status_t msg_mac_create(const uint8_t key[MSG_MAC_KEY_LEN], struct msg_mac **mac_p);
+void msg_mac_destroy(struct msg_mac *mac); /* NULL-safe */
+
+/* The tag of `size` bytes at `data`. */
+kvx_status_t msg_mac_tag(struct msg_mac *mac, const void *data, size_t size,
+                         uint8_t tag[MSG_MAC_LEN]);
+/* Whether `tag` is theirs, compared in constant time; false when hashing failed too. */
+bool msg_mac_verify(struct msg_mac *mac, const void *data, size_t size,
+                    const uint8_t tag[MSG_MAC_LEN]);
+
+#endif
