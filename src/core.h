@@ -27,13 +27,13 @@
 #define VERB_METADATA      "kvx-metadata 3"
 #define VERB_HEARTBEAT     "kvx-heartbeat 3"     /* body: wanted requests and tokens (notify.h) */
 #define VERB_DONE          "kvx-done 4"          /* body: a done (notify.h); answered (notify.h) */
-#define VERB_PUSH_REGISTER "kvx-push-register 3" /* body: the requester's push metadata */
+#define VERB_PUSH_REGISTER "kvx-push-register 4" /* body: the requester's push metadata */
 #define VERB_PUSH_PROOF    "kvx-push-proof 3"    /* body: the proof its worker received */
 #define VERB_PUSH          "kvx-push 3"          /* body: a push request (push_request.h) */
 #define VERB_CHECKSUM      "kvx-checksum 3"      /* body: ranges to hash (checksum.h) */
 #define VERB_DONE_HANDLE   "kvx-done-handle 2"   /* no body; answered REPLY_DONE_HANDLE */
 #define REPLY_PUSHED       "kvx-done"
-#define REPLY_REGISTERED   "kvx-registered"  /* then " " and the writer's proof id, 16 hex */
+#define REPLY_REGISTERED   "kvx-registered"  /* then " ", the writer's handle (32 hex), " ", its key (64 hex) */
 #define REPLY_DONE_HANDLE  "kvx-done-handle" /* then " ", the handle (32 hex), " ", its key (64 hex) */
 #define REPLY_ERROR        "kvx-error "      /* then the message */
 

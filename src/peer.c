@@ -45,6 +45,7 @@ struct peer_link {
     uint64_t instance;
     bool push_registered; /* push_handle names our writer on the peer */
     uint8_t push_handle[PUSH_HANDLE_LEN];
+    struct msg_mac *push_mac; /* its key: our push requests' tags on the data plane */
     bool done_handle_asked;  /* VERB_DONE_HANDLE sent on this link */
     bool done_handle_set;    /* done_handle is the peer's for our dones (done_handles.h) */
     bool done_handle_worked; /* a done sent with it was answered, not sent back: the peer knew it */
@@ -151,6 +152,8 @@ static void link_close(struct core *core, struct peer_link *link)
         link->client = NULL;
     }
     link->push_registered = false;
+    msg_mac_destroy(link->push_mac);
+    link->push_mac        = NULL;
     link->done_handle_set = false;
     msg_mac_destroy(link->done_mac);
     link->done_mac = NULL;
@@ -486,15 +489,29 @@ static bool message_send(kvx_peer_t *peer, unsigned am_id, const void *body, siz
     return true;
 }
 
+/* A push request as the data plane carries it: [tag][request], the tag under our writer's key
+ * (msg_mac.h), into `out`; false without a key, or when it does not fit. */
+static bool push_tagged(kvx_peer_t *peer, const void *body, size_t size, uint8_t out[PUSH_AM_MAX])
+{
+    if (peer->link.push_mac == NULL || size > PUSH_AM_MAX - MSG_MAC_LEN ||
+        msg_mac_tag(peer->link.push_mac, body, size, out) != KVX_OK)
+        return false;
+    memcpy(out + MSG_MAC_LEN, body, size);
+    return true;
+}
+
 kvx_status_t peer_push_send(kvx_peer_t *peer, const void *body, size_t size,
                             peer_reply_cb_t on_reply, void *arg, uint64_t *id_p)
 {
+    uint8_t tagged[PUSH_AM_MAX];
     kvx_status_t status;
 
-    /* the side channel for a prefill agent that does not take messages (an older kvx) */
+    /* the side channel for a prefill agent that does not take messages (an older kvx), and
+     * for a request too large for one */
     if (peer->core->push_side_channel || peer_is_down(peer) || peer->link.conn == NULL ||
-        !peer->link.conn->metadata->push_messages ||
-        !message_send(peer, CORE_AM_PUSH_REQUEST, body, size, on_reply, arg, id_p, &status))
+        !peer->link.conn->metadata->push_messages || !push_tagged(peer, body, size, tagged) ||
+        !message_send(peer, CORE_AM_PUSH_REQUEST, tagged, MSG_MAC_LEN + size, on_reply, arg, id_p,
+                      &status))
         return peer_request_send(peer, VERB_PUSH, body, size, on_reply, arg, id_p);
     return status;
 }
@@ -946,11 +963,15 @@ static void push_answer_take(void *arg, const char *reply, size_t size)
     kvx_peer_t *peer            = arg;
     struct peer_push_wait *wait = peer->push_waiters;
     kvx_status_t status         = KVX_OK;
+    uint8_t key[MSG_MAC_KEY_LEN];
 
     (void)size;
     peer->push_register_id = 0;
     peer->push_waiters     = NULL;
-    if (handle_parse(reply, REPLY_REGISTERED, peer->link.push_handle, NULL)) {
+    msg_mac_destroy(peer->link.push_mac);
+    peer->link.push_mac = NULL;
+    if (handle_parse(reply, REPLY_REGISTERED, peer->link.push_handle, key) &&
+        msg_mac_create(key, &peer->link.push_mac) == KVX_OK) {
         peer->link.push_registered = true;
     } else {
         bool refused = strncmp(reply, REPLY_ERROR, strlen(REPLY_ERROR)) == 0;

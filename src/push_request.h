@@ -26,7 +26,8 @@ bool push_proof_parse(const void *data, size_t size, struct push_proof *proof);
 
 /* A push on the data plane (docs/agent.md, "Write"): the decode side sends its request as an
  * active message on its connection to the prefill's main worker, `[PUSH_AM_REQUEST_MAGIC:
- * 4][0: 4][id: 8]` then the push request's bytes (whose handle authorises it); the prefill's
+ * 4][0: 4][id: 8]` then a push request's tag under its writer's key (msg_mac.h) and its bytes
+ * (whose handle and tag authorise it), or a done's handle, tag and bytes; the prefill's
  * writer answers `[PUSH_AM_ANSWER_MAGIC: 4][0: 4][id: 8][handle: 16]` then the answer's text
  * (a side-channel reply's), after the data. `id` is the requester's, as a side-channel
  * request's id. Both fit one eager message; a larger request goes on the side channel. */

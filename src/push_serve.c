@@ -13,6 +13,7 @@
 #include "conn.h"
 #include "error.h"
 #include "hold.h"
+#include "msg_mac.h"
 #include "notify.h"
 #include "plan.h"
 #include "push_request.h"
@@ -39,6 +40,7 @@ struct push_writer {
     bool used;
     bool proven;
     uint8_t handle[PUSH_HANDLE_LEN]; /* the registrant's capability for its pushes */
+    struct msg_mac *mac;             /* its key: the tags of its requests on the data plane */
     uint8_t nonce[PUSH_NONCE_LEN];   /* sent to the named worker; must come back */
     struct sidechan_origin owner;    /* the registrant's connection and its request */
     struct loop_timer proof_deadline;
@@ -201,6 +203,7 @@ static void writer_close(struct push_server *s, struct push_writer *w)
     loop_timer_stop(&s->core->loop, &w->proof_deadline);
     loop_timer_stop(&s->core->loop, &w->stall);
     transport_op_release(w->proof_op);
+    msg_mac_destroy(w->mac);
     if (w->conn != NULL) {
         loop_unwatch_fd(&s->core->loop, transport_conn_event_fd(w->conn->transport));
         conn_close(w->conn);
@@ -405,11 +408,20 @@ void push_prove(void *server, const struct sidechan_request *request)
             return;
         }
         {
-            char text[sizeof(REPLY_REGISTERED) + 2 * PUSH_HANDLE_LEN + 1];
+            char text[sizeof(REPLY_REGISTERED) + 2 * (PUSH_HANDLE_LEN + MSG_MAC_KEY_LEN) + 2];
             size_t n = (size_t)snprintf(text, sizeof(text), "%s ", REPLY_REGISTERED);
+            uint8_t key[MSG_MAC_KEY_LEN];
 
+            if (msg_mac_new_key(key, &w->mac) != KVX_OK) {
+                reply_error(s, &w->owner);
+                writer_close(s, w);
+                return;
+            }
             for (size_t b = 0; b < PUSH_HANDLE_LEN; b++)
                 n += (size_t)snprintf(text + n, sizeof(text) - n, "%02x", w->handle[b]);
+            n += (size_t)snprintf(text + n, sizeof(text) - n, " ");
+            for (size_t b = 0; b < MSG_MAC_KEY_LEN; b++)
+                n += (size_t)snprintf(text + n, sizeof(text) - n, "%02x", key[b]);
             w->proven = true;
             loop_timer_stop(&s->core->loop, &w->proof_deadline);
             reply_text(s, &w->owner, text);
@@ -931,17 +943,29 @@ void push_serve_message(void *server, const void *data, size_t size,
 {
     struct push_server *s = server;
     struct push_queued *q = NULL;
+    struct push_writer *w;
     struct push_request req;
     const void *body;
+    const uint8_t *request;
     size_t body_size;
     uint64_t id;
 
-    if (!push_am_request_parse(data, size, &id, &body, &body_size) ||
-        push_request_decode(body, body_size, &req) != KVX_OK) {
+    /* [tag][request]: the tag of the request's bytes under its writer's key */
+    if (!push_am_request_parse(data, size, &id, &body, &body_size) || body_size <= MSG_MAC_LEN ||
+        push_request_decode((request = (const uint8_t *)body + MSG_MAC_LEN),
+                            body_size - MSG_MAC_LEN, &req) != KVX_OK) {
         s->core->stats.push_messages_refused++; /* no handle to answer with: its deadline does */
         return;
     }
-    if (writer_of_handle(s, req.handle) == NULL) {
+    w = writer_of_handle(s, req.handle);
+    /* Changed or made by a third party who saw the handle on the data plane: a request without
+     * a token writes any of our blocks into any of the registrant's. Dropped unanswered. */
+    if (w != NULL && !msg_mac_verify(w->mac, request, body_size - MSG_MAC_LEN, body)) {
+        s->core->stats.push_messages_refused++;
+        push_request_free(&req);
+        return;
+    }
+    if (w == NULL) {
         error_set(KVX_ERR_INVALID, "push: no registered writer has that handle (evicted or never "
                                    "registered): register again");
         message_refuse(s, from, id, req.handle, ERROR_CODE_UNREGISTERED);

@@ -13,6 +13,7 @@
 #include "conn.h"
 #include "core.h"
 #include "done_handles.h"
+#include "msg_mac.h"
 #include "notify.h"
 #include "prefill.h"
 #include "peer.h"
@@ -1516,6 +1517,112 @@ static void a_done_made_from_sniffed_ones_is_dropped(void **state)
     assert_int_equal(kvx_agent_destroy(decode1), KVX_OK);
 }
 
+/* Reads every frame captured so far and keeps a push request message of request
+ * `request_id` that the capture saw: its writer handle, and what came between the message's
+ * header and the request (the tag, where messages carry one). False when none was seen. */
+static bool sniff_push(int capture, uint64_t request_id, uint8_t handle[PUSH_HANDLE_LEN],
+                       uint8_t tag[MSG_MAC_LEN], size_t *tag_size_p)
+{
+    static uint8_t frame[1 << 17];
+    const uint32_t magic = PUSH_AM_REQUEST_MAGIC;
+    bool found           = false;
+    ssize_t n;
+
+    while ((n = recv(capture, frame, sizeof(frame), 0)) > 0) {
+        for (size_t at = 0; !found && at + PUSH_AM_REQUEST_HEADER < (size_t)n; at++) {
+            if (memcmp(frame + at, &magic, sizeof(magic)) != 0)
+                continue;
+            for (size_t tag_size = 0; !found && tag_size <= MSG_MAC_LEN; tag_size += MSG_MAC_LEN) {
+                size_t start = at + PUSH_AM_REQUEST_HEADER + tag_size;
+                struct push_request req;
+
+                for (size_t end = (size_t)n; !found && end > start && end + 64 > (size_t)n; end--) {
+                    if (push_request_decode(frame + start, end - start, &req) != KVX_OK)
+                        continue;
+                    if (req.request_id == request_id) {
+                        memcpy(handle, req.handle, PUSH_HANDLE_LEN);
+                        memcpy(tag, frame + at + PUSH_AM_REQUEST_HEADER, tag_size);
+                        *tag_size_p = tag_size;
+                        found       = true;
+                    }
+                    push_request_free(&req);
+                }
+            }
+        }
+    }
+    return found;
+}
+
+/* Issue 36 finding 4, for pushes: a push request on the data plane names its writer by a
+ * handle in the clear, and one without a token writes any of the prefill's blocks into any of
+ * the registrant's. A third party who saw our push (its handle) asked the prefill to write
+ * its block 12 into our block 13; now a request carries a tag under the writer's key, which
+ * only the side channel carried, and the made-up one is dropped (push_messages_refused):
+ * block 13 stays as it was. Over tcp, so that the messages leave the processes. */
+static void a_push_made_from_a_sniffed_one_writes_nothing(void **state)
+{
+    struct session *s          = *state;
+    kvx_agent_params_t insider = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                                                KVX_AGENT_PARAM_FIELD_TRANSPORTS,
+                                  .timeout_ms = TIMEOUT_MS,
+                                  .transports = "tcp"};
+    uint64_t to_block          = 13;
+    uint64_t from_block        = 12;
+    kvx_group_ids_t to         = {&to_block, 1};
+    kvx_group_ids_t from       = {&from_block, 1};
+    kvx_request_t made_up      = {&to, 1, &from, 1, NULL};
+    uint8_t handle[PUSH_HANDLE_LEN];
+    uint8_t forged[PUSH_AM_MAX];
+    uint8_t message[PUSH_AM_MAX];
+    size_t tag_size = 0;
+    void *body      = NULL;
+    size_t size     = 0;
+    size_t framed;
+    kvx_agent_t *third;
+    kvx_peer_t *third_peer;
+    struct report before;
+    struct report r;
+    int capture = loopback_capture();
+
+    if (capture < 0)
+        skip(); /* not root: no capture */
+    block_clear(s->agent, 10);
+    assert_int_equal(transfer(s, true, 60, 10, NULL), KVX_OK); /* ours, by message */
+    assert_true(block_matches(s->agent, 10));
+    assert_true(sniff_push(capture, 60, handle, forged, &tag_size));
+    close(capture);
+    print_message("the push request seen, with %zu bytes between its header and itself\n",
+                  tag_size);
+    assert_int_equal(push_request_encode(61, handle, 10000, 0, &made_up, &body, &size), KVX_OK);
+    assert_true(tag_size + size <= sizeof(forged));
+    memcpy(forged + tag_size, body, size); /* after the tag it saw, if any */
+    free(body);
+    framed = push_am_request_frame(99, forged, tag_size + size, message);
+    assert_true(framed > 0);
+
+    block_clear(s->agent, to_block);
+    before = command(s, 's', NULL, 0);
+    third  = decode_agent_with(&insider);
+    assert_int_equal(kvx_agent_connect(third, s->prefill_address, &third_peer), KVX_OK);
+    assert_int_equal(
+        transport_msg_send(peer_conn(third_peer)->transport, CORE_AM_PUSH_REQUEST, message, framed),
+        KVX_OK);
+    /* until the prefill dropped it, or (before) wrote it: our agent serves the writes */
+    for (uint64_t end = clock_ms() + 10000;; kvx_agent_progress(third, 1)) {
+        r = command(s, 's', NULL, 0);
+        if (r.stats.push_messages_refused > before.stats.push_messages_refused ||
+            (r.stats.pushes_by_message > before.stats.pushes_by_message &&
+             r.stats.pushes_serving == 0) ||
+            clock_ms() > end)
+            break;
+    }
+    assert_int_equal(r.stats.push_messages_refused, before.stats.push_messages_refused + 1);
+    assert_int_equal(r.stats.pushes_by_message, before.stats.pushes_by_message);
+    assert_true(block_is_zero(s->agent, to_block));
+    kvx_peer_destroy(third_peer);
+    assert_int_equal(kvx_agent_destroy(third), KVX_OK);
+}
+
 static int session_setup_relay(void **state)
 {
     int result;
@@ -1558,6 +1665,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_push_over_tcp_goes_to_the_writer, session_setup_tcp,
                                         session_teardown),
         cmocka_unit_test_setup_teardown(a_done_made_from_sniffed_ones_is_dropped,
+                                        session_setup_tcp, session_teardown),
+        cmocka_unit_test_setup_teardown(a_push_made_from_a_sniffed_one_writes_nothing,
                                         session_setup_tcp, session_teardown),
         cmocka_unit_test_setup_teardown(a_second_resend_of_a_done_is_a_malformed_answer,
                                         session_setup_liar, session_teardown),

@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "core.h"
 #include "layouts.h"
+#include "msg_mac.h"
 #include "prefill.h"
 #include "push_limits.h"
 #include "push_request.h"
@@ -441,6 +442,7 @@ static int run_message_insider(const char *address, int go)
     void *bytes;
     size_t body_size;
     void *body;
+    uint8_t tagged[PUSH_AM_MAX] = {0};
     size_t framed;
 
     alarm(60);
@@ -468,8 +470,13 @@ static int run_message_insider(const char *address, int go)
         transport_conn_create(t, info.transport_address.data, info.transport_address.size, NULL,
                               0, &conn) != KVX_OK)
         return 52;
+    /* [tag][request]: a made-up handle, and a tag of zeros (no key to make one with) */
     if (push_request_encode(7, handle, 10000, 0, &request, &body, &body_size) != KVX_OK ||
-        (framed = push_am_request_frame(77, body, body_size, message)) == 0 ||
+        body_size > sizeof(tagged) - MSG_MAC_LEN)
+        return 53;
+    memcpy(tagged + MSG_MAC_LEN, body, body_size);
+    framed = push_am_request_frame(77, tagged, MSG_MAC_LEN + body_size, message);
+    if (framed == 0 ||
         transport_msg_send(conn, CORE_AM_PUSH_REQUEST, message, framed) != KVX_OK)
         return 53;
     for (uint64_t deadline = clock_ms() + 10000; !seen.seen && clock_ms() < deadline;)
