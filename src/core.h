@@ -33,8 +33,8 @@
 #define VERB_CHECKSUM      "kvx-checksum 3"      /* body: ranges to hash (checksum.h) */
 #define VERB_DONE_HANDLE   "kvx-done-handle 2"   /* no body; answered REPLY_DONE_HANDLE */
 #define REPLY_PUSHED       "kvx-done"
-#define REPLY_REGISTERED   "kvx-registered"  /* then " ", the writer's handle (32 hex), " ", its key (64 hex) */
-#define REPLY_DONE_HANDLE  "kvx-done-handle" /* then " ", the handle (32 hex), " ", its key (64 hex) */
+#define REPLY_REGISTERED   "kvx-registered"  /* then " ", the writer's handle (32 hex), " ", its key (32 hex) */
+#define REPLY_DONE_HANDLE  "kvx-done-handle" /* then " ", the handle (32 hex), " ", its key (32 hex) */
 #define REPLY_ERROR        "kvx-error "      /* then the message */
 
 struct xfer_set;

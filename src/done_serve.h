@@ -13,7 +13,7 @@ void done_serve(struct core *core, struct sidechan_server *side,
                 const struct sidechan_request *request);
 
 /* VERB_DONE_HANDLE: the connection's handle for dones on the data plane (done_handles.h),
- * answered REPLY_DONE_HANDLE, the handle in 32 hex digits and its key in 64. */
+ * answered REPLY_DONE_HANDLE, the handle and its key in 32 hex digits each. */
 void done_serve_handle(struct core *core, struct sidechan_server *side,
                        const struct sidechan_request *request);
 
