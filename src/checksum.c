@@ -10,11 +10,6 @@
 #include <inttypes.h>
 #include <string.h>
 
-uint64_t checksum_of(const void *data, size_t len)
-{
-    return XXH3_64bits(data, len);
-}
-
 /* XXH3's own state, allocated by the library: its size is not part of its ABI. */
 struct checksum_stream *checksum_stream_create(void)
 {
@@ -40,28 +35,6 @@ void checksum_stream_destroy(struct checksum_stream *stream)
 {
     if (stream != NULL)
         XXH3_freeState((XXH3_state_t *)stream);
-}
-
-kvx_status_t checksum_of_staged(checksum_read_t read, void *arg, uint64_t len, void *stage,
-                                size_t stage_size, uint64_t *sum_p)
-{
-    /* Allocated by the library: the state's size is not part of its ABI. */
-    XXH3_state_t *state = XXH3_createState();
-    kvx_status_t status = KVX_OK;
-
-    if (state == NULL)
-        return error_no_memory("a checksum's state");
-    XXH3_64bits_reset(state);
-    for (uint64_t at = 0; at < len && status == KVX_OK; at += stage_size) {
-        size_t piece = len - at < stage_size ? (size_t)(len - at) : stage_size;
-
-        status = read(arg, at, stage, piece);
-        if (status == KVX_OK)
-            XXH3_64bits_update(state, stage, piece);
-    }
-    *sum_p = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
-    return status;
 }
 
 static void put_u32(uint8_t *p, uint32_t v)

@@ -31,25 +31,15 @@ struct checksum_range {
     uint64_t len;
 };
 
-/* XXH3-64 (seed 0) of `len` bytes at `data`. */
-uint64_t checksum_of(const void *data, size_t len);
-
-/* The same checksum taken a piece at a time (a range hashed over several turns of the loop:
- * checksum_serve.h): reset, update with the range's bytes in order, digest. Equal to
- * checksum_of over the whole range. */
+/* XXH3-64 (seed 0) of a range, taken a piece at a time (a range hashed over several turns of
+ * the loop, or staged out of GPU memory: checksum_serve.h): reset, update with the range's
+ * bytes in order, digest. */
 struct checksum_stream;
 struct checksum_stream *checksum_stream_create(void); /* NULL: no memory */
 void checksum_stream_reset(struct checksum_stream *stream);
 void checksum_stream_update(struct checksum_stream *stream, const void *data, size_t len);
 uint64_t checksum_stream_digest(const struct checksum_stream *stream);
 void checksum_stream_destroy(struct checksum_stream *stream); /* NULL-safe */
-
-/* The same checksum of `len` bytes the host cannot read in place (GPU memory): `read` copies
- * each next piece of at most `stage_size` bytes into `stage`, from offset 0 on. Fails with
- * what `read` failed with. */
-typedef kvx_status_t (*checksum_read_t)(void *arg, uint64_t offset, void *dst, size_t len);
-kvx_status_t checksum_of_staged(checksum_read_t read, void *arg, uint64_t len, void *stage,
-                                size_t stage_size, uint64_t *sum_p);
 
 /* Encodes a request for `count` ranges (1..CHECKSUM_MAX_RANGES, at most CHECKSUM_MAX_BYTES in
  * all) into `buf` of CHECKSUM_MAX_REQUEST_SIZE bytes; returns the bytes written. */
