@@ -655,8 +655,10 @@ static uint64_t stall_interval_ms(const struct push_server *s)
 }
 
 /* A writer made progress when one of its writing jobs completed an operation (a put, a
- * flush) or took a step since the last check; one that made none for the agent's timeout_ms
- * is stalled: its requester stopped progressing its worker (or its link carries nothing),
+ * flush) or took a step since the last check, or its connection's worker had something to do
+ * (push_progress: the bytes of a write leave as the link takes them, while UCX 1.13 moved
+ * eight 1 MiB pieces of one push at once, each completing only near the end, 8 s through
+ * 8 Mbit/s); one that made none for the agent's timeout_ms is stalled: its requester stopped progressing its worker (or its link carries nothing),
  * and all its jobs fail now, freeing their slots, instead of at their deadlines, which the
  * requester chose. Jobs waiting for their hold write nothing and are not judged here. Per
  * writer, not per job: one writer's jobs share a connection, so a job whose puts queue
@@ -1071,12 +1073,14 @@ unsigned push_progress(struct push_server *server)
     unsigned events = queued_start(server);
 
     for (size_t i = 0; server->connected > 0 && i < PUSH_MAX_WRITERS; i++) {
-        struct conn *conn = server->writers[i].conn;
+        struct push_writer *w = &server->writers[i];
 
-        for (int round = 0; conn != NULL && round < PUSH_PROGRESS_ROUNDS &&
-                            transport_conn_progress(conn->transport) > 0;
-             round++)
+        for (int round = 0; w->conn != NULL && round < PUSH_PROGRESS_ROUNDS &&
+                            transport_conn_progress(w->conn->transport) > 0;
+             round++) {
             events++;
+            w->moved = w->moved || w->jobs > 0; /* its link moves: writer_stall_check */
+        }
     }
     return events + jobs_advance(server);
 }
