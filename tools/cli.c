@@ -1,6 +1,6 @@
 /* cli.c: what every kvx subcommand shares, below all of them: exit statuses, the one-line
  * error, usage errors and number options. Calls only the library, so no command file and
- * kvx.c, which dispatches to them, ever call each other in a circle. */
+ * main.c, which dispatches to them, ever call each other in a circle. */
 #include "cli.h"
 
 #include <errno.h>

@@ -1,5 +1,6 @@
-/* kvx.c: the kvx command line. Subcommands parse arguments and print; the work is the
- * library's. Exit status: 0 success, 2 bad input or usage, 1 internal failure. */
+/* main.c: the kvx command line (not kvx.c: that stem is the API's, include/kvx.h). Subcommands
+ * parse arguments and print; the work is the library's. Exit status: 0 success, 2 bad input or
+ * usage, 1 internal failure. */
 #include "bench.h"
 #include "block_ids.h"
 #include "builtin_layouts.h"
