@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <linux/filter.h>
 #include <linux/if_packet.h>
 #include <net/ethernet.h>
 #include <net/if.h>
@@ -1358,20 +1359,34 @@ static kvx_agent_t *decode_agent_with(const kvx_agent_params_t *params)
     return agent;
 }
 
+/* Request ids of the sniffing tests: a capture of loopback sees every test's traffic, and
+ * other tests (ctest -j) use small ids. */
+#define SNIFFED 0x736e696666000000ull
+
 /* A capture of loopback's frames, as anyone on a data plane's path sees them; -1 where this
  * process may not (AF_PACKET needs CAP_NET_RAW). */
 static int loopback_capture(void)
 {
-    struct sockaddr_ll where = {.sll_family   = AF_PACKET,
-                                .sll_protocol = htons(ETH_P_ALL),
-                                .sll_ifindex  = (int)if_nametoindex("lo")};
-    int size                 = 16 << 20;
-    int fd                   = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK, htons(ETH_P_ALL));
+    /* frames under 4 KiB only: the messages sniffed are a few hundred bytes, and other tests'
+     * bulk transfers on loopback (ctest -j) would fill the buffer before they are read */
+    struct sock_filter small[] = {
+        {BPF_LD | BPF_W | BPF_LEN, 0, 0, 0},
+        {BPF_JMP | BPF_JGE | BPF_K, 0, 1, 4096},
+        {BPF_RET | BPF_K, 0, 0, 0},
+        {BPF_RET | BPF_K, 0, 0, 0xffff},
+    };
+    struct sock_fprog program = {.len = sizeof(small) / sizeof(small[0]), .filter = small};
+    struct sockaddr_ll where  = {.sll_family   = AF_PACKET,
+                                 .sll_protocol = htons(ETH_P_ALL),
+                                 .sll_ifindex  = (int)if_nametoindex("lo")};
+    int size                  = 16 << 20;
+    int fd                    = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK, 0); /* none yet */
 
     if (fd < 0)
         return -1;
     (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &size, sizeof(size));
-    if (bind(fd, (struct sockaddr *)&where, sizeof(where)) != 0) {
+    if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof(program)) != 0 ||
+        bind(fd, (struct sockaddr *)&where, sizeof(where)) != 0) {
         close(fd);
         return -1;
     }
@@ -1464,24 +1479,24 @@ static void a_done_made_from_sniffed_ones_is_dropped(void **state)
     decode1 = decode_agent_with(&params);
     assert_int_equal(kvx_agent_connect(decode1, s->prefill_address, &peer1), KVX_OK);
     /* both ranks' first dones ask for their handles; their second ones go as messages */
-    for (uint64_t id = 50; id < 52; id++) {
+    for (uint64_t id = SNIFFED; id < SNIFFED + 2; id++) {
         group   = (kvx_group_ids_t){&block, 1};
         request = (kvx_request_t){&group, 1, NULL, 0, NULL};
         assert_int_equal(transfer(s, false, id, 10, NULL), KVX_OK);
         assert_int_equal(kvx_read(decode1, &peer1, 1, id, &request, NULL), KVX_OK);
     }
-    assert_true(sniff_done(capture, 51, 1, &rank1)); /* rank 1's handle, in the clear */
-    r = command(s, 'H', &(struct hold_command){52, block, 2, token}, sizeof(struct hold_command));
+    assert_true(sniff_done(capture, SNIFFED + 1, 1, &rank1)); /* rank 1's handle, in the clear */
+    r = command(s, 'H', &(struct hold_command){SNIFFED + 2, block, 2, token}, sizeof(struct hold_command));
     block_clear(s->agent, block);
-    assert_int_equal(transfer(s, false, 52, block, &token), KVX_OK); /* rank 0 counted */
+    assert_int_equal(transfer(s, false, SNIFFED + 2, block, &token), KVX_OK); /* rank 0 counted */
     assert_true(block_matches(s->agent, block));
-    assert_true(sniff_done(capture, 52, 0, &rank0)); /* the hold's token, in the clear */
+    assert_true(sniff_done(capture, SNIFFED + 2, 0, &rank0)); /* the hold's token, in the clear */
     close(capture);
     assert_memory_equal(&rank0.note.done.token, &token, sizeof(token));
 
-    /* rank 1's done of request 52: rank 1's message with rank 0's token */
+    /* rank 1's done of the held request: rank 1's message with rank 0's token */
     note                 = rank1.note;
-    note.done.request_id = 52;
+    note.done.request_id = SNIFFED + 2;
     note.done.token      = rank0.note.done.token;
     memcpy(forged, rank1.head, rank1.head_size);
     memcpy(forged + rank1.head_size, &note, sizeof(note));
@@ -1506,11 +1521,11 @@ static void a_done_made_from_sniffed_ones_is_dropped(void **state)
     group   = (kvx_group_ids_t){&block, 1};
     request = (kvx_request_t){&group, 1, NULL, 0, &token};
     block_clear(decode1, block);
-    assert_int_equal(kvx_read(decode1, &peer1, 1, 52, &request, NULL), KVX_OK);
+    assert_int_equal(kvx_read(decode1, &peer1, 1, SNIFFED + 2, &request, NULL), KVX_OK);
     assert_true(block_matches(decode1, block));
     r = command(s, 's', NULL, 0);
     assert_int_equal(r.stats.released, 1);
-    assert_int_equal(r.last_release, 52);
+    assert_int_equal(r.last_release, SNIFFED + 2);
     kvx_peer_destroy(third_peer);
     assert_int_equal(kvx_agent_destroy(third), KVX_OK);
     kvx_peer_destroy(peer1);
@@ -1587,13 +1602,13 @@ static void a_push_made_from_a_sniffed_one_writes_nothing(void **state)
     if (capture < 0)
         skip(); /* not root: no capture */
     block_clear(s->agent, 10);
-    assert_int_equal(transfer(s, true, 60, 10, NULL), KVX_OK); /* ours, by message */
+    assert_int_equal(transfer(s, true, SNIFFED + 10, 10, NULL), KVX_OK); /* ours, by message */
     assert_true(block_matches(s->agent, 10));
-    assert_true(sniff_push(capture, 60, handle, forged, &tag_size));
+    assert_true(sniff_push(capture, SNIFFED + 10, handle, forged, &tag_size));
     close(capture);
     print_message("the push request seen, with %zu bytes between its header and itself\n",
                   tag_size);
-    assert_int_equal(push_request_encode(61, handle, 10000, 0, &made_up, &body, &size), KVX_OK);
+    assert_int_equal(push_request_encode(SNIFFED + 11, handle, 10000, 0, &made_up, &body, &size), KVX_OK);
     assert_true(tag_size + size <= sizeof(forged));
     memcpy(forged + tag_size, body, size); /* after the tag it saw, if any */
     free(body);
