@@ -572,6 +572,20 @@ static kvx_status_t agent_auth(kvx_agent_t *agent, const kvx_agent_params_t *par
 
 /* Binds the side channel behind its gate: the ZAP handler first, so no connection is ever
  * admitted without it, then the listening socket within its limits, then the push server. */
+/* kvx's TCP links listen where the side channel will (transport_listen), before the metadata
+ * that names their port is packed. */
+static kvx_status_t agent_links_listen(kvx_agent_t *agent, const kvx_agent_params_t *params,
+                                       uint64_t mask)
+{
+    struct hostport hp;
+    kvx_status_t status;
+
+    if (!(mask & KVX_AGENT_PARAM_FIELD_LISTEN) || params->listen == NULL)
+        return KVX_OK;
+    status = hostport_resolve(params->listen, "listen", &hp);
+    return status == KVX_OK ? transport_listen(agent->core.transport, hp.host) : status;
+}
+
 static kvx_status_t agent_listen(kvx_agent_t *agent, const char *listen)
 {
     struct core *core                   = &agent->core;
@@ -765,6 +779,7 @@ kvx_status_t kvx_agent_create(const kvx_layout_t *layout, const kvx_agent_params
                                             agent_on_push_answer, agent)) != KVX_OK ||
         (status = transport_msg_set_handler(core->transport, CORE_AM_DONE_ANSWER, true,
                                             agent_on_done_answer, core)) != KVX_OK ||
+        (status = agent_links_listen(agent, params, mask)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PULL, &agent->metadata,
                                       &agent->metadata_size)) != KVX_OK ||
         (status = agent_metadata_pack(agent, params, KVX_MODE_PUSH, &agent->push_metadata,

@@ -37,7 +37,7 @@ static kvx_status_t table_digest(const kvx_regions_t *table, uint32_t tp_size,
 }
 
 /* The transport connection: the worker address and every registration's key and base. */
-static kvx_status_t conn_transport_open(struct transport *t, struct conn *c)
+static kvx_status_t conn_transport_open(struct transport *t, const char *host, struct conn *c)
 {
     kvx_metadata_info_t info;
     kvx_registration_info_t reg;
@@ -58,12 +58,13 @@ static kvx_status_t conn_transport_open(struct transport *t, struct conn *c)
                                                            reg.mem == KVX_MEM_VRAM};
     }
     status = transport_conn_create(t, info.transport_address.data, info.transport_address.size,
-                                   mems, info.num_registrations, &c->transport);
+                                   host, mems, info.num_registrations, &c->transport);
     free(mems);
     return status;
 }
 
-kvx_status_t conn_open(struct transport *t, const kvx_regions_t *local, uint32_t local_tp,
+kvx_status_t conn_open(struct transport *t, const char *host, const kvx_regions_t *local,
+                       uint32_t local_tp,
                        uint32_t local_rank, kvx_transfer_mode_t mode, const void *metadata,
                        size_t size, struct conn **conn_p)
 {
@@ -108,7 +109,7 @@ kvx_status_t conn_open(struct transport *t, const kvx_regions_t *local, uint32_t
             status = table_digest(remote, info.tp_size, c->table_digest);
     }
     if (status == KVX_OK)
-        status = conn_transport_open(t, c);
+        status = conn_transport_open(t, host, c);
     if (status != KVX_OK) {
         conn_close(c);
         return status;

@@ -26,8 +26,10 @@ struct conn {
 /* Decodes and checks a peer's metadata for `mode` and connects to it. Pull (we read, the
  * peer is a prefill rank): the table is validated against ours with our TP, and the plan
  * goes from our table to the peer's. Push (we write into the peer, a decode rank): the plan
- * goes from the peer's table to ours, with the peer's TP as the local one. */
-kvx_status_t conn_open(struct transport *t, const kvx_regions_t *local, uint32_t local_tp,
+ * goes from the peer's table to ours, with the peer's TP as the local one. `host` is where the
+ * peer's side channel was reached (its links listen there), or NULL (a push writer's). */
+kvx_status_t conn_open(struct transport *t, const char *host, const kvx_regions_t *local,
+                       uint32_t local_tp,
                        uint32_t local_rank, kvx_transfer_mode_t mode, const void *metadata,
                        size_t size, struct conn **conn_p);
 

@@ -89,6 +89,7 @@ kvx_status_t hostport_resolve(const char *address, const char *what, struct host
              address + (bracketed ? 1 : 0));
     if (strcmp(host, "*") == 0) {
         snprintf(out.endpoint, sizeof(out.endpoint), "tcp://*:%s", colon + 1);
+        snprintf(out.host, sizeof(out.host), "*");
         *hp = out;
         return KVX_OK;
     }
@@ -97,6 +98,7 @@ kvx_status_t hostport_resolve(const char *address, const char *what, struct host
         return status;
     snprintf(out.endpoint, sizeof(out.endpoint), out.ipv6 ? "tcp://[%s]:%s" : "tcp://%s:%s",
              numeric, colon + 1);
+    snprintf(out.host, sizeof(out.host), "%s", numeric);
     *hp = out;
     return KVX_OK;
 }

@@ -10,6 +10,7 @@
 
 struct hostport {
     char endpoint[HOSTPORT_ENDPOINT_SIZE]; /* "tcp://127.0.0.1:5555", "tcp://[::1]:0" */
+    char host[HOSTPORT_ENDPOINT_SIZE];     /* its host alone: "127.0.0.1", "::1", "*" */
     bool ipv6;                             /* the socket needs ZMQ_IPV6 */
     bool loopback;                         /* 127.0.0.0/8 or ::1 (a name: what it resolved to) */
 };

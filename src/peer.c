@@ -7,6 +7,7 @@
 #include "clock.h"
 #include "done_handles.h"
 #include "error.h"
+#include "hostport.h"
 #include "invariant.h"
 #include "notify.h"
 #include "push_request.h"
@@ -215,8 +216,12 @@ static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
     kvx_status_t status = sidechan_fetch(core->zmq, peer->address, &core->keys, VERB_METADATA,
                                          KVX_MAX_METADATA_SIZE, core->timeout_ms, &bytes, &size);
 
+    struct hostport hp;
+
     if (status == KVX_OK)
-        status = conn_open(core->transport, core->regions, core->tp_size, core->tp_rank,
+        status = hostport_resolve(peer->address, "peer", &hp);
+    if (status == KVX_OK)
+        status = conn_open(core->transport, hp.host, core->regions, core->tp_size, core->tp_rank,
                            KVX_MODE_PULL, bytes, size, &link->conn);
     free(bytes);
     if (status == KVX_OK)

@@ -133,6 +133,8 @@ kvx_status_t push_server_create(struct core *core, struct sidechan_server *side,
     status = kvx_pairs_create(&s->pairs);
     if (status == KVX_OK)
         status = transport_create(tls, true, &s->transport);
+    if (status == KVX_OK) /* a writer finds the link its decode peer opened to us */
+        transport_links_share(s->transport, core->transport);
     if (status == KVX_OK)
         status = transport_worker_address(core->transport, &s->own_addresses[0], &s->own_sizes[0]);
     if (status == KVX_OK)
@@ -362,7 +364,7 @@ void push_register(void *server, const struct sidechan_request *request)
         w->used    = true;
         w->owner   = request->origin;
         w->used_at = ++s->uses;
-        status = conn_open(s->transport, core->regions, core->tp_size, core->tp_rank, KVX_MODE_PUSH,
+        status = conn_open(s->transport, NULL, core->regions, core->tp_size, core->tp_rank, KVX_MODE_PUSH,
                            request->body, request->body_size, &w->conn);
         s->connected += w->conn != NULL;
     }

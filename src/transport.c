@@ -6,6 +6,7 @@
 #include "clock.h"
 #include "error.h"
 #include "invariant.h"
+#include "tcplink_frame.h"
 #include "transport_private.h"
 
 #include <stdio.h>
@@ -47,6 +48,46 @@ static bool tls_without_keys(const char *tls)
     return false;
 }
 
+static int worker_event_fd(ucp_worker_h worker)
+{
+    int fd = -1;
+
+    return ucp_worker_get_efd(worker, &fd) == UCS_OK ? fd : -1;
+}
+
+/* The list UCX is given: the caller's without tcp (transport_link.c says why), "self" where
+ * nothing else is left; and whether what is left reaches other processes of this host, or of
+ * other hosts, at all. */
+static void tls_for_ucx(const char *tls, char *out, size_t size, bool *host_p, bool *net_p)
+{
+    static const char *const host[] = {"sm",   "posix", "sysv",     "cma",
+                                       "xpmem", "knem", "cuda_ipc", "rocm_ipc"};
+    char list[256];
+    char *save;
+    size_t used = 0;
+
+    *host_p = *net_p = false;
+    out[0]           = '\0';
+    snprintf(list, sizeof(list), "%s", tls);
+    for (char *name = strtok_r(list, ",", &save); name != NULL; name = strtok_r(NULL, ",", &save)) {
+        if (strcmp(name, "tcp") == 0)
+            continue;
+        if (strcmp(name, "all") == 0) {
+            snprintf(out, size, "^tcp");
+            *host_p = *net_p = true;
+            return;
+        }
+        for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
+            *host_p = *host_p || strcmp(name, host[i]) == 0;
+        *net_p = *net_p || strncmp(name, "rc", 2) == 0 || strncmp(name, "dc", 2) == 0 ||
+                 strncmp(name, "ud", 2) == 0 || strncmp(name, "ib", 2) == 0;
+        used += (size_t)snprintf(out + used, used < size ? size - used : 0, "%s%s",
+                                 used > 0 ? "," : "", name);
+    }
+    if (used == 0)
+        snprintf(out, size, "self");
+}
+
 /* The grants a serving transport hands out, random per transport. */
 static kvx_status_t tokens_make(struct transport *t)
 {
@@ -71,15 +112,22 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
     ucp_config_t *config;
     ucs_status_t st;
     kvx_status_t status;
+    char ucx_tls[256];
+    bool ucx_net;
 
     if (t == NULL)
         return error_no_memory("a transport");
     if (tls == NULL)
         tls = KVX_DEFAULT_TRANSPORTS;
+    t->listen_fd  = -1;
+    t->link_epoll = -1;
     transport_log_attach(t); /* first: UCX logs from ucp_init on */
     /* Without RMA a context registers none of UCX's software get and put handlers, which
      * serve any address to whoever reaches the worker: kvx serves its own (transport_am.c). */
     t->served = tls_without_keys(tls);
+    t->links  = t->served;
+    tls_for_ucx(tls, ucx_tls, sizeof(ucx_tls), &t->ucx_host, &ucx_net);
+    t->ucx_net = ucx_net;
     if (!t->served)
         params.features |= UCP_FEATURE_RMA;
     if (t->served && (status = tokens_make(t)) != KVX_OK) {
@@ -94,10 +142,10 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
         return transport_ucs_error("reading the UCX configuration", st);
     }
     /* The transport list is explicit: never whatever UCX would pick on its own. */
-    st = ucp_config_modify(config, "TLS", tls);
+    st = ucp_config_modify(config, "TLS", t->links ? ucx_tls : tls);
     if (st == UCS_OK && one_rail)
         st = ucp_config_modify(config, "MAX_RNDV_RAILS", "1");
-    status = st == UCS_OK ? transport_settings_apply(config, t->served, &t->tcp_segments)
+    status = st == UCS_OK ? transport_settings_apply(config, false, &t->tcp_segments)
                           : transport_ucs_error("configuring the context", st);
     if (status == KVX_OK && (st = ucp_init(&params, config, &t->context)) != UCS_OK)
         status = transport_ucs_error("creating the context", st);
@@ -108,7 +156,9 @@ kvx_status_t transport_create(const char *tls, bool one_rail, struct transport *
         return status;
     }
     status = worker_create(t->context, &t->worker);
-    if (status == KVX_OK && (status = am_serve_set(t)) != KVX_OK)
+    if (status == KVX_OK && ((status = am_serve_set(t)) != KVX_OK ||
+                             (t->links && (status = link_plane_create(
+                                               t, worker_event_fd(t->worker))) != KVX_OK)))
         ucp_worker_destroy(t->worker);
     if (status != KVX_OK) {
         ucp_cleanup(t->context);
@@ -161,6 +211,8 @@ void transport_destroy(struct transport *t)
         t->parked = conn->next_parked;
         conn_free(conn);
     }
+    if (t->links)
+        link_plane_destroy(t);
     transport_log_close_begin(t, true); /* conn_free ended the window */
     ucp_worker_destroy(t->worker);
     am_records_free(&t->replies);
@@ -181,6 +233,8 @@ unsigned transport_progress(struct transport *t)
     t->progressing--;
     if (t->queued != NULL)
         am_writes_receive(t);
+    if (t->links)
+        events += (unsigned)link_plane_progress(t);
     return events;
 }
 
@@ -188,6 +242,8 @@ unsigned transport_conn_progress(struct transport_conn *conn)
 {
     unsigned events;
 
+    if (conn->linked)
+        return (unsigned)link_conn_progress(conn);
     conn->t->progressing++;
     events = ucp_worker_progress(conn->worker);
     conn->t->progressing--;
@@ -197,6 +253,8 @@ unsigned transport_conn_progress(struct transport_conn *conn)
         am_waiting_send(conn);
     if (conn->t->queued != NULL) /* writes to our storages, from the writer it serves */
         am_writes_receive(conn->t);
+    if (conn->link != NULL) /* the link its peer's push writer writes over */
+        events += (unsigned)link_conn_progress(conn);
     return events;
 }
 
@@ -205,33 +263,29 @@ bool transport_progressing(const struct transport *t)
     return t->progressing > 0;
 }
 
-static int worker_event_fd(ucp_worker_h worker)
-{
-    int fd = -1;
-
-    return ucp_worker_get_efd(worker, &fd) == UCS_OK ? fd : -1;
-}
 
 int transport_event_fd(struct transport *t)
 {
-    return worker_event_fd(t->worker);
+    return t->links ? t->link_epoll : worker_event_fd(t->worker);
 }
 
 int transport_conn_event_fd(struct transport_conn *conn)
 {
-    return worker_event_fd(conn->worker);
+    return conn->link != NULL ? conn->link_epoll : worker_event_fd(conn->worker);
 }
 
 bool transport_arm(struct transport *t)
 {
-    if (t->copying != NULL || t->settling != NULL)
+    if (t->copying != NULL || t->settling != NULL || (t->links && link_plane_busy(t)))
         return false;
     return ucp_worker_arm(t->worker) == UCS_OK;
 }
 
 bool transport_conn_arm(struct transport_conn *conn)
 {
-    return ucp_worker_arm(conn->worker) == UCS_OK;
+    if (conn->link != NULL && link_conn_busy(conn))
+        return false;
+    return conn->linked || ucp_worker_arm(conn->worker) == UCS_OK;
 }
 
 size_t transport_ops_orphaned(const struct transport *t)
@@ -421,12 +475,27 @@ static kvx_status_t worker_address(ucp_worker_h worker, void **buf_p, size_t *si
 
 kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t *size_p)
 {
-    return worker_address(t->worker, buf_p, size_p);
+    size_t trailer      = link_trailer_size(t);
+    kvx_status_t status = worker_address(t->worker, buf_p, size_p);
+    uint8_t *longer;
+
+    if (status != KVX_OK || trailer == 0)
+        return status;
+    if ((longer = realloc(*buf_p, *size_p + trailer)) == NULL) {
+        free(*buf_p);
+        return error_no_memory("a worker address");
+    }
+    link_trailer_write(t, longer + *size_p);
+    *buf_p = longer;
+    *size_p += trailer;
+    return KVX_OK;
 }
 
 kvx_status_t transport_conn_address(struct transport_conn *conn, void **buf_p, size_t *size_p)
 {
     conn->push_target = true;
+    if (conn->link != NULL)
+        return link_conn_address(conn, buf_p, size_p);
     return worker_address(conn->worker, buf_p, size_p);
 }
 
@@ -473,6 +542,7 @@ static struct transport_conn *conn_alloc(struct transport *t, size_t num_mems)
     if (conn == NULL)
         return NULL;
     conn->t           = t;
+    conn->link_epoll  = -1;
     conn->waiting_end = &conn->waiting;
     conn->rkeys       = calloc(num_mems + 1, sizeof(*conn->rkeys));
     conn->mapped      = calloc(num_mems + 1, sizeof(*conn->mapped));
@@ -545,9 +615,43 @@ static kvx_status_t conn_unpack_keys(struct transport_conn *conn,
 
 static kvx_status_t am_slots_conn_set(struct transport_conn *conn);
 
+/* A connection over a kvx link: the peer's grants (its UCX keys are of no use there), then its
+ * own link to the peer's listener, or (`ref`) a push writer's on the link the peer opened. */
+static kvx_status_t conn_create_linked(struct transport *t, const char *host,
+                                       const struct link_address *at, const uint8_t *ref, const struct transport_remote_mem *mems,
+                                       size_t num_mems, struct transport_conn **conn_p)
+{
+    struct transport_conn *conn = conn_alloc(t, num_mems);
+    kvx_status_t status         = KVX_OK;
+
+    if (conn == NULL)
+        return error_no_memory("a connection");
+    for (; status == KVX_OK && conn->num_rkeys < num_mems; conn->num_rkeys++) {
+        const struct transport_remote_mem *mem = &mems[conn->num_rkeys];
+
+        conn->storages[conn->num_rkeys].size   = mem->size;
+        conn->storages[conn->num_rkeys].device = mem->device;
+        if (!conn_take_grant(conn, conn->num_rkeys, mem))
+            status = error_set(KVX_ERR_INVALID,
+                               "transport: the peer hands out UCX keys (its transports have no "
+                               "tcp) and is on another host or network namespace: give both the "
+                               "same transports");
+    }
+    conn->linked = true;
+    if (status == KVX_OK)
+        status = ref != NULL ? link_conn_borrow(conn, ref) : link_conn_open(conn, host, at);
+    if (status != KVX_OK) {
+        link_conn_close(conn);
+        conn_unalloc(conn);
+        return status;
+    }
+    *conn_p = conn;
+    return KVX_OK;
+}
+
 kvx_status_t transport_conn_create(struct transport *t, const void *address, size_t size,
-                                   const struct transport_remote_mem *mems, size_t num_mems,
-                                   struct transport_conn **conn_p)
+                                   const char *host, const struct transport_remote_mem *mems,
+                                   size_t num_mems, struct transport_conn **conn_p)
 {
     /* No peer-failure error mode: on UCX 1.13 it moves every operation onto TCP, ten to
      * thirty times slower (docs/agent.md "Closing" has the figures); liveness comes from
@@ -561,8 +665,24 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
     kvx_status_t status;
     ucs_status_t st;
 
+    struct link_address la;
+    uint8_t ref[16];
+    bool has_link;
+
     if (size == 0)
         return error_set(KVX_ERR_INVALID, "transport: empty worker address");
+    if (link_ref_read(address, size, ref))
+        return t->links ? conn_create_linked(t, NULL, NULL, ref, mems, num_mems, conn_p)
+                        : error_set(KVX_ERR_INVALID, "transport: the peer's writer address is a "
+                                                     "link's, and this agent's transports have "
+                                                     "no tcp");
+    /* Another host or network namespace, or one UCX reaches nothing on: over a link. */
+    has_link = link_trailer_read(address, &size, &la);
+    if (has_link && t->links &&
+        (memcmp(la.host_id, t->host_id, TRANSPORT_HOST_ID_SIZE) == 0 ? !t->ucx_host
+                                                                      : !t->ucx_net))
+        return conn_create_linked(t, host, &la, NULL, mems, num_mems, conn_p);
+    params.address = address;
     if ((conn = conn_alloc(t, num_mems)) == NULL)
         return error_no_memory("a connection");
     status = worker_create(t->context, &conn->worker);
@@ -581,6 +701,10 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
         return transport_ucs_error("connecting to the peer's worker", st);
     }
     status = conn_unpack_keys(conn, mems, num_mems);
+    /* A push writer of the peer (on its push transports, tcp by default: one lane that reaches
+     * only this process) writes over a link this connection opens. */
+    if (status == KVX_OK && has_link && t->links && host != NULL)
+        status = link_conn_open(conn, host, &la);
     if (status != KVX_OK) {
         transport_conn_destroy(conn);
         return status;
@@ -696,6 +820,8 @@ size_t transport_settle_run(struct transport *t)
     double until;
 
     KVX_ASSERT(t->progressing == 0); /* it frees connections */
+    if (t->links)
+        worked += link_plane_reap(t);
     if (t->settling == NULL && t->unmapping == NULL)
         return worked; /* before the clock: this runs every turn of the loop */
     until = clock_seconds() + TRANSPORT_SETTLE_SLICE;
@@ -791,6 +917,15 @@ void transport_conn_destroy(struct transport_conn *conn)
         return;
     t = conn->t;
     KVX_ASSERT(t->progressing == 0); /* a completion callback closing its own connection */
+    if (conn->linked) { /* closing its socket ends it: nothing of it lands after */
+        conn->settling = true;   /* its ops complete as it closes, telling no owner */
+        link_conn_close(conn);
+        while (conn->ops != NULL)
+            op_free(conn->ops);
+        conn_unalloc(conn);
+        return;
+    }
+    link_conn_close(conn); /* a push writer's link: nothing it sends lands after this */
     for (struct transport_op *op = conn->ops; op != NULL; op = op->next)
         copy_queue_drop(op); /* copies not made yet never are: the transfer is over */
     /* Its populating thread only ever reads ahead, and is never needed again (a closing
@@ -969,6 +1104,50 @@ static kvx_status_t puts_post(struct transport_op *op, uint32_t rs, const char *
     return KVX_OK;
 }
 
+/* transport_rma_post over a link: reads gathered into as few READs as they fit, writes in
+ * pieces; host memory only on both sides. */
+static kvx_status_t link_rma_post(struct transport_op *op, bool put, const kvx_pair_t *pairs,
+                                  size_t count, const struct transport_targets *targets)
+{
+    struct transport_conn *conn  = op->conn;
+    struct tcplink_range *ranges = put ? NULL : malloc((count + 1) * sizeof(*ranges));
+    void **locals                = put ? NULL : malloc((count + 1) * sizeof(*locals));
+    kvx_status_t status          = KVX_OK;
+    size_t n                     = 0;
+
+    if (!put && (ranges == NULL || locals == NULL))
+        status = error_no_memory("a read's ranges");
+    for (size_t i = 0; i < count && status == KVX_OK; i++) {
+        const kvx_pair_t *p = &pairs[i];
+        uint32_t ls         = targets->mirrored ? p->remote_storage : p->local_storage;
+        uint32_t rs         = targets->mirrored ? p->local_storage : p->remote_storage;
+        char *local         = (char *)targets->local_bases[ls] +
+                      (targets->mirrored ? p->remote_offset : p->local_offset);
+        uint64_t offset = targets->mirrored ? p->local_offset : p->remote_offset;
+
+        if (rs >= conn->num_rkeys || !conn->storages[rs].served)
+            status = error_set(KVX_ERR_INVALID, "transport: storage %u of the peer", rs);
+        else if ((targets->local_mems != NULL && targets->local_mems[ls] == KVX_MEM_VRAM) ||
+                 conn->storages[rs].device)
+            status = error_set(KVX_ERR_INVALID,
+                               "transport: kvx's TCP links move host memory only: GPU memory on "
+                               "another host needs an RDMA transport (rc, dc) in the list");
+        for (uint64_t at = 0; status == KVX_OK && put && at < p->len; at += TRANSPORT_PUT_PIECE)
+            status = link_write_post(op, rs, offset + at, local + at,
+                                     p->len - at < TRANSPORT_PUT_PIECE ? p->len - at
+                                                                       : TRANSPORT_PUT_PIECE);
+        if (status == KVX_OK && !put && p->len > 0) {
+            ranges[n]   = (struct tcplink_range){rs, offset, p->len};
+            locals[n++] = local;
+        }
+    }
+    if (status == KVX_OK && n > 0)
+        status = link_reads_post(op, ranges, locals, n);
+    free(ranges);
+    free(locals);
+    return status;
+}
+
 kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pair_t *pairs,
                                 size_t count, const struct transport_targets *targets)
 {
@@ -981,6 +1160,8 @@ kvx_status_t transport_rma_post(struct transport_op *op, bool put, const kvx_pai
           .user_data    = op,
     };
 
+    if (conn->linked)
+        return link_rma_post(op, put, pairs, count, targets);
     if (op->attach_size > 0 && !put && reads_one_message(op, pairs, count, targets, &reads))
         return am_reads_post_attached(op, &reads);
     reads = (struct am_reads){0};
@@ -1046,6 +1227,8 @@ kvx_status_t transport_flush_post(struct transport_op *op)
     };
     bool keyed = false;
 
+    if (op->conn->linked)
+        return KVX_OK; /* a write over a link completes when its owner answered */
     for (size_t s = 0; s < op->conn->num_rkeys; s++)
         keyed = keyed || !op->conn->storages[s].served;
     /* A served write completes when its owner answered that the bytes are in memory: a flush
@@ -1067,6 +1250,8 @@ kvx_status_t transport_am_post(struct transport_op *op, unsigned id, const void 
 
     if (size > sizeof(op->am))
         return error_set(KVX_ERR_INTERNAL, "transport: an active message of %zu bytes", size);
+    if (op->conn->linked)
+        return link_am_post(op, id, data, size);
     memcpy(op->am, data, size);
     return op_count(op, ucp_am_send_nbx(op->conn->ep, id, NULL, 0, op->am, size, &param),
                     "sending an active message");
@@ -1159,6 +1344,13 @@ void transport_conn_describe(struct transport_conn *conn, char *buf, size_t size
     char *save;
 
     buf[0] = '\0';
+    if (conn->linked) {
+        if (stream != NULL)
+            fclose(stream);
+        free(text);
+        link_conn_describe(conn, buf, size);
+        return;
+    }
     if (stream == NULL)
         return;
     ucp_ep_print_info(conn->ep, stream);

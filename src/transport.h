@@ -75,7 +75,19 @@ const struct transport_data_counters *transport_data_counters(const struct trans
 void transport_log_route(struct transport *t, bool routed);
 bool transport_log_next(struct transport *t, char *line, size_t size);
 
-/* The main worker's address, as a malloc'd copy the caller frees. */
+/* Where the transports include tcp, UCX is given none: a peer on another host or network
+ * namespace is reached over kvx's own TCP links (transport_link.c), which prove a grant of the
+ * peer's before either side reads a length from the other. A listening agent takes links at
+ * `host` (its side channel's; "*": every interface) on a port of the kernel's choosing, which
+ * its worker address carries. Does nothing where the transports have no tcp. */
+kvx_status_t transport_listen(struct transport *t, const char *host);
+
+/* Push writers of `t` take the links peers opened to `listener` (a link connection's
+ * transport_conn_address names one there): call before connecting. */
+void transport_links_share(struct transport *t, struct transport *listener);
+
+/* The main worker's address, as a malloc'd copy the caller frees (with the links' port when
+ * listening). */
 kvx_status_t transport_worker_address(struct transport *t, void **buf_p, size_t *size_p);
 /* The address of a connection's own worker (malloc'd): a peer's push writer connects there,
  * so that closing the connection ends whatever that writer still sends (it is never
@@ -94,10 +106,12 @@ struct transport_remote_mem {
  * remote keys unpacked on it. A storage that UCX maps into this process (shared memory the
  * peer allocated through UCX, on this host) is read with memcpy from that mapping, whatever
  * protocol UCX would pick; transport_conn_describe reports it. Creating one does not wait:
- * UCX wires the endpoint up as operations need it. */
+ * UCX wires the endpoint up as operations need it. A peer on another host or network namespace
+ * is reached over a kvx link to its listener at `host` (the host its side channel was reached
+ * at; NULL where the address is a link reference: transport_conn_address). */
 kvx_status_t transport_conn_create(struct transport *t, const void *address, size_t size,
-                                   const struct transport_remote_mem *mems, size_t num_mems,
-                                   struct transport_conn **conn_p);
+                                   const char *host, const struct transport_remote_mem *mems,
+                                   size_t num_mems, struct transport_conn **conn_p);
 
 /* Closes a connection and never waits. Copies from its mapped storages not made yet are
  * dropped. With nothing pending, its keys go, then its worker with its endpoint. With

@@ -360,7 +360,7 @@ static void reply_sent(void *request, ucs_status_t status, void *user_data)
     /* The requester has the bytes now: its done may be judged. A requester that went away
      * has nothing of ours to undo, and no answer to get. */
     if (status == UCS_OK && r->attach_size > 0 && r->t->read_hook != NULL) {
-        struct transport_msg_from from = {r->t, r->ep};
+        struct transport_msg_from from = {r->t, r->ep, NULL};
 
         r->t->read_hook(r->t->read_hook_arg, r->attach, r->attach_size, true, &from);
     }
@@ -408,7 +408,7 @@ static enum reply_sending reply_send(struct am_reply *r, unsigned id, const void
 static void attachment_give(struct transport *t, const void *data, size_t size, bool sent,
                             const ucp_am_recv_param_t *param)
 {
-    struct transport_msg_from from = {t, param->reply_ep};
+    struct transport_msg_from from = {t, param->reply_ep, NULL};
 
     if (size > 0 && t->read_hook != NULL)
         t->read_hook(t->read_hook_arg, data, size, sent, &from);

@@ -58,12 +58,16 @@ static kvx_status_t msg_send(ucp_ep_h ep, struct am_record **list, unsigned id, 
 kvx_status_t transport_msg_send(struct transport_conn *conn, unsigned id, const void *data,
                                 size_t size)
 {
+    if (conn->linked)
+        return link_msg_send(conn->link, id, data, size);
     return msg_send(conn->ep, &conn->requests, id, data, size, true);
 }
 
 bool transport_msg_reply(const struct transport_msg_from *from, unsigned id, const void *data,
                          size_t size)
 {
+    if (from->link != NULL)
+        return link_msg_send(from->link, id, data, size) == KVX_OK;
     return from->ep != NULL &&
            msg_send(from->ep, &from->t->replies, id, data, size, false) == KVX_OK;
 }
@@ -72,7 +76,7 @@ static ucs_status_t msg_received(void *arg, const void *header, size_t header_le
                                  size_t length, const ucp_am_recv_param_t *param)
 {
     struct msg_slot *slot          = arg;
-    struct transport_msg_from from = {slot->t, NULL};
+    struct transport_msg_from from = {slot->t, NULL, NULL};
 
     (void)header;
     (void)header_length;

@@ -34,6 +34,11 @@
 struct am_reply;
 struct am_request;
 struct am_share;
+struct transport_link; /* transport_link.c: a connection's or an accepted kvx TCP link */
+struct tcplink_range;
+
+/* What tells this host and network namespace from others (transport_link.c). */
+#define TRANSPORT_HOST_ID_SIZE 16
 
 /* transport_log.c: a transport's place in the process-wide log routing (attach at create,
  * detach at destroy, after its last worker), and the window in which this thread destroys
@@ -109,6 +114,18 @@ struct transport {
     void *read_hook_arg;
     struct transport_data_counters counters;
     struct transport_segments tcp_segments; /* what UCX uses (transport_settings.c) */
+    /* Its list had tcp: UCX gets none (transport_link.c), peers UCX cannot reach on this host
+     * go over kvx's links. */
+    bool links;
+    bool ucx_host;  /* UCX's list reaches processes of this host (not only "self") */
+    bool ucx_net;   /* and of other hosts (RDMA) */
+    int link_epoll; /* the listener, the links accepted and the main worker's event fd */
+    int listen_fd;  /* -1: not listening for links */
+    uint16_t listen_port;
+    struct transport_link *links_accepted; /* newest first */
+    struct transport *link_source;         /* whose accepted links writers borrow (or NULL) */
+    size_t num_links_accepted;
+    uint8_t host_id[TRANSPORT_HOST_ID_SIZE];
     /* UCX's log (transport_log.c), all under its mutex */
     struct transport *log_next; /* in the process's list of transports */
     bool log_routed;            /* UCX's warnings and errors come here, not to stdout */
@@ -171,6 +188,14 @@ struct transport_conn {
     unsigned settle_idle;                 /* progress calls in a row that did nothing */
     size_t writes_receiving; /* a writer's rendezvous bytes being received by its worker */
     bool push_target;        /* its address was handed out for a writer (transport_conn_address) */
+    /* A kvx link (transport_link.c): its own, or (borrowed) a push writer's on the link its
+     * peer opened to us. `linked`: its data goes over it, and it has no worker or endpoint;
+     * else it is the link a push writer of the peer writes over, beside UCX's endpoint. */
+    struct transport_link *link;
+    bool linked;
+    bool link_borrowed;
+    int link_epoll; /* its event descriptor: the link's socket (and its worker's descriptor) */
+    char link_to[96];
     bool parked;
     bool settling; /* closing (transport_settle_run): completions tell no owner */
 };
@@ -211,7 +236,8 @@ struct transport_op {
  * attachment). */
 struct transport_msg_from {
     struct transport *t;
-    ucp_ep_h ep; /* the sender's, as UCX gave it; NULL: no way back */
+    ucp_ep_h ep;                 /* the sender's, as UCX gave it; NULL: no way back */
+    struct transport_link *link; /* or the link it came on */
 };
 
 kvx_status_t transport_ucs_error(const char *what, ucs_status_t status);
@@ -297,6 +323,47 @@ void am_serve_free(struct transport *t);
 void am_records_free(struct am_record **list);
 /* Frees a connection's cookie table (after its worker). */
 void am_conn_free(struct transport_conn *conn);
+
+/* transport_link.c: kvx's TCP links under a transport whose list had tcp. The plane: an epoll
+ * set holding `worker_fd` (the main worker's), then the listener (transport_listen), the links
+ * accepted, progressed and bounded (reap: once a turn, outside progress). */
+kvx_status_t link_plane_create(struct transport *t, int worker_fd);
+void link_plane_destroy(struct transport *t);
+size_t link_plane_progress(struct transport *t);
+bool link_plane_busy(const struct transport *t);
+size_t link_plane_reap(struct transport *t);
+/* The trailer a listening transport appends to its worker address (0 bytes when not
+ * listening), and a peer's, read from the end of its address (`size` then shrinks to UCX's
+ * part): its port and host id. */
+struct link_address {
+    uint16_t port;
+    uint8_t host_id[TRANSPORT_HOST_ID_SIZE];
+    uint8_t key[TRANSPORT_TOKEN_SIZE]; /* what its links prove */
+};
+size_t link_trailer_size(const struct transport *t);
+void link_trailer_write(const struct transport *t, uint8_t *out);
+bool link_trailer_read(const void *address, size_t *size, struct link_address *out);
+/* A link reference (transport_conn_address of a connection over a link): the link's id. */
+bool link_ref_read(const void *address, size_t size, uint8_t id[16]);
+kvx_status_t link_conn_address(struct transport_conn *conn, void **buf_p, size_t *size_p);
+/* A connection's own link to the peer's listener at `host` and its trailer's port, proving its
+ * trailer's key; or a push writer's, on the accepted link with `id`. */
+kvx_status_t link_conn_open(struct transport_conn *conn, const char *host,
+                            const struct link_address *at);
+kvx_status_t link_conn_borrow(struct transport_conn *conn, const uint8_t id[16]);
+/* Closes its link (a borrowed one: drops its frames and answers), telling no op's owner. */
+void link_conn_close(struct transport_conn *conn);
+size_t link_conn_progress(struct transport_conn *conn);
+bool link_conn_busy(const struct transport_conn *conn);
+void link_conn_describe(const struct transport_conn *conn, char *buf, size_t size);
+/* Posts reads of `count` ranges of the peer's storages into host memory at `locals`, each an
+ * operation of `op` completed by its answer; the post's attachment goes with its only READ. */
+kvx_status_t link_reads_post(struct transport_op *op, const struct tcplink_range *ranges,
+                             void *const *locals, size_t count);
+kvx_status_t link_write_post(struct transport_op *op, uint32_t storage, uint64_t offset,
+                             const void *local, uint64_t len);
+kvx_status_t link_am_post(struct transport_op *op, unsigned id, const void *data, size_t size);
+kvx_status_t link_msg_send(struct transport_link *tl, unsigned id, const void *data, size_t size);
 
 /* transport_msg.c: sets the message handlers set so far on a new connection's worker. */
 kvx_status_t msg_conn_set(struct transport_conn *conn);

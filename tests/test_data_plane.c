@@ -260,7 +260,7 @@ static struct transport_conn *conn_with_grant(struct transport *t, const kvx_blo
     struct transport_remote_mem mem = {grant, base, (uint64_t)1 << 40, false};
     struct transport_conn *conn     = NULL;
 
-    if (transport_conn_create(t, address->data, address->size, &mem, 1, &conn) != KVX_OK)
+    if (transport_conn_create(t, address->data, address->size, "127.0.0.1", &mem, 1, &conn) != KVX_OK)
         printf("insider: %s\n", kvx_errmsg());
     return conn;
 }

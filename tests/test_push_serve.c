@@ -467,8 +467,8 @@ static int run_message_insider(const char *address, int go)
         handle[i] = (uint8_t)(0xa5 ^ i);
     if (transport_create("sm,cma,tcp", false, &t) != KVX_OK ||
         transport_msg_set_handler(t, CORE_AM_PUSH_ANSWER, true, answer_record, &seen) != KVX_OK ||
-        transport_conn_create(t, info.transport_address.data, info.transport_address.size, NULL,
-                              0, &conn) != KVX_OK)
+        transport_conn_create(t, info.transport_address.data, info.transport_address.size,
+                              "127.0.0.1", NULL, 0, &conn) != KVX_OK)
         return 52;
     /* [tag][request]: a made-up handle, and a tag of zeros (no key to make one with) */
     if (push_request_encode(7, handle, 10000, 0, &request, &body, &body_size) != KVX_OK ||
