@@ -17,6 +17,7 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <stddef.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,6 +206,28 @@ static void answer_take(kvx_peer_t *peer, struct peer_link *link, const char *te
     peer_down(peer, KVX_ERR_PEER_DOWN, reason, PEER_DEAD);
 }
 
+/* Waits until `conn`'s data link (kvx's TCP links: transport_conn_ready) is up, or `deadline`. */
+static kvx_status_t link_data_ready(struct transport_conn *conn, uint64_t deadline,
+                                    uint32_t timeout_ms)
+{
+    bool ready          = false;
+    kvx_status_t status = transport_conn_ready(conn, &ready);
+
+    while (status == KVX_OK && !ready) {
+        struct pollfd item = {.fd = transport_conn_event_fd(conn), .events = POLLIN};
+        uint64_t now       = clock_ms();
+
+        if (now >= deadline)
+            return error_set(KVX_ERR_PEER_TIMEOUT, "its data link was not up within %" PRIu32
+                                                   " ms", timeout_ms);
+        transport_conn_progress(conn);
+        if ((status = transport_conn_ready(conn, &ready)) != KVX_OK || ready)
+            break;
+        poll(&item, 1, deadline - now < 10 ? (int)(deadline - now) : 10);
+    }
+    return status;
+}
+
 /* The handshake into `link`: metadata, checks and plan, the transport connection, the kept
  * socket, and the first heartbeat answer (which names the instance), within the timeout. */
 static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
@@ -247,6 +270,8 @@ static kvx_status_t link_open(kvx_peer_t *peer, struct peer_link *link)
             answer_take(peer, link, reply, size);
         free(reply);
     }
+    if (status == KVX_OK)
+        status = link_data_ready(link->conn->transport, deadline, core->timeout_ms);
     if (status == KVX_OK)
         status = loop_watch_fd(&core->loop, sidechan_client_fd(link->client), true);
     if (status == KVX_OK)

@@ -760,6 +760,16 @@ bool tcplink_busy(const struct tcplink *l)
            (l->rx_state != RX_HEADER || rx_have(l) >= TCPLINK_HEADER_SIZE);
 }
 
+bool tcplink_named(const struct tcplink *l)
+{
+    return l->state == UP || (l->state == HELLO && !l->opener && l->hello_in_need == HELLO_PROOF_LEN);
+}
+
+const char *tcplink_why(const struct tcplink *l)
+{
+    return l->why;
+}
+
 bool tcplink_is_up(const struct tcplink *l)
 {
     return l->state == UP;

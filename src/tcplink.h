@@ -81,6 +81,10 @@ size_t tcplink_progress(struct tcplink *l);
 bool tcplink_busy(const struct tcplink *l);
 
 bool tcplink_is_up(const struct tcplink *l);
+/* Accepted, and its opener named it (its id is known): up, or proving its key. */
+bool tcplink_named(const struct tcplink *l);
+/* Why it went down (once tcplink_is_down). */
+const char *tcplink_why(const struct tcplink *l);
 bool tcplink_is_down(const struct tcplink *l);
 const uint8_t *tcplink_id(const struct tcplink *l); /* 16 bytes */
 size_t tcplink_queued(const struct tcplink *l);     /* frames in its queue out */

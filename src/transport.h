@@ -113,6 +113,11 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
                                    const char *host, const struct transport_remote_mem *mems,
                                    size_t num_mems, struct transport_conn **conn_p);
 
+/* Whether the connection's link (kvx's TCP data plane, if it has one) is up: both ends proved
+ * the key. An error once it is down (refused, closed, or not a kvx link at the other end). A
+ * decode agent waits for it before it names the link to a prefill (push registration). */
+kvx_status_t transport_conn_ready(struct transport_conn *conn, bool *ready_p);
+
 /* Closes a connection and never waits. Copies from its mapped storages not made yet are
  * dropped. With nothing pending, its keys go, then its worker with its endpoint. With
  * operations still pending it settles first (transport_settle_run): the loop progresses it a

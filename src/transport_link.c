@@ -695,24 +695,29 @@ void transport_links_share(struct transport *t, struct transport *listener)
 kvx_status_t link_conn_borrow(struct transport_conn *conn, const uint8_t id[16])
 {
     struct transport *source = conn->t->link_source != NULL ? conn->t->link_source : conn->t;
+    struct transport_link *found = NULL;
 
+    /* The decode side registers once its end of the link is up, so this end has its id, but
+     * may not have taken its proof yet (or this process has not turned since): writes then
+     * wait in the link's queue until it is up, and fail if it never is. */
+    link_plane_progress(source);
     for (struct transport_link *tl = source->links_accepted; tl != NULL; tl = tl->next) {
-        if (tcplink_is_up(tl->link) && memcmp(tcplink_id(tl->link), id, 16) == 0) {
-            tl->borrowers++;
-            conn->link          = tl;
-            conn->link_borrowed = true;
-            /* never ready: the link is progressed with the transport's main worker */
-            conn->link_epoll = epoll_create1(EPOLL_CLOEXEC);
-            snprintf(conn->link_to, sizeof(conn->link_to), "%s (its link)",
-                     tcplink_peer(tl->link));
-            return conn->link_epoll >= 0
-                       ? KVX_OK
-                       : error_set(KVX_ERR_INTERNAL, "transport: an epoll set: %s",
-                                   strerror(errno));
-        }
+        if (tcplink_named(tl->link) && memcmp(tcplink_id(tl->link), id, 16) == 0 &&
+            (found == NULL || tcplink_is_up(tl->link)))
+            found = tl;
     }
-    return error_set(KVX_ERR_PEER_DOWN,
-                     "transport: the link the decode side opened to this agent is gone");
+    if (found == NULL)
+        return error_set(KVX_ERR_PEER_DOWN,
+                         "transport: the link the decode side opened to this agent is gone");
+    found->borrowers++;
+    conn->link          = found;
+    conn->link_borrowed = true;
+    /* never ready: the link is progressed with its listener's transport */
+    conn->link_epoll = epoll_create1(EPOLL_CLOEXEC);
+    snprintf(conn->link_to, sizeof(conn->link_to), "%s (its link)", tcplink_peer(found->link));
+    return conn->link_epoll >= 0
+               ? KVX_OK
+               : error_set(KVX_ERR_INTERNAL, "transport: an epoll set: %s", strerror(errno));
 }
 
 void link_conn_close(struct transport_conn *conn)
@@ -743,6 +748,17 @@ void link_conn_close(struct transport_conn *conn)
         }
     }
     tl->borrowers--;
+}
+
+kvx_status_t transport_conn_ready(struct transport_conn *conn, bool *ready_p)
+{
+    struct tcplink *l = conn->link != NULL ? conn->link->link : NULL;
+
+    *ready_p = l == NULL || tcplink_is_up(l);
+    if (l != NULL && tcplink_is_down(l))
+        return error_set(KVX_ERR_PEER_DOWN, "its data link (%s): %s", conn->link_to,
+                         tcplink_why(l));
+    return KVX_OK;
 }
 
 size_t link_conn_progress(struct transport_conn *conn)
