@@ -678,6 +678,9 @@ kvx_status_t transport_conn_create(struct transport *t, const void *address, siz
                                                      "no tcp");
     /* Another host or network namespace, or one UCX reaches nothing on: over a link. */
     has_link = link_trailer_read(address, &size, &la);
+    if (has_link && t->links && host == NULL) /* a push writer: it writes over a link only */
+        return error_set(KVX_ERR_INVALID, "transport: the address names a worker, not a link "
+                                          "its peer opened to this agent");
     if (has_link && t->links &&
         (memcmp(la.host_id, t->host_id, TRANSPORT_HOST_ID_SIZE) == 0 ? !t->ucx_host
                                                                       : !t->ucx_net))
