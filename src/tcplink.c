@@ -43,7 +43,6 @@
 #define RX_BUFFER   (256u << 10)
 #define TURN_BYTES  ((size_t)8 << 20)
 #define WRITE_IOVS  64
-#define SINK_IOVS   64
 
 enum state { CONNECTING, HELLO, UP, DOWN };
 enum rx_state { RX_HEADER, RX_BODY, RX_SINK };
@@ -97,9 +96,10 @@ struct tcplink {
     uint8_t *body;        /* RX_BODY: its body */
     size_t body_cap;
     size_t body_done;
-    struct iovec sink[SINK_IOVS]; /* RX_SINK: where its body goes; none: dropped */
-    int sink_cnt;
-    int sink_at;
+    const struct iovec *sink; /* RX_SINK: where its body goes (the owner's); none: dropped */
+    size_t sink_cnt;
+    size_t sink_at;  /* the piece being filled */
+    size_t sink_off; /* bytes of it filled */
     size_t sink_left;
 };
 
@@ -584,16 +584,18 @@ static void frame_begin(struct tcplink *l)
     if (h->kind == TCPLINK_DATA || h->kind == TCPLINK_WRITE) {
         size_t sum = 0;
 
-        l->sink_cnt = h->length > 0 ? l->events->sink(l->arg, l, h, l->sink, SINK_IOVS) : 0;
+        l->sink     = NULL;
+        l->sink_cnt = h->length > 0 ? l->events->sink(l->arg, l, h, &l->sink) : 0;
         if (l->state == DOWN)
             return;
-        for (int i = 0; i < l->sink_cnt; i++)
+        for (size_t i = 0; i < l->sink_cnt; i++)
             sum += l->sink[i].iov_len;
         if (l->sink_cnt > 0 && sum != h->length) {
             tcplink_down(l, "a frame's body does not fit where it goes"); /* the owner's bug */
             return;
         }
         l->sink_at   = 0;
+        l->sink_off  = 0;
         l->sink_left = h->length;
         l->rx_state  = RX_SINK;
         return;
@@ -612,21 +614,32 @@ static void frame_begin(struct tcplink *l)
     l->rx_state  = RX_BODY;
 }
 
+/* `n` bytes of the body went to the piece being filled. */
+static void sink_advance(struct tcplink *l, size_t n)
+{
+    l->sink_left -= n;
+    l->sink_off += n;
+    while (l->sink_at < l->sink_cnt && l->sink_off == l->sink[l->sink_at].iov_len) {
+        l->sink_at++;
+        l->sink_off = 0;
+    }
+}
+
 /* Puts `n` bytes of body where they go (or nowhere: a dropped body). */
 static void sink_put(struct tcplink *l, const uint8_t *from, size_t n)
 {
-    l->sink_left -= n;
-    while (n > 0 && l->sink_at < l->sink_cnt) {
-        struct iovec *v = &l->sink[l->sink_at];
-        size_t take     = v->iov_len < n ? v->iov_len : n;
+    if (l->sink_at == l->sink_cnt) { /* dropped */
+        l->sink_left -= n;
+        return;
+    }
+    while (n > 0) {
+        const struct iovec *v = &l->sink[l->sink_at];
+        size_t take           = v->iov_len - l->sink_off < n ? v->iov_len - l->sink_off : n;
 
-        memcpy(v->iov_base, from, take);
-        v->iov_base = (char *)v->iov_base + take;
-        v->iov_len -= take;
+        memcpy((char *)v->iov_base + l->sink_off, from, take);
         from += take;
         n -= take;
-        if (v->iov_len == 0)
-            l->sink_at++;
+        sink_advance(l, take);
     }
 }
 
@@ -634,8 +647,8 @@ static void sink_put(struct tcplink *l, const uint8_t *from, size_t n)
  * nothing more. */
 static bool sink_recv(struct tcplink *l, size_t *moved)
 {
-    struct iovec *v = &l->sink[l->sink_at];
-    ssize_t r       = recv(l->fd, v->iov_base, v->iov_len, 0);
+    const struct iovec *v = &l->sink[l->sink_at];
+    ssize_t r = recv(l->fd, (char *)v->iov_base + l->sink_off, v->iov_len - l->sink_off, 0);
 
     if (r == 0) {
         tcplink_down(l, "the peer closed it");
@@ -647,11 +660,7 @@ static bool sink_recv(struct tcplink *l, size_t *moved)
         return false;
     }
     *moved += (size_t)r;
-    l->sink_left -= (size_t)r;
-    v->iov_base = (char *)v->iov_base + r;
-    v->iov_len -= (size_t)r;
-    if (v->iov_len == 0)
-        l->sink_at++;
+    sink_advance(l, (size_t)r);
     return true;
 }
 

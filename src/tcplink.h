@@ -23,11 +23,11 @@ struct tcplink;
 
 /* What a link asks of its owner. Every call comes from inside tcplink_progress. */
 struct tcplink_events {
-    /* Where the body of a DATA or WRITE frame goes: fills at most `max` pieces of memory that
-     * together hold exactly h->length bytes and returns their count, or returns 0 to have the
-     * body read and dropped. */
-    int (*sink)(void *arg, struct tcplink *l, const struct tcplink_header *h, struct iovec *iov,
-                int max);
+    /* Where the body of a DATA or WRITE frame goes: points *iov at pieces of memory that
+     * together hold exactly h->length bytes (the owner's, alive until the frame event) and
+     * returns their count, or returns 0 to have the body read and dropped. */
+    size_t (*sink)(void *arg, struct tcplink *l, const struct tcplink_header *h,
+                   const struct iovec **iov);
     /* A whole frame arrived: its body is in `body` (READ, MSG, AM; valid during the call) or
      * already in the sink's memory (DATA, WRITE; `body` is NULL). */
     void (*frame)(void *arg, struct tcplink *l, const struct tcplink_header *h, const uint8_t *body);

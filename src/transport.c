@@ -1279,6 +1279,9 @@ size_t transport_op_posted(const struct transport_op *op)
 
 kvx_status_t transport_op_status(const struct transport_op *op, const char *what)
 {
+    if (op->first_error != 0 && op->conn->linked && op->conn->link_down[0] != '\0')
+        return error_set(KVX_ERR_IO, "transport: %s: its data link (%s) closed: %s", what,
+                         op->conn->link_to, op->conn->link_down);
     return op->first_error == 0 ? KVX_OK : transport_ucs_error(what, (ucs_status_t)op->first_error);
 }
 

@@ -70,7 +70,8 @@ struct transport_link {
     struct link_request *head; /* in the order sent */
     struct link_request *tail;
     uint64_t next_cookie;
-    bool write_granted; /* the WRITE being received */
+    bool write_granted;    /* the WRITE being received */
+    struct iovec write_to; /* where its bytes go */
 };
 
 /* A READ's answer being sent: the ranges of our storages, and the attachment for the hook. */
@@ -242,8 +243,8 @@ static void read_serve(struct transport_link *tl, const struct tcplink_header *h
 
 /* ---- the link's events ---- */
 
-static int link_sink(void *arg, struct tcplink *l, const struct tcplink_header *h,
-                     struct iovec *iov, int max)
+static size_t link_sink(void *arg, struct tcplink *l, const struct tcplink_header *h,
+                        const struct iovec **iov)
 {
     struct transport_link *tl = arg;
     struct link_request *r    = tl->head;
@@ -256,7 +257,8 @@ static int link_sink(void *arg, struct tcplink *l, const struct tcplink_header *
         tl->write_granted = at != NULL;
         if (at == NULL)
             return 0; /* read and dropped, then refused */
-        iov[0] = (struct iovec){at, h->length};
+        tl->write_to = (struct iovec){at, h->length};
+        *iov         = &tl->write_to;
         return 1;
     }
     /* an answer to our oldest request, of exactly the length it asked for */
@@ -264,10 +266,10 @@ static int link_sink(void *arg, struct tcplink *l, const struct tcplink_header *
         tcplink_fail(l, "the peer answered a read it was not asked");
         return 0;
     }
-    if (r->op == NULL || r->count > max)
-        return 0;
-    memcpy(iov, r->iov, (size_t)r->count * sizeof(*iov));
-    return r->count;
+    if (r->op == NULL)
+        return 0; /* its connection went: dropped */
+    *iov = r->iov;
+    return (size_t)r->count;
 }
 
 static void message_deliver(struct transport_link *tl, const struct tcplink_header *h,
@@ -344,7 +346,8 @@ static void link_down(void *arg, struct tcplink *l, const char *why)
     struct transport_link *tl = arg;
 
     (void)l;
-    (void)why;
+    if (tl->conn != NULL)
+        snprintf(tl->conn->link_down, sizeof(tl->conn->link_down), "%s", why);
     tl->t->progressing++;
     requests_fail(tl);
     tl->t->progressing--;

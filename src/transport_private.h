@@ -196,6 +196,7 @@ struct transport_conn {
     bool link_borrowed;
     int link_epoll; /* its event descriptor: the link's socket (and its worker's descriptor) */
     char link_to[96];
+    char link_down[160]; /* why its link went down: what its failed operations say */
     bool parked;
     bool settling; /* closing (transport_settle_run): completions tell no owner */
 };
