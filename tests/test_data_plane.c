@@ -156,9 +156,18 @@ static int insider_ucx(const void *address, uint64_t base, uint64_t size, kvx_bl
     ucp_config_release(config);
     mp.address = in.buf;
     mp.length  = sizeof(in.buf);
-    if (ucp_worker_create(in.context, &wp, &in.worker) != UCS_OK ||
-        ucp_ep_create(in.worker, &ep_params, &in.ep) != UCS_OK ||
-        ucp_mem_map(in.context, &mp, &in.memh) != UCS_OK ||
+    if (ucp_worker_create(in.context, &wp, &in.worker) != UCS_OK)
+        return 21;
+    /* Issue 36 finding 1: the owner gives UCX no TCP (kvx's links carry it), so UCX over TCP
+     * reaches nothing of it: no UCT listener, no parser of its lengths, to attack. */
+    if (ucp_ep_create(in.worker, &ep_params, &in.ep) != UCS_OK) {
+        printf("insider: UCX over TCP cannot reach the owner at all\n");
+        fflush(stdout);
+        ucp_worker_destroy(in.worker);
+        ucp_cleanup(in.context);
+        return 0;
+    }
+    if (ucp_mem_map(in.context, &mp, &in.memh) != UCS_OK ||
         ucp_rkey_pack(in.context, in.memh, &packed, &packed_size) != UCS_OK ||
         ucp_ep_rkey_unpack(
             in.ep, grant.size > GRANT_BYTES ? (const uint8_t *)grant.data + GRANT_BYTES : packed,
@@ -366,6 +375,7 @@ static int run_owner(int ready, int go)
 
     alarm(120);
     if (transport_create(owner_tls, false, &t) != KVX_OK ||
+        transport_listen(t, "127.0.0.1") != KVX_OK || /* links, where its list has tcp */
         transport_mem_map(t, NULL, OWNER_SIZE, &mem) != KVX_OK)
         return 50;
     bytes = transport_mem_address(mem);
