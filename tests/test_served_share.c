@@ -57,6 +57,7 @@ struct report {
     kvx_agent_stats_t stats;
     size_t serving;     /* answer records counted against shares and the bound of all */
     size_t written_off; /* records past their bound that UCX still holds */
+    size_t links;       /* kvx links accepted and not reaped */
 };
 
 /* Reads one command of `go`: 's' reports, 'a' and 8 bytes move the clock forward that many
@@ -78,6 +79,7 @@ static bool prefill_command(kvx_agent_t *agent, int go, int ready)
     kvx_agent_stats(agent, &r.stats, sizeof(r.stats));
     r.serving     = core->transport->serving;
     r.written_off = core->transport->written_off;
+    r.links       = core->transport->num_links_accepted;
     return write(ready, &r, sizeof(r)) == sizeof(r);
 }
 
@@ -175,6 +177,46 @@ static int run_insider(int ready, int go)
         ucp_worker_progress(conn->worker);
 }
 
+/* The insider over tcp, where reads go over its kvx link (issue 36 finding 1): FLOOD one-byte
+ * reads, as many as its link takes, each a request of its own, then it stops reading the
+ * answers (it is stopped, then killed): what it can hold up is its own link only. */
+static int run_insider_link(int ready, int go)
+{
+    kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                                               KVX_AGENT_PARAM_FIELD_TRANSPORTS,
+                                 .timeout_ms = PREFILL_MS,
+                                 .transports = "tcp"};
+    static uint8_t sink[PAGE];
+    void *local_bases[1]            = {sink};
+    kvx_mem_type_t local_mems[1]    = {KVX_MEM_DRAM};
+    uint64_t remote_bases[1]        = {0};
+    struct transport_targets target = {local_bases, local_mems, remote_bases, false};
+    struct transport_conn *conn;
+    struct transport_op *op;
+    kvx_agent_t *agent;
+    kvx_peer_t *peer;
+
+    (void)go;
+    alarm(120);
+    if (agent_from_quoted(layout, &params, &agent) != KVX_OK ||
+        kvx_agent_connect(agent, prefill_address, &peer) != KVX_OK)
+        return 10;
+    conn = peer_conn(peer)->transport;
+    if (!conn->linked || transport_op_create(conn, NULL, NULL, &op) != KVX_OK)
+        return 11;
+    for (uint64_t i = 0; i < FLOOD; i++) {
+        kvx_pair_t pair = {0, 0, 0, (i * 131) % (BLOCKS * PAGE), 1};
+
+        if (transport_rma_post(op, false, &pair, 1, &target) != KVX_OK)
+            return 12;
+        if (i % 64 == 0)
+            transport_conn_progress(conn);
+    }
+    (void)!write(ready, "posted", 7);
+    for (;;)
+        transport_conn_progress(conn);
+}
+
 /* ---- the honest decode rank, this process ---- */
 
 /* The processes of a test and this process's agent: the teardown ends what a failed test left,
@@ -222,7 +264,7 @@ static kvx_status_t read_block5(uint64_t request_id, const kvx_token_t *token)
 
 /* Issue 36 finding 2: one insider's answers it never took disabled served reads for every
  * peer, for as long as the prefill lived. */
-static void an_insider_that_never_takes_its_answers_holds_only_its_share(void)
+static void an_insider_that_never_takes_its_answers_holds_only_its_share(bool linked)
 {
     kvx_agent_params_t params = {.field_mask = KVX_AGENT_PARAM_FIELD_TIMEOUT_MS,
                                  .timeout_ms = HONEST_TIMEOUT_MS};
@@ -239,10 +281,11 @@ static void an_insider_that_never_takes_its_answers_holds_only_its_share(void)
     scene.tokens[0]  = read_token(scene.prefill_ready);
     scene.tokens[1]  = read_token(scene.prefill_ready);
     /* both children before this process's agent: UCX does not survive a fork */
-    scene.insider = prefill_fork(run_insider, -1, &scene.insider_ready);
+    scene.insider = prefill_fork(linked ? run_insider_link : run_insider, -1,
+                                 &scene.insider_ready);
     assert_int_equal(read(scene.insider_ready, posted, sizeof(posted)), sizeof(posted));
     /* every read of the flood reached the prefill: answered (and held) or refused */
-    for (start = clock_ms();;) {
+    for (start = clock_ms(); !linked;) {
         r = prefill_ask('s', 0);
         if (r.serving + r.stats.data_refused >= FLOOD)
             break;
@@ -262,8 +305,24 @@ static void an_insider_that_never_takes_its_answers_holds_only_its_share(void)
     start = clock_ms();
     assert_int_equal(read_block5(7, &scene.tokens[0]), KVX_OK);
     assert_true(clock_ms() - start < HONEST_TIMEOUT_MS);
-    /* the insider holds its share and no more; the rest of its flood was refused */
     r = prefill_ask('s', 0);
+    if (linked) {
+        /* its answers wait in its own link, bounded (tcplink.h TCPLINK_QUEUE_MAX), and no other
+         * link's; its link goes with it */
+        assert_int_equal(r.links, 2);
+        print_message("over a link: %" PRIu64 " reads served, the insider stopped\n",
+                      r.stats.data_reads_served);
+        assert_int_equal(kill(scene.insider, SIGKILL), 0);
+        assert_int_equal(waitpid(scene.insider, &status, 0), scene.insider);
+        scene.insider = 0;
+        for (start = clock_ms(); (r = prefill_ask('s', 0)).links > 1;) {
+            if (clock_ms() - start > 10000)
+                fail_msg("the dead insider's link was not reaped in 10 s");
+        }
+        assert_int_equal(read_block5(8, &scene.tokens[1]), KVX_OK);
+        return;
+    }
+    /* the insider holds its share and no more; the rest of its flood was refused */
     assert_int_equal(r.serving, SHARE);
     assert_true(r.stats.data_refused >= FLOOD - SHARE);
     assert_int_equal(r.written_off, 0);
@@ -288,14 +347,14 @@ static void an_insider_over_shared_memory_holds_only_its_share(void **state)
 {
     (void)state;
     transports = NULL; /* sm,cma,tcp: on one host the reads go as messages over shared memory */
-    an_insider_that_never_takes_its_answers_holds_only_its_share();
+    an_insider_that_never_takes_its_answers_holds_only_its_share(false);
 }
 
 static void an_insider_over_tcp_holds_only_its_share(void **state)
 {
     (void)state;
     transports = "tcp";
-    an_insider_that_never_takes_its_answers_holds_only_its_share();
+    an_insider_that_never_takes_its_answers_holds_only_its_share(true);
 }
 
 /* Ends the test's agent and processes, whether it passed or not; a prefill that passed exits
