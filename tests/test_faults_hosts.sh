@@ -241,14 +241,14 @@ serve_stops() {
 }
 
 # fetch_verified HOST LAYOUT PEERS BLOCKS [OPTIONS...]: kvx fetch on HOST pulls BLOCKS from
-# PEERS, every byte right, over TCP alone (the lanes fetch reports).
+# PEERS, every byte right, over TCP alone: kvx's links (what fetch reports).
 fetch_verified() {
   local host=$1 layout=$2 peers=$3 blocks=$4 out
   out=$tmp/fetch.$(now_ms)
   shift 4
   UCX_NET_DEVICES=veth-$host timeout -k 5 90 ip netns exec "$run-$host" "$kvx" fetch "$layout" \
     --peer "$peers" --blocks "$blocks" --transports tcp --fill 42 --verify "$@" >"$out" 2>&1 &&
-    tail -n 1 "$out" | grep -qx verified && grep -qE ' over tcp\([a-z_,]*\)( kvx-served\([^)]*\))?$' "$out" || {
+    tail -n 1 "$out" | grep -qx verified && grep -qE ' over kvx-tcp\([^)]*\)$' "$out" || {
     cat "$out"
     return 1
   }
