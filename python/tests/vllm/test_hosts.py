@@ -1,7 +1,8 @@
 """vLLM P/D on kvx across two hosts (issue 35): P and D in network namespaces of their own,
 joined by a veth pair (198.18.1.1 and 198.18.1.2, the benchmarking range), so that kvx moves
-the bytes over TCP (reads P's kvx serves itself, and push writers) instead of the shared
-memory and CMA it takes on one host. Every other vLLM test runs on one host.
+the bytes over its own TCP links (reads P's kvx serves itself, and push writers writing over
+the link D opened) instead of the shared memory and CMA it takes on one host. Every other vLLM
+test runs on one host.
 
 - Pull and push: D's greedy output equals one instance's (P's, alone), and the bytes went
   the cross-host way (P's kvx served the reads; D's took the writes).
@@ -12,20 +13,17 @@ memory and CMA it takes on one host. Every other vLLM test runs on one host.
   prompts from its prefix cache: one instance's output only if nothing of P's landed.
 - A P killed while D loads from it is a clean failure: D recomputes, output one instance's.
 
-Every engine sets `transports: "tcp"`. Two real hosts leave UCX no other choice, but two
-network namespaces of one host do not: UCX takes them for one node and picks its
-shared-memory transports (sysv, posix), whose wire-up never completes across network
-namespaces, so every load stalled to its deadline (docs/vllm.md, "Engines in network
-namespaces of one host").
+Every engine runs kvx's default transports (sm,cma,tcp). UCX would take two network
+namespaces of one host for one node and pick its shared memory, whose wire-up never completes
+across them; kvx tells them apart by the host id in the worker address (boot id and network
+namespace) and uses a link (docs/vllm.md, "Engines in network namespaces of one host").
 
 Needs root, `ip` and veth pairs in network namespaces; skipped otherwise. This kernel has no
 netem, so the link has no added delay.
 
-Run only with KVX_VLLM_HOSTS=1, not in `make test` yet: in the full vLLM suite (other
-modules' engines alive beside these) the first cross-host read of the pull test hung to its
-deadline in 2 runs of 4, and that deadline fired 20 s late (D's kvx agent did not turn for
-that long); alone it passed 4 runs of 4, and outside vLLM (the same agents, reads and holds
-between two namespaces, 27 runs) it never hung. Not understood yet (docs/vllm.md, "Limits")."""
+Until issue 36 finding 1 this ran only with KVX_VLLM_HOSTS=1: in the full vLLM suite the
+first cross-host read over UCX's TCP hung to its deadline in 2 runs of 4. Over kvx's links it is
+in `make test`."""
 
 import collections
 import os
@@ -46,8 +44,6 @@ def sh(*args):
 
 @pytest.fixture(scope="module")
 def hosts():
-    if os.environ.get("KVX_VLLM_HOSTS") != "1":
-        pytest.skip("KVX_VLLM_HOSTS=1 runs it (its module docstring says why not by default)")
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
     run = "kvxv%d" % os.getpid()
@@ -74,7 +70,7 @@ def hosts():
 
 @pytest.fixture(scope="module")
 def two(hosts):
-    extra = {"auth_file": auth_file(), "transports": "tcp"}
+    extra = {"auth_file": auth_file()}  # kvx's default transports: links across namespaces
     common = dict(served="tiny-llama", connector="kvx")
     same = model("llama", 0)
     e = {
