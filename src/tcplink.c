@@ -186,6 +186,7 @@ static kvx_status_t tcplink_new(int fd, const uint8_t key[16], int epoll_fd,
     l->arg      = arg;
     l->started  = clock_seconds();
     l->watching = EPOLLIN | EPOLLOUT;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); /* whatever the caller made it */
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     status = msg_mac_create(key, &l->mac);
     ev     = (struct epoll_event){.events = l->watching, .data.ptr = l};
@@ -694,7 +695,8 @@ static size_t frames_read(struct tcplink *l, size_t budget)
 
             if (take > rx_have(l))
                 take = rx_have(l);
-            memcpy(l->body + l->body_done, l->rx + l->rx_off, take);
+            if (take > 0) /* an empty body has no buffer */
+                memcpy(l->body + l->body_done, l->rx + l->rx_off, take);
             l->rx_off += take;
             l->body_done += take;
             if (l->body_done == l->h.length) {
