@@ -32,17 +32,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define HELLO_MAGIC     "kvxlink1"
-#define HELLO_MAGIC_LEN 8
-#define HELLO_OPEN_LEN  (HELLO_MAGIC_LEN + 16 + 16) /* magic, id, nonce */
+#define HELLO_MAGIC      "kvxlink1"
+#define HELLO_MAGIC_LEN  8
+#define HELLO_OPEN_LEN   (HELLO_MAGIC_LEN + 16 + 16)          /* magic, id, nonce */
 #define HELLO_ANSWER_LEN (HELLO_MAGIC_LEN + 16 + MSG_MAC_LEN) /* magic, nonce, tag */
-#define HELLO_PROOF_LEN MSG_MAC_LEN
+#define HELLO_PROOF_LEN  MSG_MAC_LEN
 
 /* Bytes read from the socket at once, and what one progress call moves each way at most: a
  * busy link cannot hold the loop (the rest waits for the next turn). */
-#define RX_BUFFER   (256u << 10)
-#define TURN_BYTES  ((size_t)8 << 20)
-#define WRITE_IOVS  64
+#define RX_BUFFER  (256u << 10)
+#define TURN_BYTES ((size_t)8 << 20)
+#define WRITE_IOVS 64
 
 enum state { CONNECTING, HELLO, UP, DOWN };
 enum rx_state { RX_HEADER, RX_BODY, RX_SINK };
@@ -93,7 +93,7 @@ struct tcplink {
     size_t rx_off; /* of them, taken */
     enum rx_state rx_state;
     struct tcplink_header h; /* the frame being received */
-    uint8_t *body;        /* RX_BODY: its body */
+    uint8_t *body;           /* RX_BODY: its body */
     size_t body_cap;
     size_t body_done;
     const struct iovec *sink; /* RX_SINK: where its body goes (the owner's); none: dropped */
@@ -103,7 +103,8 @@ struct tcplink {
     size_t sink_left;
 };
 
-static void tcplink_down(struct tcplink *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tcplink_down(struct tcplink *l, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 void tcplink_fail(struct tcplink *l, const char *why)
 {
@@ -168,7 +169,8 @@ static void watch_update(struct tcplink *l)
 }
 
 static kvx_status_t tcplink_new(int fd, const uint8_t key[16], int epoll_fd,
-                             const struct tcplink_events *events, void *arg, struct tcplink **tcplink_p)
+                                const struct tcplink_events *events, void *arg,
+                                struct tcplink **tcplink_p)
 {
     struct tcplink *l = calloc(1, sizeof(*l));
     struct epoll_event ev;
@@ -230,8 +232,9 @@ static bool hello_verify(struct tcplink *l, char role, const uint8_t tag[MSG_MAC
 }
 
 kvx_status_t tcplink_connect(const char *host, uint16_t port, const uint8_t key[16],
-                          const uint8_t id[16], int epoll_fd, const struct tcplink_events *events,
-                          void *arg, struct tcplink **tcplink_p)
+                             const uint8_t id[16], int epoll_fd,
+                             const struct tcplink_events *events, void *arg,
+                             struct tcplink **tcplink_p)
 {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
     struct addrinfo *ai   = NULL;
@@ -275,7 +278,8 @@ kvx_status_t tcplink_connect(const char *host, uint16_t port, const uint8_t key[
 }
 
 kvx_status_t tcplink_accept(int fd, const uint8_t key[16], int epoll_fd,
-                         const struct tcplink_events *events, void *arg, struct tcplink **tcplink_p)
+                            const struct tcplink_events *events, void *arg,
+                            struct tcplink **tcplink_p)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
@@ -285,8 +289,7 @@ kvx_status_t tcplink_accept(int fd, const uint8_t key[16], int epoll_fd,
     if (status != KVX_OK)
         return status;
     if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0)
-        getnameinfo((struct sockaddr *)&ss, len, l->peer, sizeof(l->peer), NULL, 0,
-                    NI_NUMERICHOST);
+        getnameinfo((struct sockaddr *)&ss, len, l->peer, sizeof(l->peer), NULL, 0, NI_NUMERICHOST);
     if (RAND_bytes(l->nonce_a, sizeof(l->nonce_a)) != 1) {
         tcplink_close(l);
         return error_set(KVX_ERR_INTERNAL, "link: no random bytes for a nonce");
@@ -310,9 +313,9 @@ void tcplink_close(struct tcplink *l)
     free(l);
 }
 
-kvx_status_t tcplink_send(struct tcplink *l, const struct tcplink_header *h, const void *inline_body,
-                       size_t inline_size, const struct iovec *iov, int iovcnt, tcplink_sent_t sent,
-                       void *sent_arg, const void *owner)
+kvx_status_t tcplink_send(struct tcplink *l, const struct tcplink_header *h,
+                          const void *inline_body, size_t inline_size, const struct iovec *iov,
+                          int iovcnt, tcplink_sent_t sent, void *sent_arg, const void *owner)
 {
     struct out_frame *f;
 
@@ -401,9 +404,9 @@ static size_t frames_write(struct tcplink *l, size_t budget)
                     skip -= f->iov[i].iov_len;
                     continue;
                 }
-                iov[n++] = (struct iovec){(char *)f->iov[i].iov_base + skip,
-                                          f->iov[i].iov_len - skip};
-                skip     = 0;
+                iov[n++] =
+                    (struct iovec){(char *)f->iov[i].iov_base + skip, f->iov[i].iov_len - skip};
+                skip = 0;
             }
         }
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
@@ -418,8 +421,7 @@ static size_t frames_write(struct tcplink *l, size_t budget)
         moved += (size_t)w;
         while (w > 0 && l->head != NULL) {
             struct out_frame *f = l->head;
-            size_t take         = f->total - f->written < (size_t)w ? f->total - f->written
-                                                                    : (size_t)w;
+            size_t take = f->total - f->written < (size_t)w ? f->total - f->written : (size_t)w;
 
             f->written += take;
             w -= (ssize_t)take;
@@ -550,12 +552,12 @@ static size_t hello_run(struct tcplink *l)
         if (l->state != HELLO)
             break;
         /* exactly the hello's bytes, never more: what follows it is frames */
-        ssize_t r = recv(l->fd, l->hello_in + l->hello_in_len, l->hello_in_need - l->hello_in_len,
-                         0);
+        ssize_t r =
+            recv(l->fd, l->hello_in + l->hello_in_len, l->hello_in_need - l->hello_in_len, 0);
 
         if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
             tcplink_down(l, r == 0 ? "the peer closed it in its hello" : "reading its hello: %s",
-                      strerror(errno));
+                         strerror(errno));
             break;
         }
         if (r < 0)
@@ -773,7 +775,8 @@ bool tcplink_busy(const struct tcplink *l)
 
 bool tcplink_named(const struct tcplink *l)
 {
-    return l->state == UP || (l->state == HELLO && !l->opener && l->hello_in_need == HELLO_PROOF_LEN);
+    return l->state == UP ||
+           (l->state == HELLO && !l->opener && l->hello_in_need == HELLO_PROOF_LEN);
 }
 
 const char *tcplink_why(const struct tcplink *l)

@@ -30,7 +30,8 @@ struct tcplink_events {
                    const struct iovec **iov);
     /* A whole frame arrived: its body is in `body` (READ, MSG, AM; valid during the call) or
      * already in the sink's memory (DATA, WRITE; `body` is NULL). */
-    void (*frame)(void *arg, struct tcplink *l, const struct tcplink_header *h, const uint8_t *body);
+    void (*frame)(void *arg, struct tcplink *l, const struct tcplink_header *h,
+                  const uint8_t *body);
     /* The link is up: both ends proved the key. */
     void (*up)(void *arg, struct tcplink *l);
     /* The link failed or was closed by the peer (`why` says which); nothing more comes. */
@@ -50,11 +51,13 @@ typedef void (*tcplink_sent_t)(void *arg, bool sent);
  * and names itself by `id` (a push writer finds the link so: transport_link.c). The socket is
  * watched through `epoll_fd` (its events carry `l` as data.ptr). */
 kvx_status_t tcplink_connect(const char *host, uint16_t port, const uint8_t key[16],
-                          const uint8_t id[16], int epoll_fd, const struct tcplink_events *events,
-                          void *arg, struct tcplink **tcplink_p);
+                             const uint8_t id[16], int epoll_fd,
+                             const struct tcplink_events *events, void *arg,
+                             struct tcplink **tcplink_p);
 /* Takes a socket `fd` accepted by a listener: the peer proves `key`. */
 kvx_status_t tcplink_accept(int fd, const uint8_t key[16], int epoll_fd,
-                         const struct tcplink_events *events, void *arg, struct tcplink **tcplink_p);
+                            const struct tcplink_events *events, void *arg,
+                            struct tcplink **tcplink_p);
 /* Closes the socket at once: nothing more is read into any memory, queued frames are told
  * `sent` false, no event comes after it. NULL-safe. */
 void tcplink_close(struct tcplink *l);
@@ -67,9 +70,9 @@ void tcplink_fail(struct tcplink *l, const char *why);
 /* Queues a frame: the header (copied), `inline_size` bytes at `inline_body` (copied), then the
  * `iovcnt` pieces of memory (named, not copied: they must stay until `sent` ran). The frame's
  * h->length must be inline_size plus the pieces' sizes. `owner` tags it for tcplink_drop. */
-kvx_status_t tcplink_send(struct tcplink *l, const struct tcplink_header *h, const void *inline_body,
-                       size_t inline_size, const struct iovec *iov, int iovcnt, tcplink_sent_t sent,
-                       void *sent_arg, const void *owner);
+kvx_status_t tcplink_send(struct tcplink *l, const struct tcplink_header *h,
+                          const void *inline_body, size_t inline_size, const struct iovec *iov,
+                          int iovcnt, tcplink_sent_t sent, void *sent_arg, const void *owner);
 /* Drops the queued frames tagged `owner` that no byte of was written (they are told `sent`
  * false); false when one of them is partly written: the link must then be closed. */
 bool tcplink_drop(struct tcplink *l, const void *owner);

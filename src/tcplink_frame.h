@@ -20,13 +20,20 @@
 #define TCPLINK_HEADER_SIZE 64
 #define TCPLINK_TOKEN_SIZE  16
 
-enum tcplink_kind { TCPLINK_READ = 1, TCPLINK_DATA, TCPLINK_WRITE, TCPLINK_WRITTEN, TCPLINK_MSG, TCPLINK_AM };
+enum tcplink_kind {
+    TCPLINK_READ = 1,
+    TCPLINK_DATA,
+    TCPLINK_WRITE,
+    TCPLINK_WRITTEN,
+    TCPLINK_MSG,
+    TCPLINK_AM
+};
 enum tcplink_answer { TCPLINK_OK = 0, TCPLINK_REFUSED = 1 };
 
 /* Ranges one READ asks for at most, and the attachment's bytes at most (TRANSPORT_ATTACH_MAX). */
-#define TCPLINK_READ_RANGES  4096
-#define TCPLINK_ATTACH_MAX   128
-#define TCPLINK_RANGE_SIZE   24 /* storage u32, zero u32, offset u64, length u64 */
+#define TCPLINK_READ_RANGES 4096
+#define TCPLINK_ATTACH_MAX  128
+#define TCPLINK_RANGE_SIZE  24 /* storage u32, zero u32, offset u64, length u64 */
 /* One WRITE's bytes at most (the writer sends pieces of 1 MiB), a message's (TRANSPORT_MSG_MAX),
  * and handler ids (TRANSPORT_AM_IDS). */
 #define TCPLINK_WRITE_MAX ((uint64_t)16 << 20)
@@ -40,10 +47,10 @@ struct tcplink_header {
     uint8_t flags;  /* zero */
     uint32_t count; /* READ: ranges */
     uint64_t cookie;
-    uint64_t length;  /* of the body */
-    uint32_t storage; /* WRITE */
-    uint32_t attach;  /* READ: bytes of attachment at the end of the body */
-    uint64_t offset;  /* WRITE */
+    uint64_t length;                   /* of the body */
+    uint32_t storage;                  /* WRITE */
+    uint32_t attach;                   /* READ: bytes of attachment at the end of the body */
+    uint64_t offset;                   /* WRITE */
     uint8_t token[TCPLINK_TOKEN_SIZE]; /* WRITE */
 };
 

@@ -44,8 +44,8 @@
 /* magic, port and zeros, host id, the key a link proves (the read grant's token: the address
  * travels where grants do, to authenticated peers only) */
 #define TRAILER_SIZE (8 + 8 + TRANSPORT_HOST_ID_SIZE + TRANSPORT_TOKEN_SIZE)
-#define REF_MAGIC     "kvxlref1"
-#define REF_SIZE      (8 + 16)
+#define REF_MAGIC    "kvxlref1"
+#define REF_SIZE     (8 + 16)
 
 /* One of our reads or writes on a link, until its answer. */
 struct link_request {
@@ -202,8 +202,8 @@ static void answer_sent(void *arg, bool sent)
 static void read_serve(struct transport_link *tl, const struct tcplink_header *h,
                        const uint8_t *body)
 {
-    struct transport *t   = tl->t;
-    struct link_answer *a = malloc(sizeof(*a) + h->count * sizeof(struct iovec));
+    struct transport *t          = tl->t;
+    struct link_answer *a        = malloc(sizeof(*a) + h->count * sizeof(struct iovec));
     struct tcplink_header answer = {.kind = TCPLINK_DATA, .cookie = h->cookie};
     bool ok                      = a != NULL && tl->conn == NULL;
     uint64_t total               = 0;
@@ -559,7 +559,7 @@ kvx_status_t transport_listen(struct transport *t, const char *host)
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
     struct addrinfo *ai   = NULL;
     struct sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
+    socklen_t len         = sizeof(ss);
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &listener_marker};
     int one               = 1;
     int fd;
@@ -679,8 +679,8 @@ kvx_status_t link_conn_open(struct transport_conn *conn, const char *host,
     }
     tl->t    = conn->t;
     tl->conn = conn;
-    status   = tcplink_connect(host, at->port, at->key, id, conn->link_epoll, &link_events, tl,
-                               &tl->link);
+    status =
+        tcplink_connect(host, at->port, at->key, id, conn->link_epoll, &link_events, tl, &tl->link);
     if (status != KVX_OK) {
         free(tl);
         return status;
@@ -697,7 +697,7 @@ void transport_links_share(struct transport *t, struct transport *listener)
 
 kvx_status_t link_conn_borrow(struct transport_conn *conn, const uint8_t id[16])
 {
-    struct transport *source = conn->t->link_source != NULL ? conn->t->link_source : conn->t;
+    struct transport *source     = conn->t->link_source != NULL ? conn->t->link_source : conn->t;
     struct transport_link *found = NULL;
 
     /* The decode side registers once its end of the link is up, so this end has its id, but
@@ -789,11 +789,11 @@ kvx_status_t link_reads_post(struct transport_op *op, const struct tcplink_range
     struct transport_conn *conn = op->conn;
 
     for (size_t first = 0; first < count;) {
-        size_t n = count - first < TCPLINK_READ_RANGES ? count - first : TCPLINK_READ_RANGES;
+        size_t n    = count - first < TCPLINK_READ_RANGES ? count - first : TCPLINK_READ_RANGES;
         bool attach = first == 0 && n == count && op->attach_size > 0;
         size_t body = n * TCPLINK_RANGE_SIZE + (attach ? op->attach_size : 0);
-        struct link_request *r = malloc(sizeof(*r) + n * sizeof(struct iovec));
-        uint8_t *bytes         = malloc(body);
+        struct link_request *r  = malloc(sizeof(*r) + n * sizeof(struct iovec));
+        uint8_t *bytes          = malloc(body);
         struct tcplink_header h = {.kind   = TCPLINK_READ,
                                    .count  = (uint32_t)n,
                                    .attach = attach ? (uint32_t)op->attach_size : 0,
