@@ -69,7 +69,9 @@ void tcplink_fail(struct tcplink *l, const char *why);
 
 /* Queues a frame: the header (copied), `inline_size` bytes at `inline_body` (copied), then the
  * `iovcnt` pieces of memory (named, not copied: they must stay until `sent` ran). The frame's
- * h->length must be inline_size plus the pieces' sizes. `owner` tags it for tcplink_drop. */
+ * h->length must be inline_size plus the pieces' sizes. `owner` tags it for tcplink_drop. It
+ * is written at once as far as the socket takes it, so `sent` (and, if the write fails, the
+ * link's `down`) may run before this returns. */
 kvx_status_t tcplink_send(struct tcplink *l, const struct tcplink_header *h,
                           const void *inline_body, size_t inline_size, const struct iovec *iov,
                           int iovcnt, tcplink_sent_t sent, void *sent_arg, const void *owner);
