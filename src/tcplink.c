@@ -114,17 +114,23 @@ void tcplink_fail(struct tcplink *l, const char *why)
     tcplink_down(l, "%s", why);
 }
 
+/* A frame out is done with: its sender is told whether it went whole, and it is freed. */
+static void frame_end_sent(struct out_frame *f, bool sent)
+{
+    if (f->sent != NULL)
+        f->sent(f->sent_arg, sent);
+    free(f->inline_body);
+    free(f->iov);
+    free(f);
+}
+
 static void frames_fail(struct tcplink *l)
 {
     while (l->head != NULL) {
         struct out_frame *f = l->head;
 
         l->head = f->next;
-        if (f->sent != NULL)
-            f->sent(f->sent_arg, false);
-        free(f->inline_body);
-        free(f->iov);
-        free(f);
+        frame_end_sent(f, false);
     }
     l->tail   = NULL;
     l->queued = 0;
@@ -383,11 +389,7 @@ bool tcplink_drop(struct tcplink *l, const void *owner)
         }
         *at = f->next;
         l->queued--;
-        if (f->sent != NULL)
-            f->sent(f->sent_arg, false);
-        free(f->inline_body);
-        free(f->iov);
-        free(f);
+        frame_end_sent(f, false);
     }
     watch_update(l);
     return clean;
@@ -441,11 +443,7 @@ static size_t frames_write(struct tcplink *l, size_t budget)
             if (l->head == NULL)
                 l->tail = NULL;
             l->queued--;
-            if (f->sent != NULL)
-                f->sent(f->sent_arg, true);
-            free(f->inline_body);
-            free(f->iov);
-            free(f);
+            frame_end_sent(f, true);
             if (l->state == DOWN) /* the callback closed it */
                 break;
         }
