@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # test_faults_hosts.sh: kvx serve and kvx fetch on separate "hosts" (network namespaces whose
-# veths meet at a bridge in a "switch" namespace), over UCX's TCP transport only, under the
+# veths meet at a bridge in a "switch" namespace), over TCP only (kvx's links), under the
 # faults this kernel can make: a link cut and restored, random loss (nftables), a rate limit
 # (tc tbf), a stopped (SIGSTOP) and a killed (SIGKILL) process. Every pull that moves data
 # is byte-verified; every wait has a deadline. Exits 77 (skipped) where namespaces, nft or
-# tc are not available. KVX_FAULTS_KNOWN_BUGS=1 also runs the two cases that fail today (a
-# prefill process aborts inside UCX; see "known bugs" at the end).
+# tc are not available.
 #   usage: test_faults_hosts.sh KVX SOURCE_DIR
 set -u
 kvx=$1
@@ -520,51 +519,42 @@ check "P refused no push and holds none" metrics_are kvx_pushes_refused_total 0 
 rate_unlimit p0
 check "P stops cleanly" serve_stops "$serve_pid" "$serve_log"
 
-section "known bugs: a prefill process aborts in UCX"
-# Both pass on the decode side and end with P aborting inside UCX 1.13 over TCP, so they run
-# only with KVX_FAULTS_KNOWN_BUGS=1:
-# - P stopped (SIGSTOP) mid-pull: D hears no heartbeat answer and gives up within its
-#   deadline; once continued, P aborts in uct_tcp_ep_pending_purge ("Assertion `0' failed",
-#   from ucp_worker_progress). Only when D closed its endpoint itself while P was stopped:
-#   a SIGKILLed decode process does not trigger it.
-# - reads posted while P's cable was out: D gives up at its deadline and exits; once the
-#   cable is back they reach P, which aborts answering them ("Fatal: unexpected error:
-#   Endpoint timeout" in ucp_get_req_handler), at once or at the next pull.
-if [[ ${KVX_FAULTS_KNOWN_BUGS:-0} == 1 ]]; then
-  slow_pull_start "$tmp/stop" 7006 11
-  check "the pull still runs when P is stopped" kill -0 "$fetch_pid"
-  stopped_ms=$(now_ms)
-  kill -STOP "$serve_pid"
-  check "P stopped: fetch gives up within its 20 s deadline, naming blocks 0:0-15" \
-    fetch_fails_within "$fetch_pid" "$tmp/stop" "$stopped_ms" 20000 '0:0-15'
-  kill -CONT "$serve_pid"
-  rate_unlimit p0
-  check "P continued: it releases request 11, whose lease expired" \
-    wait_until 20 "the release of request 11" in_logs '^released request 11: 0:0-15$' "$serve_log"
-  check "P continued: the same P serves a verified pull" \
-    fetch_verified d0 "$attn" "$addr" '0:0-31' --request 12
-  check "P stops cleanly after SIGSTOP" serve_stops "$serve_pid" "$serve_log"
+section "a prefill stopped mid-pull, and reads posted while its cable was out"
+# Over UCX 1.13's TCP both ended with P aborting inside UCX (uct_tcp_ep_pending_purge once
+# continued; ucp_get_req_handler "Endpoint timeout" once the cable was back), so they ran only
+# with KVX_FAULTS_KNOWN_BUGS=1. Over kvx's links (UCX carries no TCP since issue 36 finding 1)
+# P lives through both and serves on, on 1.13 and 1.22 alike.
+slow_pull_start "$tmp/stop" 7006 11
+check "the pull still runs when P is stopped" kill -0 "$fetch_pid"
+stopped_ms=$(now_ms)
+kill -STOP "$serve_pid"
+check "P stopped: fetch gives up within its 20 s deadline, naming blocks 0:0-15" \
+  fetch_fails_within "$fetch_pid" "$tmp/stop" "$stopped_ms" 20000 '0:0-15'
+kill -CONT "$serve_pid"
+rate_unlimit p0
+check "P continued: it releases request 11, whose lease expired" \
+  wait_until 20 "the release of request 11" in_logs '^released request 11: 0:0-15$' "$serve_log"
+check "P continued: the same P serves a verified pull" \
+  fetch_verified d0 "$attn" "$addr" '0:0-31' --request 12
+check "P stops cleanly after SIGSTOP" serve_stops "$serve_pid" "$serve_log"
 
-  serve p0 "$attn"
-  for round in 1 2; do
-    fetch_start d0 "$tmp/posted$round" "$attn" "$addr" '0:0-3' --heartbeat 5000 --timeout 3000 \
-      --wait-before-read 500
-    fetch_pid=$pid
-    check "D connects and waits to read" \
-      wait_until 30 "the fetch to wait" in_logs '^waiting ' "$tmp/posted$round"
-    cut_ms=$(now_ms)
-    link_cut p0
-    check "cable pulled before the read: it fails at its deadline" \
-      fetch_fails_within "$fetch_pid" "$tmp/posted$round" "$cut_ms" 5500 '0:0-3'
-    link_restore p0
-    check "cable back: the same P serves a verified pull" \
-      fetch_verified d0 "$attn" "$addr" '0:0-31' --request $((30 + round))
-  done
-  check "P stops cleanly after reads posted while its cable was out" \
-    serve_stops "$serve_pid" "$serve_log"
-else
-  echo "   not run: they fail today; KVX_FAULTS_KNOWN_BUGS=1 runs them"
-fi
+serve p0 "$attn"
+for round in 1 2; do
+  fetch_start d0 "$tmp/posted$round" "$attn" "$addr" '0:0-3' --heartbeat 5000 --timeout 3000 \
+    --wait-before-read 500
+  fetch_pid=$pid
+  check "D connects and waits to read" \
+    wait_until 30 "the fetch to wait" in_logs '^waiting ' "$tmp/posted$round"
+  cut_ms=$(now_ms)
+  link_cut p0
+  check "cable pulled before the read: it fails at its deadline" \
+    fetch_fails_within "$fetch_pid" "$tmp/posted$round" "$cut_ms" 5500 '0:0-3'
+  link_restore p0
+  check "cable back: the same P serves a verified pull" \
+    fetch_verified d0 "$attn" "$addr" '0:0-31' --request $((30 + round))
+done
+check "P stops cleanly after reads posted while its cable was out" \
+  serve_stops "$serve_pid" "$serve_log"
 
 section "done"
 checks_done
